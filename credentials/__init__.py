@@ -1,0 +1,4 @@
+"""Credentials: the event-space schema, credential decompositions and the pairing-based scheme.
+
+A pure library: no network or disk I/O happens here.
+"""

@@ -1,0 +1,76 @@
+"""A credential: one node of an attribute's containment hierarchy.
+
+Numeric attributes: a dyadic subspace named by a bit string ("" is the whole
+domain). String attributes: a node of the prefix trie, a prefix, optionally
+closed by the end marker (``terminal``) which stands for "exactly this value".
+Containment is the prefix relation; the position of a credential on the path of
+an event value is its length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["num", "str"]
+END_MARKER = "$"
+
+
+@dataclass(frozen=True, order=True)
+class Credential:
+    attribute: str
+    kind: Kind
+    path: str
+    terminal: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind == "num":
+            if self.terminal or any(ch not in "01" for ch in self.path):
+                raise ValueError(f"numeric credential needs a bit string, got {self.path!r}")
+        elif self.kind != "str":
+            raise ValueError(f"unknown credential kind {self.kind!r}")
+
+    @property
+    def position(self) -> int:
+        """Index on the path of enclosing credentials (root = 0)."""
+        return len(self.path) + (1 if self.terminal else 0)
+
+    @property
+    def is_root(self) -> bool:
+        return self.position == 0
+
+    def covers(self, other: Credential) -> bool:
+        """True iff every value enclosed by ``other`` is enclosed by this credential."""
+        if (self.attribute, self.kind) != (other.attribute, other.kind):
+            return False
+        if self.terminal:
+            return other == self
+        return other.path.startswith(self.path)
+
+    def encode(self) -> bytes:
+        """Unambiguous byte form used inside identity strings and on the wire."""
+        marker = b"\x01" if self.terminal else b"\x00"
+        return self.kind.encode() + marker + self.path.encode("utf-8")
+
+    @classmethod
+    def decode(cls, attribute: str, data: bytes) -> Credential:
+        if len(data) < 4 or data[3] not in (0, 1):
+            raise ValueError("malformed credential encoding")
+        kind = data[:3].decode("ascii", errors="replace")
+        if kind not in ("num", "str"):
+            raise ValueError(f"unknown credential kind {kind!r}")
+        try:
+            path = data[4:].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError("credential path is not UTF-8") from exc
+        return cls(attribute, kind, path, terminal=data[3] == 1)  # type: ignore[arg-type]
+
+    def label(self) -> str:
+        """The label as printed: ``price:0110``, ``symbol:"IB"``, ``symbol:"IBM"$``."""
+        if self.kind == "num":
+            return f"{self.attribute}:{self.path or '*'}"
+        quoted = '"' + self.path.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return f"{self.attribute}:{quoted}{END_MARKER if self.terminal else ''}"
+
+    def __str__(self) -> str:
+        return self.label()

@@ -1,0 +1,1 @@
+"""The key server: the one trusted party that issues credential keys over HTTP."""

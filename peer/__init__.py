@@ -1,0 +1,1 @@
+"""The running peer process and the `ibe-pubsub` command line."""

@@ -1,0 +1,103 @@
+"""The `ibe-pubsub` command: a dispatcher; each package registers its own subcommands.
+
+A package contributes commands through a ``register(subparsers)`` function in its
+``cli`` module. Each leaf command sets ``handler`` (a function of the parsed
+arguments returning an exit code) with ``parser.set_defaults``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from peer.config import ConfigError, apply_layers, load_config_file
+
+COMMAND_MODULES = (
+    "credentials.cli",
+    "keyserver.cli",
+    "overlay.cli",
+    "pipelines.cli",
+    "peer.commands",
+)
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ibe-pubsub",
+        description="Secure broker-less content-based publish/subscribe with "
+        "identity-based encryption.",
+        epilog="Every option can also be set as IBE_PUBSUB_<OPTION> in the environment "
+        "or in a TOML file (--config, $IBE_PUBSUB_CONFIG or ./ibe-pubsub.toml) "
+        "in a table named after the command, e.g. [keyserver.serve].",
+    )
+    parser.add_argument("--config", help="TOML configuration file")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more log output (repeatable)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def _leaf(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[
+        argparse.ArgumentParser, list[str]]:
+    """Walk the subcommand tree along argv to the parser of the chosen command."""
+    path: list[str] = []
+    current = parser
+    for token in argv:
+        sub = next((a for a in current._actions
+                    if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None:
+            break
+        if token in sub.choices:
+            current = sub.choices[token]
+            path.append(token)
+    return current, path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    pre, _ = parser.parse_known_args(args_list) if "-h" not in args_list and \
+        "--help" not in args_list else (argparse.Namespace(config=None), None)
+    try:
+        config = load_config_file(pre.config)
+        leaf, path = _leaf(parser, args_list)
+        if path:
+            apply_layers(leaf, path, config)
+    except ConfigError as exc:
+        print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(args_list)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        _leaf(parser, args_list)[0].print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except CommandError as exc:
+        print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""PySpark jobs for bulk enrolment."""
