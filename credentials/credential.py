@@ -47,6 +47,14 @@ class Credential:
             return other == self
         return other.path.startswith(self.path)
 
+    def ancestors(self) -> tuple[Credential, ...]:
+        """Every credential that covers this one, itself included, ordered by position."""
+        chain = [Credential(self.attribute, self.kind, self.path[:n])
+                 for n in range(len(self.path) + 1)]
+        if self.terminal:
+            chain.append(self)
+        return tuple(chain)
+
     def encode(self) -> bytes:
         """Unambiguous byte form used inside identity strings and on the wire."""
         marker = b"\x01" if self.terminal else b"\x00"
@@ -71,6 +79,30 @@ class Credential:
             return f"{self.attribute}:{self.path or '*'}"
         quoted = '"' + self.path.replace("\\", "\\\\").replace('"', '\\"') + '"'
         return f"{self.attribute}:{quoted}{END_MARKER if self.terminal else ''}"
+
+    @classmethod
+    def from_label(cls, label: str) -> Credential:
+        """Parse what :meth:`label` prints; raises ValueError on anything else."""
+        attribute, sep, rest = label.partition(":")
+        if not sep or not attribute:
+            raise ValueError(f"credential label {label!r} has no attribute")
+        if not rest.startswith('"'):
+            return cls(attribute, "num", "" if rest == "*" else rest)
+        terminal = rest.endswith('"' + END_MARKER)
+        body = rest[1:-2] if terminal else rest[1:-1]
+        if not rest.endswith('"', 0, len(rest) - (1 if terminal else 0)) or len(rest) < 2:
+            raise ValueError(f"credential label {label!r} has an unterminated string")
+        path, i = [], 0
+        while i < len(body):
+            if body[i] == "\\" and i + 1 < len(body):
+                path.append(body[i + 1])
+                i += 2
+            elif body[i] in '"\\':
+                raise ValueError(f"credential label {label!r} has an unescaped quote")
+            else:
+                path.append(body[i])
+                i += 1
+        return cls(attribute, "str", "".join(path), terminal=terminal)
 
     def __str__(self) -> str:
         return self.label()

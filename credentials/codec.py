@@ -1,0 +1,337 @@
+"""Compact, versioned binary encoding of keys, ciphertexts and connection requests.
+
+Every object starts with a type tag and the format version. Group elements use
+the backend's fixed-size compressed encodings, lists a 16-bit count, strings and
+byte strings a length prefix. Decoding checks every length, rejects trailing
+bytes, and parses each element through the group, which checks curve and
+subgroup membership: malformed input fails with :class:`CodecError`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from credentials.credential import Credential
+from credentials.groups import G1, G2, GT, Element, GroupError, GroupKind, PairingGroup
+from credentials.keys import (
+    MasterPublicKey,
+    MasterSecretKey,
+    PublisherKey,
+    RoutingToken,
+    SubscriberCredentialKey,
+    SubscriberKey,
+)
+from credentials.messages import (
+    AttributeCiphertext,
+    AttributeSignature,
+    ConnectionRequest,
+    EncryptedEvent,
+    EventHeader,
+    RequestEntry,
+)
+
+FORMAT_VERSION = 1
+MAX_BLOB = 16 * 1024 * 1024
+T = TypeVar("T")
+
+
+class CodecError(ValueError):
+    """Bytes that do not decode to the expected object."""
+
+
+class Writer:
+    def __init__(self, tag: int) -> None:
+        self.out = bytearray((tag, FORMAT_VERSION))
+
+    def u8(self, v: int) -> Writer:
+        self.out += struct.pack(">B", v)
+        return self
+
+    def u64(self, v: int) -> Writer:
+        self.out += struct.pack(">Q", v)
+        return self
+
+    def blob(self, data: bytes) -> Writer:
+        if len(data) > MAX_BLOB:
+            raise CodecError("byte string too long to encode")
+        self.out += struct.pack(">I", len(data)) + data
+        return self
+
+    def text(self, s: str) -> Writer:
+        data = s.encode("utf-8")
+        if len(data) > 0xFFFF:
+            raise CodecError("string too long to encode")
+        self.out += struct.pack(">H", len(data)) + data
+        return self
+
+    def fixed(self, data: bytes) -> Writer:
+        self.out += data
+        return self
+
+    def element(self, e: Element) -> Writer:
+        return self.fixed(bytes(e))
+
+    def scalar(self, k: int, size: int) -> Writer:
+        return self.fixed(k.to_bytes(size, "big"))
+
+    def credential(self, c: Credential) -> Writer:
+        return self.text(c.attribute).blob(c.encode())
+
+    def many(self, items: Sequence[T], write: Callable[[Writer, T], object]) -> Writer:
+        if len(items) > 0xFFFF:
+            raise CodecError("list too long to encode")
+        self.out += struct.pack(">H", len(items))
+        for item in items:
+            write(self, item)
+        return self
+
+    def done(self) -> bytes:
+        return bytes(self.out)
+
+
+class Reader:
+    def __init__(self, group: PairingGroup, data: bytes, tag: int, what: str) -> None:
+        self.group = group
+        self.data = memoryview(data)
+        self.pos = 0
+        self.what = what
+        if len(data) < 2 or data[0] != tag:
+            raise CodecError(f"not an encoded {what}")
+        if data[1] != FORMAT_VERSION:
+            raise CodecError(f"{what}: unsupported format version {data[1]}")
+        self.pos = 2
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.data):
+            raise CodecError(f"{self.what}: truncated at byte {self.pos}")
+        chunk = bytes(self.data[self.pos:self.pos + n])
+        self.pos += n
+        return chunk
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def u64(self) -> int:
+        return int(struct.unpack(">Q", self.take(8))[0])
+
+    def blob(self) -> bytes:
+        (n,) = struct.unpack(">I", self.take(4))
+        if n > MAX_BLOB:
+            raise CodecError(f"{self.what}: byte string of {n} bytes is too long")
+        return self.take(n)
+
+    def text(self) -> str:
+        (n,) = struct.unpack(">H", self.take(2))
+        try:
+            return self.take(n).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CodecError(f"{self.what}: string is not UTF-8") from exc
+
+    def element(self, kind: GroupKind) -> Element:
+        try:
+            return self.group.deserialize(kind, self.take(self.group.sizes[kind]))
+        except GroupError as exc:
+            raise CodecError(f"{self.what}: {exc}") from exc
+
+    def scalar(self) -> int:
+        k = int.from_bytes(self.take(self.group.scalar_size), "big")
+        if not 0 < k < self.group.order:
+            raise CodecError(f"{self.what}: scalar out of range")
+        return k
+
+    def credential(self) -> Credential:
+        attribute = self.text()
+        try:
+            return Credential.decode(attribute, self.blob())
+        except ValueError as exc:
+            raise CodecError(f"{self.what}: {exc}") from exc
+
+    def many(self, read: Callable[[Reader], T]) -> tuple[T, ...]:
+        (n,) = struct.unpack(">H", self.take(2))
+        return tuple(read(self) for _ in range(n))
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise CodecError(f"{self.what}: {len(self.data) - self.pos} trailing bytes")
+
+
+# -- one encoder and one decoder per object -------------------------------------------------
+
+TAG_MPK, TAG_MSK, TAG_PUB, TAG_SUBCRED, TAG_TOKEN, TAG_SUB, TAG_EVENT, TAG_HEADER = range(1, 9)
+TAG_REQUEST, TAG_REQUEST_BODY = 9, 10
+
+
+def encode_mpk(k: MasterPublicKey) -> bytes:
+    return (Writer(TAG_MPK).text(k.curve).u8(k.version).element(k.g).element(k.g_hat)
+            .element(k.g2).element(k.h).element(k.Y).done())
+
+
+def decode_mpk(group: PairingGroup, data: bytes) -> MasterPublicKey:
+    r = Reader(group, data, TAG_MPK, "master public key")
+    curve, version = r.text(), r.u8()
+    k = MasterPublicKey(curve=curve, version=version, g=r.element(G1), g_hat=r.element(G2),
+                        g2=r.element(G1), h=r.element(G2), Y=r.element(GT))
+    r.end()
+    return k
+
+
+def encode_msk(group: PairingGroup, k: MasterSecretKey) -> bytes:
+    size = group.scalar_size
+    return Writer(TAG_MSK).scalar(k.alpha, size).scalar(k.phi, size).done()
+
+
+def decode_msk(group: PairingGroup, data: bytes) -> MasterSecretKey:
+    r = Reader(group, data, TAG_MSK, "master secret key")
+    k = MasterSecretKey(alpha=r.scalar(), phi=r.scalar())
+    r.end()
+    return k
+
+
+def _write_subcred(w: Writer, k: SubscriberCredentialKey) -> None:
+    w.credential(k.credential).u64(k.epoch).element(k.S1).element(k.S2).element(k.T)
+
+
+def _read_subcred(r: Reader) -> SubscriberCredentialKey:
+    return SubscriberCredentialKey(credential=r.credential(), epoch=r.u64(), S1=r.element(G1),
+                                   S2=r.element(G2), T=r.element(G1))
+
+
+def _write_token(w: Writer, t: RoutingToken) -> None:
+    w.credential(t.credential).u64(t.epoch).element(t.T)
+
+
+def _read_token(r: Reader) -> RoutingToken:
+    return RoutingToken(credential=r.credential(), epoch=r.u64(), T=r.element(G1))
+
+
+def encode_publisher_key(k: PublisherKey) -> bytes:
+    return Writer(TAG_PUB).credential(k.credential).u64(k.epoch).element(k.P1).element(
+        k.P2).done()
+
+
+def decode_publisher_key(group: PairingGroup, data: bytes) -> PublisherKey:
+    r = Reader(group, data, TAG_PUB, "publisher key")
+    k = PublisherKey(credential=r.credential(), epoch=r.u64(), P1=r.element(G1),
+                     P2=r.element(G2))
+    r.end()
+    return k
+
+
+def encode_routing_token(t: RoutingToken) -> bytes:
+    w = Writer(TAG_TOKEN)
+    _write_token(w, t)
+    return w.done()
+
+
+def decode_routing_token(group: PairingGroup, data: bytes) -> RoutingToken:
+    r = Reader(group, data, TAG_TOKEN, "routing token")
+    t = _read_token(r)
+    r.end()
+    return t
+
+
+def encode_subscriber_credential_key(k: SubscriberCredentialKey) -> bytes:
+    w = Writer(TAG_SUBCRED)
+    _write_subcred(w, k)
+    return w.done()
+
+
+def decode_subscriber_credential_key(group: PairingGroup, data: bytes) -> (
+        SubscriberCredentialKey):
+    r = Reader(group, data, TAG_SUBCRED, "subscriber credential key")
+    k = _read_subcred(r)
+    r.end()
+    return k
+
+
+def encode_subscriber_key(k: SubscriberKey) -> bytes:
+    return (Writer(TAG_SUB).u64(k.epoch).element(k.D).many(k.credentials, _write_subcred)
+            .many(k.fine_tokens, _write_token).done())
+
+
+def decode_subscriber_key(group: PairingGroup, data: bytes) -> SubscriberKey:
+    r = Reader(group, data, TAG_SUB, "subscriber key")
+    k = SubscriberKey(epoch=r.u64(), D=r.element(G1), credentials=r.many(_read_subcred),
+                      fine_tokens=r.many(_read_token))
+    r.end()
+    return k
+
+
+def encode_header(h: EventHeader) -> bytes:
+    """Canonical header bytes: the AEAD's associated data and part of the signed digest."""
+    return (Writer(TAG_HEADER).text(h.schema_id).u64(h.epoch).text(h.event_id)
+            .many(h.publisher_credentials, Writer.credential).done())
+
+
+def _read_header(r: Reader) -> EventHeader:
+    return EventHeader(schema_id=r.text(), epoch=r.u64(), event_id=r.text(),
+                       publisher_credentials=r.many(Reader.credential))
+
+
+def _write_attribute(w: Writer, a: AttributeCiphertext) -> None:
+    w.element(a.C1).many(a.C2, Writer.element).many(a.R, Writer.fixed)
+
+
+def _read_attribute(r: Reader) -> AttributeCiphertext:
+    c1 = r.element(G2)
+    c2 = r.many(lambda rr: rr.element(G1))
+    tags = r.many(lambda rr: rr.take(32))
+    if len(c2) != len(tags) or not c2:
+        raise CodecError(f"{r.what}: C2 and R lists differ in length")
+    return AttributeCiphertext(C1=c1, C2=c2, R=tags)
+
+
+def encode_event(e: EncryptedEvent) -> bytes:
+    return (Writer(TAG_EVENT).blob(encode_header(e.header)).element(e.C0)
+            .many(e.attributes, _write_attribute).blob(e.sealed)
+            .many(e.signatures, lambda w, s: w.element(s.Sig).element(s.P2)).done())
+
+
+def decode_event(group: PairingGroup, data: bytes) -> EncryptedEvent:
+    r = Reader(group, data, TAG_EVENT, "encrypted event")
+    header_bytes = r.blob()
+    hr = Reader(group, header_bytes, TAG_HEADER, "event header")
+    header = _read_header(hr)
+    hr.end()
+    event = EncryptedEvent(
+        header=header, C0=r.element(G2), attributes=r.many(_read_attribute), sealed=r.blob(),
+        signatures=r.many(lambda rr: AttributeSignature(Sig=rr.element(G1), P2=rr.element(G2))))
+    r.end()
+    n = len(event.attributes)
+    if len(event.signatures) != n or len(header.publisher_credentials) != n:
+        raise CodecError("encrypted event: attribute, signature and credential counts differ")
+    return event
+
+
+def _write_entry(w: Writer, e: RequestEntry) -> None:
+    w.element(e.g_hat_t).element(e.F_t).element(e.h_t).blob(e.sealed_sw)
+
+
+def _read_entry(r: Reader) -> RequestEntry:
+    return RequestEntry(g_hat_t=r.element(G2), F_t=r.element(G1), h_t=r.element(G2),
+                        sealed_sw=r.blob())
+
+
+def encode_request_body(q: ConnectionRequest) -> bytes:
+    """The bytes the key server signs: everything but the signature."""
+    return (Writer(TAG_REQUEST_BODY).text(q.attribute).u64(q.epoch).u64(q.expires_at)
+            .blob(q.nonce).many(q.entries, _write_entry).done())
+
+
+def encode_request(q: ConnectionRequest) -> bytes:
+    return Writer(TAG_REQUEST).blob(encode_request_body(q)).blob(q.signature).done()
+
+
+def decode_request(group: PairingGroup, data: bytes) -> ConnectionRequest:
+    r = Reader(group, data, TAG_REQUEST, "connection request")
+    body, signature = r.blob(), r.blob()
+    r.end()
+    b = Reader(group, body, TAG_REQUEST_BODY, "connection request")
+    q = ConnectionRequest(attribute=b.text(), epoch=b.u64(), expires_at=b.u64(), nonce=b.blob(),
+                          entries=b.many(_read_entry), signature=signature)
+    b.end()
+    if not q.entries:
+        raise CodecError("connection request: no entries")
+    return q

@@ -1,0 +1,80 @@
+"""Key material of SCHEME.md as immutable dataclasses (names follow the report: Pr^p, Pr^s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from credentials.credential import Credential
+from credentials.groups import Element, PreparedG2
+
+SCHEME_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MasterPublicKey:
+    """MPK = (curve, scheme version, g, ĝ, g2, h, Y); every peer has it."""
+
+    curve: str
+    g: Element
+    g_hat: Element
+    g2: Element
+    h: Element
+    Y: Element
+    version: int = SCHEME_VERSION
+
+
+@dataclass(frozen=True)
+class MasterSecretKey:
+    """MSK = (alpha, phi); only the key server has it."""
+
+    alpha: int
+    phi: int
+
+
+@dataclass(frozen=True)
+class PublisherKey:
+    """Pr^p for one credential: P1 = g2^alpha * F(Pu_PUB)^gamma, P2 = ĝ^gamma."""
+
+    credential: Credential
+    epoch: int
+    P1: Element
+    P2: Element
+
+
+@dataclass(frozen=True)
+class RoutingToken:
+    """Pr^s[3]: T = F(Pu_SUB)^phi, handed to a parent to route on a (fine) credential."""
+
+    credential: Credential
+    epoch: int
+    T: Element
+
+
+@dataclass(frozen=True)
+class SubscriberCredentialKey:
+    """Pr^s[1..3] for one credential: S1 = g2^gamma_s * F^gamma, S2 = ĝ^gamma, T = F^phi."""
+
+    credential: Credential
+    epoch: int
+    S1: Element
+    S2: Element
+    T: Element
+    #: Miller-loop precomputation of S2, paired once per decryption.
+    S2_prepared: PreparedG2 | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def token(self) -> RoutingToken:
+        return RoutingToken(self.credential, self.epoch, self.T)
+
+
+@dataclass(frozen=True)
+class SubscriberKey:
+    """A subscriber's keys of one epoch, bound by one gamma_s: D = g2^((gamma_s+alpha)/phi)."""
+
+    epoch: int
+    D: Element
+    credentials: tuple[SubscriberCredentialKey, ...]
+    fine_tokens: tuple[RoutingToken, ...] = ()
+
+    def for_attribute(self, attribute: str) -> tuple[SubscriberCredentialKey, ...]:
+        return tuple(k for k in self.credentials if k.credential.attribute == attribute)
