@@ -25,7 +25,7 @@ class Credential:
 
     def __post_init__(self) -> None:
         if self.kind == "num":
-            if self.terminal or any(ch not in "01" for ch in self.path):
+            if self.terminal or self.path.strip("01"):
                 raise ValueError(f"numeric credential needs a bit string, got {self.path!r}")
         elif self.kind != "str":
             raise ValueError(f"unknown credential kind {self.kind!r}")

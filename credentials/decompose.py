@@ -60,6 +60,14 @@ def enclosing_path(schema: Schema, attribute_name: str, value: Any) -> tuple[Cre
     return strings.enclosing_path(attr, value)
 
 
+def value_credential(schema: Schema, attribute_name: str, value: Any) -> Credential:
+    """The finest credential enclosing a value (the last entry of its enclosing path)."""
+    attr = schema.attribute(attribute_name)
+    if attr.is_numeric:
+        return Credential(attr.name, "num", numeric.value_bits(attr, value))
+    return Credential(attr.name, "str", strings.credential_text(attr, value), terminal=True)
+
+
 def event_paths(schema: Schema, values: Mapping[str, Any]) -> dict[str, tuple[Credential, ...]]:
     """Enclosing paths of every attribute of a (validated) event, in schema order."""
     return {a.name: enclosing_path(schema, a.name, values[a.name]) for a in schema.attributes}

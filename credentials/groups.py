@@ -161,7 +161,7 @@ class PairingGroup(ABC):
         kind = bases[0].kind
         if kind is GT or any(b.kind is not kind for b in bases):
             raise TypeError("multi_exp works in G1 or G2 on elements of one group")
-        self.counts[f"multi_exp_{kind.value}_point"] += len(bases)
+        self.counts[f"multi_exp_{kind.value}_{len(bases)}"] += 1
         reduced = [k % self.order for k in scalars]
         return Element(self, kind, self._multi_exp(kind, [b.raw for b in bases], reduced))
 

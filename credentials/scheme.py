@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from credentials.codec import CodecError, Writer, encode_header, encode_request, encode_request_body
 from credentials.credential import Credential
-from credentials.decompose import enclosing_path
+from credentials.decompose import enclosing_path, value_credential
 from credentials.groups import G1, G2, Element, PairingGroup, PreparedG2
 from credentials.keys import (
     MasterPublicKey,
@@ -194,14 +194,12 @@ def prepare_subscriber_key(pp: PublicParams, key: SubscriberKey) -> SubscriberKe
 
 # -- Encrypt and sign (report 6.3) ------------------------------------------------------------
 
-def publisher_key_for(keys: Sequence[PublisherKey], attribute: str, value_path: Sequence[
-        Credential]) -> PublisherKey:
-    """The publisher's key whose credential covers the value (its enclosing path's leaf)."""
-    leaf = value_path[-1]
+def publisher_key_for(keys: Sequence[PublisherKey], leaf: Credential) -> PublisherKey:
+    """The publisher's key whose credential covers a value's finest credential ``leaf``."""
     for key in keys:
-        if key.credential.attribute == attribute and key.credential.covers(leaf):
+        if key.credential.covers(leaf):
             return key
-    raise NotAuthorized(f"no publisher credential covers the value of {attribute!r}")
+    raise NotAuthorized(f"no publisher credential covers the value of {leaf.attribute!r}")
 
 
 def _payload(event: Event) -> bytes:
@@ -232,8 +230,7 @@ def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Even
     except SchemaError as exc:
         raise NotAuthorized(str(exc)) from exc
     paths = [enclosing_path(schema, a.name, values[a.name]) for a in schema.attributes]
-    chosen = [publisher_key_for(keys, a.name, path)
-              for a, path in zip(schema.attributes, paths, strict=True)]
+    chosen = [publisher_key_for(keys, path[-1]) for path in paths]
     header = EventHeader(schema_id=schema.id, epoch=epoch, event_id=event.event_id,
                          publisher_credentials=tuple(k.credential for k in chosen))
     b = [group.random_scalar() for _ in schema.attributes]
@@ -319,7 +316,7 @@ def decrypt(pp: PublicParams, key: SubscriberKey, event: EncryptedEvent) -> Even
     event_out = _parse_payload(pp.schema, header.event_id, payload)
     for a, mine, theirs in zip(pp.schema.attributes, matched, header.publisher_credentials,
                                strict=True):
-        leaf = enclosing_path(pp.schema, a.name, event_out.values[a.name])[-1]
+        leaf = value_credential(pp.schema, a.name, event_out.values[a.name])
         if not (mine.covers(leaf) and theirs.covers(leaf)):
             raise DecryptionError(f"value of {a.name!r} lies outside the credentials it names")
     return event_out

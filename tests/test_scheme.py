@@ -286,3 +286,49 @@ def test_matching_and_non_matching_examples(world):
     for ev in (event("MSFT", 42.0), event("IBM", 60.0), event("I", 42.0)):
         with pytest.raises(S.DecryptionError):
             S.decrypt(pp, key, S.encrypt_and_sign(pp, publisher, ev))
+
+
+@st.composite
+def schema_event_subscription(draw):
+    """A random schema, a random event, and a random subscription that the event matches."""
+    attributes, values, clauses = [], {}, []
+    for i in range(draw(st.integers(min_value=1, max_value=3))):
+        name = f"a{i}"
+        if draw(st.booleans()):
+            max_length = draw(st.integers(min_value=1, max_value=5))
+            attributes.append({"name": name, "type": "string", "max_length": max_length})
+            value = draw(st.text(alphabet="xyz", min_size=0, max_size=7))
+            kind = draw(st.sampled_from(["=", "prefix", None]))
+            if kind is not None:
+                operand = value if kind == "=" else value[:draw(st.integers(0, len(value)))]
+                clauses.append(f'{name} {kind} "{operand}"')
+        else:
+            bits = draw(st.integers(min_value=1, max_value=8))
+            top = draw(st.integers(min_value=1, max_value=500))
+            attributes.append({"name": name, "type": "int", "min": 0, "max": top, "bits": bits})
+            value = draw(st.integers(min_value=0, max_value=top))
+            lo = draw(st.integers(min_value=0, max_value=value))
+            hi = draw(st.integers(min_value=value, max_value=top))
+            if (lo, hi) != (0, top) and draw(st.booleans()):
+                clauses.append(f"{name} in [{lo}, {hi}]")
+        values[name] = value
+    schema = Schema.from_dict({"name": "random", "attributes": attributes})
+    return schema, values, " and ".join(clauses)
+
+
+@settings(SLOW, max_examples=25)
+@given(schema_event_subscription())
+def test_random_schemas_every_matching_subscriber_decrypts(data):
+    schema, values, text = data
+    group = load_group()
+    mpk, msk = S.setup(group)
+    pp = S.PublicParams(group, mpk, schema)
+    predicate = parse_predicate(schema, text)
+    assert predicate.matches(values)
+    everything = decompose(schema, parse_predicate(schema, ""))
+    publisher = [S.keygen_publisher(pp, msk, c, EPOCH) for cs in everything.values() for c in cs]
+    creds = [c for cs in decompose(schema, predicate).values() for c in cs]
+    key = S.prepare_subscriber_key(pp, S.keygen_subscriber(pp, msk, EPOCH, creds))
+    ct = S.encrypt_and_sign(pp, publisher, S.Event("r", values, b"body"))
+    assert S.verify(pp, ct)
+    assert S.decrypt(pp, key, ct).values == values
