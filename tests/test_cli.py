@@ -1,0 +1,68 @@
+"""The `ibe-pubsub` dispatcher: help, layered configuration, the crypto benchmark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "peer.cli"]
+
+
+def run(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=120)
+
+
+def test_every_command_has_help():
+    top = run("--help")
+    assert top.returncode == 0 and "bench" in top.stdout
+    crypto = run("bench", "crypto", "--help")
+    assert crypto.returncode == 0 and "--dims" in crypto.stdout
+
+
+def test_bench_crypto_writes_json_and_plot(tmp_path):
+    out = tmp_path / "crypto.json"
+    result = run("bench", "crypto", "--json", str(out), "--dims", "1", "--bits", "4",
+                 "--min-seconds", "0.01")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 1000
+    names = {r["algorithm"] for r in report["algorithms"]}
+    assert {"encrypt_and_sign", "decrypt", "verify"} <= names
+    for row in report["algorithms"]:
+        assert row["floor_ms"] > 0 and row["ms"] > 0
+    assert report["raw"]["multi_pairing_7_ms"] < report["raw"]["seven_pairings_ms"]
+    assert "raw operations" in result.stderr  # progress goes to stderr
+
+
+def test_configuration_layers(tmp_path):
+    import os
+    config = tmp_path / "conf.toml"
+    config.write_text('[bench.crypto]\ndims = "1"\nbits = "3"\nmin_seconds = 0.01\n'
+                      f'json = "{tmp_path / "from-toml.json"}"\n')
+    env = {**os.environ, "IBE_PUBSUB_CONFIG": str(config)}
+    assert run("bench", "crypto", env=env).returncode == 0
+    assert (tmp_path / "from-toml.json").exists()
+    env["IBE_PUBSUB_JSON"] = str(tmp_path / "from-env.json")
+    assert run("bench", "crypto", env=env).returncode == 0
+    assert (tmp_path / "from-env.json").exists()
+    flag = tmp_path / "from-flag.json"
+    assert run("bench", "crypto", "--json", str(flag), env=env).returncode == 0
+    assert flag.exists()
+
+
+def test_configuration_errors_are_reported(tmp_path):
+    import os
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[bench.crypto]\nnot_an_option = 1\n")
+    result = run("--config", str(bad), "bench", "crypto")
+    assert result.returncode == 2 and "not_an_option" in result.stderr
+    bad.write_text("this is = = not toml")
+    result = run("--config", str(bad), "bench", "crypto")
+    assert result.returncode == 2 and "not valid TOML" in result.stderr
+    env = {**os.environ, "IBE_PUBSUB_DIMS": "x,y"}
+    result = run("bench", "crypto", env=env)
+    assert result.returncode == 2 and "IBE_PUBSUB_DIMS" in result.stderr
+    result = run("bench", "crypto", "--backend", "nope")
+    assert result.returncode == 2
