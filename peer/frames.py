@@ -1,0 +1,89 @@
+"""The peer-to-peer frame format: a 4-byte big-endian length, then a msgpack envelope.
+
+The envelope is ``[version, kind, payload]``. ``HELLO`` opens every connection in
+both directions and carries the sender's dialable address (``""`` for a peer that
+does not listen, such as a publisher), so both ends name the link the same way.
+``DATA`` carries one overlay message as opaque bytes (overlay/wire.py parses it).
+A frame whose length exceeds the limit, or whose envelope is malformed or of
+another protocol version, raises :class:`FrameError`: the caller drops it and logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+HELLO = 0
+DATA = 1
+HEADER = 4
+#: Large enough for an overlay message (overlay.wire.MAX_FRAME) plus the envelope.
+DEFAULT_MAX_FRAME = 4 * 1024 * 1024 + 1024
+MAX_ADDRESS = 300
+_DISCARD_CHUNK = 64 * 1024
+
+
+class FrameError(ValueError):
+    """Bytes that are not a frame of this protocol; the frame is dropped."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: int
+    payload: bytes | str
+
+
+def encode(frame: Frame, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """The bytes on the wire for one frame (refuses to produce an oversized frame)."""
+    body = msgpack.packb([PROTOCOL_VERSION, frame.kind, frame.payload], use_bin_type=True)
+    if len(body) > max_frame:
+        raise FrameError(f"frame of {len(body)} bytes exceeds the limit of {max_frame}")
+    return len(body).to_bytes(HEADER, "big") + body
+
+
+def hello(address: str) -> Frame:
+    return Frame(HELLO, address)
+
+
+def data(payload: bytes) -> Frame:
+    return Frame(DATA, payload)
+
+
+def decode_body(body: bytes) -> Frame:
+    """Parse one envelope (without its length prefix) strictly."""
+    try:
+        items = msgpack.unpackb(body, raw=False, use_list=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise FrameError(f"envelope is not msgpack: {exc}") from None
+    if not isinstance(items, list) or len(items) != 3:
+        raise FrameError("envelope is not a [version, kind, payload] array")
+    version, kind, payload = items
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise FrameError(f"protocol version {version!r} is not {PROTOCOL_VERSION}")
+    if kind == HELLO and not isinstance(kind, bool):
+        if not isinstance(payload, str) or len(payload) > MAX_ADDRESS:
+            raise FrameError("HELLO must carry an address string")
+    elif kind == DATA and not isinstance(kind, bool):
+        if not isinstance(payload, bytes):
+            raise FrameError("DATA must carry bytes")
+    else:
+        raise FrameError(f"unknown frame kind {kind!r}")
+    return Frame(kind, payload)
+
+
+async def read_frame(reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME) -> Frame:
+    """Read the next frame. An oversized frame is skipped (its bytes discarded, never
+    buffered) and reported with :class:`FrameError`, so the stream stays in sync.
+    Raises ``asyncio.IncompleteReadError`` at end of stream."""
+    length = int.from_bytes(await reader.readexactly(HEADER), "big")
+    if length > max_frame:
+        remaining = length
+        while remaining:
+            chunk = await reader.read(min(remaining, _DISCARD_CHUNK))
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", remaining)
+            remaining -= len(chunk)
+        raise FrameError(f"dropped a frame of {length} bytes (limit {max_frame})")
+    return decode_body(await reader.readexactly(length))
