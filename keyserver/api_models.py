@@ -1,0 +1,194 @@
+"""Request and response bodies of the HTTP API (pydantic; they make /openapi.json).
+
+Keys travel as standard padded base64 of the ``credentials.codec`` encodings.
+Unknown fields in requests are rejected (422), so typos do not pass silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_PREDICATE = 4096
+Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.@:+-]+$")
+Role = Literal["subscriber", "publisher", "root"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- public ---------------------------------------------------------------------------------
+
+class PublicParamsOut(BaseModel):
+    curve: str
+    mpk: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    schema_id: str
+    schema_signature: str
+    server_key: str
+    epoch: int
+    epoch_start: float
+    epoch_end: float
+    epoch_length: int
+    grace: int
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class EpochOut(BaseModel):
+    epoch: int
+    epoch_start: float
+    epoch_end: float
+    epoch_length: int
+    grace: int
+    in_grace: bool
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    epoch: int
+
+
+# -- admin ----------------------------------------------------------------------------------
+
+class IdentityIn(Strict):
+    name: str = Name
+    role: Role
+    policy: str | None = Field(default=None, max_length=MAX_PREDICATE)
+
+
+class IdentityOut(BaseModel):
+    id: int
+    name: str
+    role: Role
+    policy: str | None
+    created_at: float
+    revoked_at: float | None
+    revoked_epoch: int | None
+
+
+class IdentityCreated(BaseModel):
+    id: int
+    name: str
+    role: Role
+    policy: str | None
+    token: str = Field(description="the identity's bearer token; shown only this once")
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: float
+    actor: str
+    action: str
+    epoch: int | None
+    detail: Any
+
+
+# -- enrolment ------------------------------------------------------------------------------
+
+class SubscriberEnrolment(Strict):
+    subscription: str = Field(max_length=MAX_PREDICATE,
+                              description="predicate in the schema's language")
+    fine_depth: int = Field(default=1, ge=0, le=4,
+                            description="split depth of fine credentials (0: none)")
+    max_credentials: int | None = Field(default=None, ge=1, le=64,
+                                        description="cap per numeric attribute (coarsens)")
+    epoch: Literal["next"] | None = Field(default=None, description='null or "next" (in grace)')
+
+
+class PublisherEnrolment(Strict):
+    advertisement: str = Field(max_length=MAX_PREDICATE)
+    max_credentials: int | None = Field(default=None, ge=1, le=64)
+    epoch: Literal["next"] | None = None
+
+
+class RootEnrolment(Strict):
+    attribute: str = Field(min_length=1, max_length=200)
+    transport_key: str = Field(min_length=1, max_length=64,
+                               description="base64 raw Ed25519 public key (32 bytes)")
+    epoch: Literal["next"] | None = None
+
+
+class ConnectionRequestOut(BaseModel):
+    attribute: str
+    credential: str
+    request: str
+    secrets: list[str]
+
+
+class SubscriberBundle(BaseModel):
+    epoch: int
+    epoch_end: float
+    expires_at: int
+    credentials: dict[str, list[str]]
+    fine_credentials: dict[str, list[str]]
+    subscriber_key: str
+    connection_requests: list[ConnectionRequestOut]
+
+
+class PublisherBundle(BaseModel):
+    epoch: int
+    epoch_end: float
+    credentials: dict[str, list[str]]
+    publisher_keys: list[str]
+
+
+class RootCertificate(BaseModel):
+    epoch: int
+    epoch_end: float
+    attribute: str
+    transport_key: str
+    certificate: str
+    expires_at: int
+
+
+# -- bulk -----------------------------------------------------------------------------------
+
+class BulkCredential(Strict):
+    attribute: str = Field(min_length=1, max_length=200)
+    credential: str = Field(min_length=1, max_length=300, description="Credential.label()")
+    fine: bool = False
+    position: int = Field(ge=0, le=1000)
+
+
+class BulkItem(Strict):
+    identity: str = Name
+    role: Literal["subscriber", "publisher"]
+    credentials: list[BulkCredential] = Field(min_length=1, max_length=512)
+
+
+class BulkIn(Strict):
+    chunk_id: str = Field(min_length=1, max_length=200)
+    epoch: Literal["next"] | None = None
+    items: list[BulkItem] = Field(min_length=1, max_length=2000)
+
+
+class BulkOut(BaseModel):
+    chunk_id: str
+    epoch: int
+    bundles: list[dict[str, Any]]
+
+
+# -- directory ------------------------------------------------------------------------------
+
+class DirectoryIn(Strict):
+    address: str = Field(min_length=3, max_length=300, pattern=r"^[^\s/]+:[0-9]{1,5}$",
+                         description="host:port")
+    attribute: str = Field(min_length=1, max_length=200)
+    role: Role
+    ttl: int = Field(ge=1, le=86400, description="seconds")
+
+
+class DirectoryEntryOut(BaseModel):
+    address: str
+    role: Role
+    identity: str
+    expires_at: float
+
+
+class DirectoryOut(BaseModel):
+    attribute: str
+    roots: list[DirectoryEntryOut]
+    members: list[DirectoryEntryOut]

@@ -1,0 +1,35 @@
+"""The FastAPI application of the key server (see keyserver/README.md for the API)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from keyserver import routes_admin, routes_bulk, routes_directory, routes_enrol, routes_public
+from keyserver.errors import install_error_handlers
+from keyserver.middleware import BodyLimit, RequestMetrics
+from keyserver.state import AppState
+
+
+def create_app(state: AppState) -> FastAPI:
+    """The app over an already opened key store, database and issuer pool (closed on exit)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            state.close()
+
+    app = FastAPI(title="ibe-pubsub key server", version="1", lifespan=lifespan,
+                  description="Issues credential keys for broker-less content-based "
+                  "publish/subscribe with identity-based encryption.")
+    app.state.keyserver = state
+    install_error_handlers(app)
+    for module in (routes_public, routes_admin, routes_enrol, routes_bulk, routes_directory):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, max_body=state.config.max_body)
+    app.add_middleware(RequestMetrics, metrics=state.metrics)
+    return app

@@ -1,0 +1,146 @@
+"""Decoding key-server responses into library objects, checking what can be checked.
+
+``decode_params`` verifies the schema's id and the key server's signature on it, so a
+peer that pins the server key (or trusts it on first use) cannot be fed another schema.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+from credentials.codec import (
+    decode_mpk,
+    decode_publisher_key,
+    decode_request,
+    decode_subscriber_key,
+)
+from credentials.credential import Credential
+from credentials.groups import PairingGroup
+from credentials.keys import PublisherKey, SubscriberKey
+from credentials.messages import ConnectionRequest
+from credentials.schema import Schema
+from credentials.scheme import PublicParams
+from keyserver.certificates import verify_root_certificate, verify_schema
+
+
+class BundleError(ValueError):
+    """A response does not decode, or a signature in it does not verify."""
+
+
+def _b64(text: str) -> bytes:
+    return base64.b64decode(text, validate=True)
+
+
+@dataclass(frozen=True)
+class ServerParams:
+    pp: PublicParams
+    server_key: bytes
+    schema_signature: bytes
+    epoch: int
+    epoch_start: float
+    epoch_end: float
+    epoch_length: int
+    grace: int
+
+
+@dataclass(frozen=True)
+class IssuedRequest:
+    """A signed connection request for one credential, and its SW per position."""
+
+    attribute: str
+    credential: Credential
+    request: ConnectionRequest
+    secrets: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class SubscriberBundle:
+    epoch: int
+    epoch_end: float
+    expires_at: int
+    credentials: dict[str, tuple[Credential, ...]]
+    key: SubscriberKey
+    requests: tuple[IssuedRequest, ...]
+
+
+@dataclass(frozen=True)
+class PublisherBundle:
+    epoch: int
+    epoch_end: float
+    credentials: dict[str, tuple[Credential, ...]]
+    keys: tuple[PublisherKey, ...]
+
+
+@dataclass(frozen=True)
+class RootCertificate:
+    attribute: str
+    transport_key: bytes
+    epoch: int
+    expires_at: int
+    certificate: bytes
+
+
+def _credentials(doc: dict[str, list[str]]) -> dict[str, tuple[Credential, ...]]:
+    return {a: tuple(Credential.from_label(label) for label in labels)
+            for a, labels in doc.items()}
+
+
+def decode_params(group: PairingGroup, doc: dict[str, Any],
+                  server_key: bytes | None = None) -> ServerParams:
+    """Public parameters; ``server_key`` pins the expected Ed25519 key if given."""
+    try:
+        schema = Schema.from_dict(doc["schema"])
+        key = _b64(doc["server_key"])
+        signature = _b64(doc["schema_signature"])
+        mpk = decode_mpk(group, _b64(doc["mpk"]))
+        out = ServerParams(PublicParams(group, mpk, schema), key, signature, int(doc["epoch"]),
+                           float(doc["epoch_start"]), float(doc["epoch_end"]),
+                           int(doc["epoch_length"]), int(doc["grace"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"public parameters do not decode: {exc}") from exc
+    if server_key is not None and key != server_key:
+        raise BundleError("the key server presents another Ed25519 key than the pinned one")
+    if schema.id != doc.get("schema_id"):
+        raise BundleError("schema id does not match the schema")
+    if not verify_schema(key, schema, signature):
+        raise BundleError("the schema signature does not verify")
+    return out
+
+
+def decode_subscriber_bundle(group: PairingGroup, doc: dict[str, Any]) -> SubscriberBundle:
+    try:
+        requests = tuple(IssuedRequest(
+            r["attribute"], Credential.from_label(r["credential"]),
+            decode_request(group, _b64(r["request"])),
+            tuple(_b64(s) for s in r["secrets"])) for r in doc["connection_requests"])
+        return SubscriberBundle(int(doc["epoch"]), float(doc["epoch_end"]),
+                                int(doc["expires_at"]), _credentials(doc["credentials"]),
+                                decode_subscriber_key(group, _b64(doc["subscriber_key"])),
+                                requests)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"subscriber bundle does not decode: {exc}") from exc
+
+
+def decode_publisher_bundle(group: PairingGroup, doc: dict[str, Any]) -> PublisherBundle:
+    try:
+        return PublisherBundle(int(doc["epoch"]), float(doc["epoch_end"]),
+                               _credentials(doc["credentials"]),
+                               tuple(decode_publisher_key(group, _b64(k))
+                                     for k in doc["publisher_keys"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"publisher bundle does not decode: {exc}") from exc
+
+
+def decode_root_certificate(doc: dict[str, Any], server_key: bytes) -> RootCertificate:
+    """The certificate, after checking the key server's signature on it."""
+    try:
+        cert = RootCertificate(doc["attribute"], _b64(doc["transport_key"]), int(doc["epoch"]),
+                               int(doc["expires_at"]), _b64(doc["certificate"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"root certificate does not decode: {exc}") from exc
+    if not verify_root_certificate(server_key, cert.attribute, cert.transport_key, cert.epoch,
+                                   cert.expires_at, cert.certificate):
+        raise BundleError("the root certificate's signature does not verify")
+    return cert

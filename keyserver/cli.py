@@ -1,0 +1,252 @@
+"""Commands: ``keyserver init|serve``, ``identity add|list|revoke``, ``bench keyserver``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from keyserver.client import KeyServerClient, KeyServerError
+from keyserver.epochs import check_lengths
+
+
+def _command_error(message: str) -> Exception:
+    from peer.cli import CommandError  # the dispatcher's error type, imported late (cycle)
+
+    return CommandError(message)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+# -- keyserver init / serve ------------------------------------------------------------------
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from credentials.schema import SchemaError, default_schema, load_schema
+    from keyserver.keystore import KeyStoreError
+    from keyserver.server import initialise
+
+    try:
+        check_lengths(args.epoch_seconds, args.grace_seconds)
+        schema = load_schema(args.schema) if args.schema else default_schema()
+        token_file = initialise(Path(args.data), schema, args.database_url, args.epoch_seconds,
+                                args.grace_seconds)
+    except (KeyStoreError, SchemaError, ValueError, OSError) as exc:
+        raise _command_error(str(exc)) from exc
+    print(f"key store created in {args.data}; schema {schema.name!r} ({schema.id[:16]}...); "
+          f"admin token in {token_file}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from keyserver.keystore import KeyStoreError
+    from keyserver.server import serve
+    from keyserver.state import ServerConfig
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise _command_error("--tls-cert and --tls-key go together")
+    config = ServerConfig(
+        data_dir=Path(args.data), database_url=args.database_url,
+        epoch_seconds=args.epoch_seconds, grace_seconds=args.grace_seconds,
+        workers=args.workers, identity_rate=args.rate, identity_burst=args.burst,
+        address_rate=args.address_rate, address_burst=args.address_burst,
+        max_body=args.max_body)
+    try:
+        serve(config, args.host, args.port, args.tls_cert, args.tls_key,
+              "debug" if args.verbose > 1 else "info" if args.verbose else "warning")
+    except (KeyStoreError, ValueError, OSError) as exc:
+        raise _command_error(str(exc)) from exc
+    return 0
+
+
+def _register_keyserver(subparsers: Any) -> None:
+    ks = subparsers.add_parser("keyserver", help="run the key server (the trusted party)",
+                               description="Create and serve the key server.")
+    sub = ks.add_subparsers(dest="keyserver_command", metavar="COMMAND")
+    init = sub.add_parser(
+        "init", help="create master keys, database, signed schema and admin token",
+        description="Create the key store in --data: master keys (sealed under "
+        "$IBE_PUBSUB_PASSPHRASE), the database (Alembic migrations), the signed schema and "
+        "DIR/admin.token. Refuses to overwrite an existing key store.")
+    init.add_argument("--data", required=True, help="data directory of the key server")
+    init.add_argument("--schema", help="schema TOML file (default: the stocks example)")
+    init.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
+    init.add_argument("--epoch-seconds", type=_positive, default=3600, help="epoch length")
+    init.add_argument("--grace-seconds", type=_non_negative, default=300,
+                      help="seconds before an epoch ends from which next-epoch keys are issued")
+    init.set_defaults(handler=cmd_init)
+
+    serve = sub.add_parser(
+        "serve", help="serve the key server's HTTP API (uvicorn)",
+        description="Unseal the key store (passphrase from $IBE_PUBSUB_PASSPHRASE), migrate "
+        "the database and serve the API; OpenAPI at /openapi.json.")
+    serve.add_argument("--data", required=True, help="data directory made by keyserver init")
+    serve.add_argument("--host", default="127.0.0.1", help="listen address")
+    serve.add_argument("--port", type=int, default=8700, help="listen port")
+    serve.add_argument("--tls-cert", help="TLS certificate (PEM)")
+    serve.add_argument("--tls-key", help="TLS private key (PEM)")
+    serve.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
+    serve.add_argument("--epoch-seconds", type=_positive,
+                       help="change the epoch length from the next epoch on")
+    serve.add_argument("--grace-seconds", type=_non_negative,
+                       help="change the grace window from the next epoch on")
+    serve.add_argument("--workers", type=_positive, help="issuer processes (default: cores)")
+    serve.add_argument("--rate", type=float, default=100.0,
+                       help="requests/s per identity on enrolment and admin calls")
+    serve.add_argument("--burst", type=_positive, default=400, help="burst per identity")
+    serve.add_argument("--address-rate", type=float, default=500.0,
+                       help="requests/s per client address")
+    serve.add_argument("--address-burst", type=_positive, default=2000,
+                       help="burst per client address")
+    serve.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024,
+                       help="largest request body in bytes (413 beyond)")
+    serve.set_defaults(handler=cmd_serve)
+
+
+# -- identity add / list / revoke --------------------------------------------------------------
+
+def _admin_client(args: argparse.Namespace) -> KeyServerClient:
+    token = args.admin_token
+    if token is None and args.admin_token_file:
+        token = Path(args.admin_token_file).read_text().strip()
+    if not token:
+        raise _command_error("give --admin-token or --admin-token-file")
+    return KeyServerClient(args.server, token)
+
+
+def _call(args: argparse.Namespace, action: Any) -> Any:
+    try:
+        with _admin_client(args) as client:
+            return action(client)
+    except KeyServerError as exc:
+        raise _command_error(str(exc)) from exc
+
+
+def cmd_identity_add(args: argparse.Namespace) -> int:
+    created = _call(args, lambda c: c.create_identity(args.name, args.role, args.allow))
+    print(f"identity {created['name']!r} (id {created['id']}, {created['role']}) created; "
+          "its token (shown once):", file=sys.stderr)
+    print(created["token"])
+    return 0
+
+
+def cmd_identity_list(args: argparse.Namespace) -> int:
+    rows = _call(args, lambda c: c.list_identities())
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        state = f"revoked in epoch {r['revoked_epoch']}" if r["revoked_at"] else "active"
+        print(f"{r['id']:>5}  {r['name']:<24} {r['role']:<10} {state:<20} {r['policy'] or '*'}")
+    return 0
+
+
+def cmd_identity_revoke(args: argparse.Namespace) -> int:
+    def revoke(client: KeyServerClient) -> dict[str, Any]:
+        identity_id = args.id
+        if identity_id is None:
+            match = [r for r in client.list_identities() if r["name"] == args.name]
+            if not match:
+                raise _command_error(f"no identity named {args.name!r}")
+            identity_id = match[0]["id"]
+        return client.revoke(identity_id)
+
+    if (args.id is None) == (args.name is None):
+        raise _command_error("give exactly one of --id and --name")
+    done = _call(args, revoke)
+    print(f"identity {done['name']!r} revoked in epoch {done['revoked_epoch']}", file=sys.stderr)
+    return 0
+
+
+def _register_identity(subparsers: Any) -> None:
+    identity = subparsers.add_parser("identity", help="manage identities on a key server",
+                                     description="Admin commands against a running key server.")
+    sub = identity.add_subparsers(dest="identity_command", metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--server", required=True, help="key server URL, e.g. http://127.0.0.1:8700")
+        p.add_argument("--admin-token", help="admin bearer token")
+        p.add_argument("--admin-token-file", help="file holding it (DIR/admin.token)")
+
+    add = sub.add_parser("add", help="create an identity and print its token",
+                         description="Create an identity; prints its bearer token (once).")
+    common(add)
+    add.add_argument("--name", required=True, help="unique identity name")
+    add.add_argument("--role", required=True, choices=("subscriber", "publisher", "root"))
+    add.add_argument("--allow", help="policy predicate bounding what it may subscribe to or "
+                     "advertise (default: anything)")
+    add.set_defaults(handler=cmd_identity_add)
+    lst = sub.add_parser("list", help="list identities", description="List identities.")
+    common(lst)
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    lst.set_defaults(handler=cmd_identity_list)
+    rev = sub.add_parser("revoke", help="revoke an identity",
+                         description="Revoke an identity: no more keys for it.")
+    common(rev)
+    rev.add_argument("--id", type=int, help="identity id")
+    rev.add_argument("--name", help="identity name")
+    rev.set_defaults(handler=cmd_identity_revoke)
+
+
+# -- bench keyserver -----------------------------------------------------------------------------
+
+def bench_group(subparsers: Any) -> Any:
+    """The shared ``bench`` command's subparsers (created by whichever package comes first)."""
+    bench = subparsers.choices.get("bench")
+    if bench is None:
+        bench = subparsers.add_parser("bench", help="benchmarks (write JSON)",
+                                      description="Benchmarks; each writes JSON.")
+    for action in bench._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from keyserver.bench import BenchSettings, run_bench
+
+    settings = BenchSettings(clients=args.clients, seconds=args.seconds,
+                             subscription=args.subscription, max_credentials=args.max_credentials,
+                             workers=args.workers)
+    result = run_bench(settings, Path(args.json), None if args.no_plot else Path(
+        args.plot or str(Path(args.json).with_suffix(".png"))))
+    print(json.dumps(result["summary"], indent=1))
+    return 0
+
+
+def _register_bench(subparsers: Any) -> None:
+    p = bench_group(subparsers).add_parser(
+        "keyserver", help="credential keys per second over HTTP vs. key generation alone",
+        description="Starts a key server, measures credential keys issued per second by "
+        "key generation alone (the floor, all cores) and over HTTP with concurrent "
+        "clients, and p50/p99 enrolment latency.")
+    p.add_argument("--json", required=True, help="output JSON file")
+    p.add_argument("--plot", help="output PNG (default: next to --json)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--clients", type=_positive, default=32, help="concurrent HTTP clients")
+    p.add_argument("--seconds", type=float, default=20.0, help="duration of each phase")
+    p.add_argument("--workers", type=_positive, help="issuer processes (default: cores)")
+    p.add_argument("--subscription", default='symbol prefix "IB" and price in [10, 20]',
+                   help="the subscription every client enrols")
+    p.add_argument("--max-credentials", type=_positive, default=4,
+                   help="credentials per numeric attribute")
+    p.set_defaults(handler=cmd_bench)
+
+
+def register(subparsers: Any) -> None:
+    _register_keyserver(subparsers)
+    _register_identity(subparsers)
+    _register_bench(subparsers)

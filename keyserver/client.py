@@ -1,0 +1,138 @@
+"""HTTP client of the key server, used by peers, the CLI and the bulk tools.
+
+Retries (with exponential back-off) only on connection errors and 5xx answers; every
+4xx raises :class:`KeyServerError` at once with the server's error body. The
+``*_bundle`` helpers in :mod:`keyserver.bundles` turn responses into library objects.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
+
+
+class KeyServerError(Exception):
+    """The key server refused a request (4xx) or kept failing (5xx, unreachable)."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        error = body.get("error") if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else body
+        super().__init__(f"key server answered {status}: {message}" if status
+                         else f"key server unreachable: {message}")
+
+    @property
+    def code(self) -> str | None:
+        error = self.body.get("error") if isinstance(self.body, dict) else None
+        return error.get("code") if isinstance(error, dict) else None
+
+
+class KeyServerClient:
+    """One method per endpoint; ``token`` is an identity's or the admin's bearer token."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 60.0,
+                 retries: int = 3, backoff: float = 0.25, verify: bool | str = True) -> None:
+        self.retries, self.backoff = retries, backoff
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
+                                  timeout=timeout, verify=verify)
+
+    def __enter__(self) -> KeyServerClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """JSON (or text) of a successful answer; retries 5xx and connection errors."""
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if last:
+                    raise KeyServerError(0, str(exc)) from exc
+            else:
+                if response.status_code < 400:
+                    if response.headers.get("content-type", "").startswith("application/json"):
+                        return response.json()
+                    return response.text
+                if response.status_code not in RETRY_STATUSES or last:
+                    raise KeyServerError(response.status_code, _body(response))
+            time.sleep(self.backoff * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    # -- public --
+    def params(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/params")
+
+    def epoch(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/epoch")
+
+    def health(self) -> dict[str, Any]:
+        return self.request("GET", "/healthz")
+
+    def metrics(self) -> str:
+        return self.request("GET", "/metrics")
+
+    # -- enrolment --
+    def enrol_subscriber(self, subscription: str, fine_depth: int = 1,
+                         max_credentials: int | None = None, epoch: str | None = None
+                         ) -> dict[str, Any]:
+        return self.request("POST", "/v1/enrol/subscriber", json={
+            "subscription": subscription, "fine_depth": fine_depth,
+            "max_credentials": max_credentials, "epoch": epoch})
+
+    def enrol_publisher(self, advertisement: str, max_credentials: int | None = None,
+                        epoch: str | None = None) -> dict[str, Any]:
+        return self.request("POST", "/v1/enrol/publisher", json={
+            "advertisement": advertisement, "max_credentials": max_credentials, "epoch": epoch})
+
+    def enrol_root(self, attribute: str, transport_key: str, epoch: str | None = None
+                   ) -> dict[str, Any]:
+        """``transport_key``: base64 of the raw 32-byte Ed25519 public key."""
+        return self.request("POST", "/v1/enrol/root", json={
+            "attribute": attribute, "transport_key": transport_key, "epoch": epoch})
+
+    # -- admin --
+    def create_identity(self, name: str, role: str, policy: str | None = None
+                        ) -> dict[str, Any]:
+        return self.request("POST", "/v1/admin/identities",
+                            json={"name": name, "role": role, "policy": policy})
+
+    def list_identities(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/admin/identities")
+
+    def revoke(self, identity_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/v1/admin/identities/{int(identity_id)}/revoke")
+
+    def audit(self, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/admin/audit", params={"after": after, "limit": limit})
+
+    def bulk(self, chunk_id: str, items: list[dict[str, Any]], epoch: str | None = None
+             ) -> dict[str, Any]:
+        return self.request("POST", "/v1/admin/bulk",
+                            json={"chunk_id": chunk_id, "epoch": epoch, "items": items})
+
+    # -- directory --
+    def register(self, address: str, attribute: str, role: str, ttl: int) -> dict[str, Any]:
+        return self.request("POST", "/v1/directory", json={
+            "address": address, "attribute": attribute, "role": role, "ttl": ttl})
+
+    def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
+        return self.request("GET", f"/v1/directory/{attribute}", params={"sample": sample})
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text

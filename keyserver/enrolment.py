@@ -1,0 +1,153 @@
+"""From an enrolment request to a bundle of keys: policy check, decomposition, issuance.
+
+Shared by the enrolment endpoints and bulk issuance, so both hand out exactly the
+same bundle shape for the same credentials.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from credentials.credential import Credential
+from credentials.decompose import decompose, fine_credentials
+from credentials.predicates import Predicate, PredicateError, check_within, parse_predicate
+from credentials.schema import Schema, SchemaError
+from keyserver.api_models import BulkCredential
+from keyserver.epochs import Epoch
+from keyserver.errors import ApiError
+from keyserver.state import AppState
+
+MAX_CREDENTIALS = 256
+MAX_FINE_CREDENTIALS = 4096
+
+
+def parse(schema: Schema, text: str, what: str) -> Predicate:
+    """422 with the parser's message (and position) for a bad predicate."""
+    try:
+        return parse_predicate(schema, text)
+    except PredicateError as exc:
+        raise ApiError(422, f"{what}: {exc.message}", "invalid_predicate",
+                       {"position": exc.position}) from exc
+    except (SchemaError, ValueError) as exc:
+        raise ApiError(422, f"{what}: {exc}", "invalid_predicate") from exc
+
+
+def within_policy(schema: Schema, text: str, policy: str | None, what: str) -> Predicate:
+    """The parsed predicate; 403 naming the offending policy clause if it exceeds it."""
+    predicate = parse(schema, text, what)
+    if policy is not None:
+        clause = check_within(schema, predicate, parse(schema, policy, "stored policy"))
+        if clause is not None:
+            raise ApiError(403, f"{what} exceeds the identity's policy at: {clause}",
+                           "outside_policy", {"clause": clause})
+    return predicate
+
+
+def check_role(role: str, wanted: str) -> None:
+    if role != wanted:
+        raise ApiError(403, f"a {role} identity cannot enrol as {wanted}", "wrong_role")
+
+
+def target_epoch(state: AppState, which: str | None, now: float | None = None) -> Epoch:
+    """The current epoch, or the next one during the grace window (409 before it)."""
+    now = time.time() if now is None else now
+    current = state.epoch(now)
+    if which is None:
+        return current
+    if not current.in_grace(now):
+        raise ApiError(409, f"next-epoch keys are available from "
+                       f"{current.end - current.grace:.0f} (Unix time)", "not_in_grace",
+                       {"available_from": current.end - current.grace})
+    return state.clock.epoch(current.number + 1)
+
+
+def flat(credentials: Mapping[str, Sequence[Credential]]) -> list[Credential]:
+    out = [c for creds in credentials.values() for c in creds]
+    if len(out) > MAX_CREDENTIALS:
+        raise ApiError(422, f"{len(out)} credentials exceed the limit of {MAX_CREDENTIALS}; "
+                       "set max_credentials", "too_many_credentials")
+    return out
+
+
+def plan_subscriber(schema: Schema, predicate: Predicate, max_credentials: int | None,
+                    fine_depth: int) -> tuple[list[Credential], list[Credential]]:
+    creds = flat(decompose(schema, predicate, max_credentials))
+    if fine_depth == 0:
+        return creds, []
+    fine = [c for cs in fine_credentials(schema, creds, fine_depth).values() for c in cs]
+    if len(fine) > MAX_FINE_CREDENTIALS:
+        raise ApiError(422, f"{len(fine)} fine credentials exceed the limit of "
+                       f"{MAX_FINE_CREDENTIALS}; lower fine_depth", "too_many_credentials")
+    return creds, fine
+
+
+def plan_publisher(schema: Schema, predicate: Predicate, max_credentials: int | None
+                   ) -> list[Credential]:
+    return flat(decompose(schema, predicate, max_credentials))
+
+
+def check_root_policy(schema: Schema, attribute: str, policy: str | None) -> None:
+    """A root holds the whole domain of its attribute: 403 if the policy constrains it."""
+    if policy is None:
+        return
+    constraint = parse(schema, policy, "stored policy").get(attribute)
+    if constraint is not None:
+        clause = " and ".join(constraint.clauses(attribute))
+        raise ApiError(403, f"the whole domain of {attribute!r} exceeds the identity's policy "
+                       f"at: {clause}", "outside_policy", {"clause": clause})
+
+
+def labels(credentials: Iterable[Credential]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for c in credentials:
+        out.setdefault(c.attribute, []).append(c.label())
+    return out
+
+
+def parse_bulk_credential(schema: Schema, item: BulkCredential) -> Credential:
+    """A credential label from a bulk chunk, checked against the schema (422 otherwise)."""
+    try:
+        cred = Credential.from_label(item.credential)
+        attr = schema.attribute(item.attribute)
+    except (ValueError, SchemaError) as exc:
+        raise ApiError(422, f"credential {item.credential!r}: {exc}", "invalid_credential") from exc
+    limit = attr.bits if attr.is_numeric else attr.max_length
+    problem = None
+    if cred.attribute != attr.name:
+        problem = f"names attribute {cred.attribute!r}, not {attr.name!r}"
+    elif cred.kind != attr.kind:
+        problem = f"is a {cred.kind} credential but {attr.name!r} is {attr.type}"
+    elif len(cred.path) > limit:  # type: ignore[operator]
+        problem = f"is longer than {attr.name!r} allows ({limit})"
+    elif cred.position != item.position:
+        problem = f"has position {cred.position}, not {item.position}"
+    if problem:
+        raise ApiError(422, f"credential {item.credential!r} {problem}", "invalid_credential")
+    return cred
+
+
+async def issue_bundle(state: AppState, role: str, epoch: Epoch, credentials: list[Credential],
+                       fine: list[Credential]) -> dict[str, Any]:
+    """Keys for ``credentials`` in ``epoch``, in the enrolment response shape."""
+    base: dict[str, Any] = {"epoch": epoch.number, "epoch_end": epoch.end,
+                            "credentials": labels(credentials)}
+    if role == "publisher":
+        issued = await state.pool.publisher(epoch.number, credentials)
+        state.metrics.keys_issued("publisher", len(credentials))
+        return base | issued
+    expires_at = int(epoch.end + epoch.grace)
+    issued = await state.pool.subscriber(epoch.number, credentials, fine, expires_at)
+    state.metrics.keys_issued("subscriber_credential", len(credentials))
+    state.metrics.keys_issued("routing_token", len(fine))
+    state.metrics.keys_issued("connection_request", len(credentials))
+    return base | {"expires_at": expires_at, "fine_credentials": labels(fine)} | issued
+
+
+def issuance_detail(identity: str, role: str, bundle: Mapping[str, Any]) -> dict[str, Any]:
+    """What the audit log keeps of an issuance: who, which credentials, which epoch."""
+    detail = {"identity": identity, "role": role, "credentials": bundle["credentials"]}
+    if bundle.get("fine_credentials"):
+        detail["fine_credentials"] = bundle["fine_credentials"]
+    return detail

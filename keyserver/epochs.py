@@ -1,0 +1,97 @@
+"""Epochs: numbered, fixed-length periods; keys name their epoch.
+
+The schedule is a list of segments, each starting at an epoch boundary with its own
+length and grace window, so the length can change without renumbering past epochs:
+a change takes effect at the next boundary. The schedule is stored in the
+database (setting ``epoch_schedule``) so restarts keep the numbering.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+FIRST_EPOCH = 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    first_epoch: int
+    start: float
+    length: int
+    grace: int
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch: keys issued for it are valid from ``start`` to ``end`` (+ ``grace``)."""
+
+    number: int
+    start: float
+    end: float
+    length: int
+    grace: int
+
+    def in_grace(self, now: float) -> bool:
+        """True once next-epoch keys may be fetched (the last ``grace`` seconds)."""
+        return now >= self.end - self.grace
+
+
+def check_lengths(length: int, grace: int) -> None:
+    if length < 1:
+        raise ValueError(f"epoch length must be at least 1 second, got {length}")
+    if not 0 <= grace < length:
+        raise ValueError(f"grace must be in [0, epoch length), got {grace} for length {length}")
+
+
+@dataclass(frozen=True)
+class EpochClock:
+    segments: tuple[Segment, ...]
+
+    @classmethod
+    def start(cls, now: float, length: int, grace: int) -> EpochClock:
+        check_lengths(length, grace)
+        return cls((Segment(FIRST_EPOCH, now, length, grace),))
+
+    def _segment_for_time(self, now: float) -> Segment:
+        chosen = self.segments[0]
+        for seg in self.segments:
+            if seg.start <= now:
+                chosen = seg
+        return chosen
+
+    def _segment_for_epoch(self, number: int) -> Segment:
+        chosen = self.segments[0]
+        for seg in self.segments:
+            if seg.first_epoch <= number:
+                chosen = seg
+        return chosen
+
+    def epoch(self, number: int) -> Epoch:
+        seg = self._segment_for_epoch(number)
+        start = seg.start + (number - seg.first_epoch) * seg.length
+        return Epoch(number, start, start + seg.length, seg.length, seg.grace)
+
+    def current(self, now: float) -> Epoch:
+        seg = self._segment_for_time(now)
+        offset = max(0, math.floor((now - seg.start) / seg.length))
+        return self.epoch(seg.first_epoch + offset)
+
+    def rescheduled(self, now: float, length: int, grace: int) -> EpochClock:
+        """The same past, with ``length``/``grace`` from the next epoch boundary on."""
+        check_lengths(length, grace)
+        last = self.segments[-1]
+        if (last.length, last.grace) == (length, grace):
+            return self
+        nxt = self.epoch(self.current(now).number + 1)
+        kept = tuple(s for s in self.segments if s.first_epoch < nxt.number)
+        return EpochClock((*kept, Segment(nxt.number, nxt.start, length, grace)))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [vars(s).copy() for s in self.segments]
+
+    @classmethod
+    def from_json(cls, data: list[dict[str, Any]]) -> EpochClock:
+        return cls(tuple(Segment(int(d["first_epoch"]), float(d["start"]), int(d["length"]),
+                                 int(d["grace"])) for d in data))

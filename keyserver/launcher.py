@@ -1,0 +1,80 @@
+"""Starting a key server in a child process (benchmarks, tests, demos) and waiting for it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_command(*args: str) -> list[str]:
+    """``ibe-pubsub ARGS`` run by this interpreter (works from a source checkout too)."""
+    return [sys.executable, "-m", "peer.cli", *args]
+
+
+def child_env(passphrase: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if passphrase is not None:
+        env["IBE_PUBSUB_PASSPHRASE"] = passphrase
+    return env
+
+
+def init_keyserver(data_dir: Path, passphrase: str, extra: Sequence[str] = ()) -> None:
+    """Run ``keyserver init`` in a child process; raises with its stderr on failure."""
+    done = subprocess.run(cli_command("keyserver", "init", "--data", str(data_dir), *extra),
+                          env=child_env(passphrase), capture_output=True, text=True,
+                          timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"keyserver init failed: {done.stderr.strip()}")
+
+
+def start_keyserver(data_dir: Path, port: int, passphrase: str, extra: Sequence[str] = (),
+                    log: Path | None = None) -> subprocess.Popen[bytes]:
+    """``keyserver serve`` on 127.0.0.1:``port`` in a child process (not yet ready)."""
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
+    return subprocess.Popen(
+        cli_command("keyserver", "serve", "--data", str(data_dir), "--host", "127.0.0.1",
+                    "--port", str(port), *extra),
+        env=child_env(passphrase), stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Poll /healthz until it answers; raise if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"key server exited with status {process.returncode}")
+        try:
+            if httpx.get(base_url + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"key server at {base_url} not ready after {timeout} s")
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL if it does not exit in time."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,40 @@
+"""Token-bucket rate limits keyed by identity or client address."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    """``rate`` requests per second on average, bursts of up to ``burst`` (per key)."""
+
+    def __init__(self, rate: float, burst: int, max_keys: int = 100_000) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be positive and burst at least 1")
+        self.rate, self.burst, self.max_keys = rate, burst, max_keys
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str, now: float | None = None) -> float | None:
+        """Take one token; None if allowed, else the seconds until one is available."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) >= self.max_keys:
+                    self._buckets.clear()  # bounded memory; forgetting only ever helps callers
+                bucket = self._buckets[key] = _Bucket(float(self.burst), now)
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket.updated = now
+            if bucket.tokens >= 1:
+                bucket.tokens -= 1
+                return None
+            return (1 - bucket.tokens) / self.rate

@@ -1,0 +1,102 @@
+"""Database operations of the key server, one short function per query (sync, per session)."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
+from keyserver.epochs import EpochClock
+
+EPOCH_SETTING = "epoch_schedule"
+
+
+def get_setting(session: Session, key: str) -> Any:
+    row = session.get(Setting, key)
+    return None if row is None else row.value
+
+
+def put_setting(session: Session, key: str, value: Any) -> None:
+    row = session.get(Setting, key)
+    if row is None:
+        session.add(Setting(key=key, value=value))
+    else:
+        row.value = value
+
+
+def load_clock(session: Session, now: float, length: int | None, grace: int | None
+               ) -> EpochClock:
+    """The stored schedule (started now if there is none), rescheduled if asked to."""
+    stored = get_setting(session, EPOCH_SETTING)
+    if stored is None:
+        clock = EpochClock.start(now, length or 3600, 300 if grace is None else grace)
+    else:
+        clock = EpochClock.from_json(stored)
+        last = clock.segments[-1]
+        if length is not None or grace is not None:
+            clock = clock.rescheduled(now, length or last.length,
+                                      last.grace if grace is None else grace)
+    put_setting(session, EPOCH_SETTING, clock.to_json())
+    return clock
+
+
+def audit(session: Session, actor: str, action: str, epoch: int | None,
+          detail: dict[str, Any]) -> None:
+    session.add(AuditEntry(at=time.time(), actor=actor, action=action, epoch=epoch,
+                           detail=detail))
+
+
+def audit_entries(session: Session, after: int, limit: int) -> list[AuditEntry]:
+    return list(session.scalars(select(AuditEntry).where(AuditEntry.id > after)
+                                .order_by(AuditEntry.id).limit(limit)))
+
+
+def identity_by_token(session: Session, token_hash: str) -> Identity | None:
+    return session.scalars(select(Identity).where(Identity.token_hash == token_hash)).first()
+
+
+def identity_by_name(session: Session, name: str) -> Identity | None:
+    return session.scalars(select(Identity).where(Identity.name == name)).first()
+
+
+def identities(session: Session) -> list[Identity]:
+    return list(session.scalars(select(Identity).order_by(Identity.id)))
+
+
+def remove_directory_entries(session: Session, identity_id: int) -> None:
+    for entry in session.scalars(select(DirectoryEntry)
+                                 .where(DirectoryEntry.identity_id == identity_id)):
+        session.delete(entry)
+
+
+def register_peer(session: Session, identity: Identity, attribute: str, address: str,
+                  role: str, expires_at: float) -> None:
+    """Insert or refresh the (attribute, address) entry."""
+    entry = session.scalars(select(DirectoryEntry).where(
+        DirectoryEntry.attribute == attribute, DirectoryEntry.address == address)).first()
+    if entry is None:
+        session.add(DirectoryEntry(attribute=attribute, address=address, role=role,
+                                   identity_id=identity.id, expires_at=expires_at))
+    else:
+        entry.role, entry.identity_id, entry.expires_at = role, identity.id, expires_at
+
+
+def lookup_peers(session: Session, attribute: str, now: float, sample: int
+                 ) -> tuple[list[tuple[DirectoryEntry, str]], list[tuple[DirectoryEntry, str]]]:
+    """Live roots of the tree, and a random sample of its live other members."""
+    rows = session.execute(
+        select(DirectoryEntry, Identity.name).join(Identity)
+        .where(DirectoryEntry.attribute == attribute, DirectoryEntry.expires_at > now,
+               Identity.revoked_at.is_(None))
+        .order_by(DirectoryEntry.id)).all()
+    roots = [(e, n) for e, n in rows if e.role == "root"]
+    members = [(e, n) for e, n in rows if e.role != "root"]
+    return roots, random.sample(members, min(sample, len(members)))
+
+
+def bulk_chunk(session: Session, chunk_id: str) -> BulkChunk | None:
+    return session.get(BulkChunk, chunk_id)

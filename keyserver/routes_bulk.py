@@ -1,0 +1,156 @@
+"""Bulk issuance (admin): chunks of already decomposed credentials, idempotent by chunk id.
+
+The result of each chunk is kept in the database sealed with ChaCha20-Poly1305 under
+a key derived (HKDF) from the master secret, with the chunk id as associated data.
+A chunk id seen before returns that stored result and issues nothing; the same id
+with different content is a 409. Identities named in a chunk are created if missing
+(without a usable token: they receive keys only through bulk issuance). Items of
+revoked identities, or whose role differs from the stored one, get an ``error``
+field instead of keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import time
+from typing import Any
+
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from fastapi import APIRouter
+from sqlalchemy.exc import IntegrityError
+from starlette.concurrency import run_in_threadpool
+
+from credentials.credential import Credential
+from keyserver.api_models import BulkIn, BulkItem, BulkOut
+from keyserver.auth import Admin, Caller, State
+from keyserver.db import BulkChunk, Identity
+from keyserver.enrolment import issuance_detail, issue_bundle, parse_bulk_credential, target_epoch
+from keyserver.epochs import Epoch
+from keyserver.errors import ApiError
+from keyserver.keystore import token_hash
+from keyserver.repository import audit, bulk_chunk, identity_by_name
+from keyserver.state import AppState
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+RESULT_KEY_PURPOSE = b"bulk-results"
+
+
+def _request_hash(body: BulkIn) -> str:
+    canonical = json.dumps(body.model_dump(exclude={"chunk_id"}), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _seal(state: AppState, chunk_id: str, result: dict[str, Any]) -> bytes:
+    nonce = os.urandom(12)
+    aead = ChaCha20Poly1305(state.store.derived_key(RESULT_KEY_PURPOSE))
+    return nonce + aead.encrypt(nonce, json.dumps(result).encode(), chunk_id.encode())
+
+
+def _unseal(state: AppState, chunk: BulkChunk) -> dict[str, Any]:
+    aead = ChaCha20Poly1305(state.store.derived_key(RESULT_KEY_PURPOSE))
+    blob = chunk.sealed_result
+    return json.loads(aead.decrypt(blob[:12], blob[12:], chunk.chunk_id.encode()))
+
+
+def _stored(state: AppState, chunk_id: str, request_hash: str) -> dict[str, Any] | None:
+    with state.sessions() as session:
+        chunk = bulk_chunk(session, chunk_id)
+        if chunk is None:
+            return None
+        if chunk.request_hash != request_hash:
+            raise ApiError(409, f"chunk id {chunk_id!r} was used for different content",
+                           "chunk_conflict")
+        return _unseal(state, chunk)
+
+
+def _identity_states(state: AppState, caller: Caller, items: list[BulkItem], epoch: int
+                     ) -> dict[str, tuple[str, bool]]:
+    """Role and revoked flag of every named identity, creating the missing ones."""
+    for attempt in range(2):
+        try:
+            with state.sessions.begin() as session:
+                out: dict[str, tuple[str, bool]] = {}
+                for item in items:
+                    if item.identity in out:
+                        continue
+                    identity = identity_by_name(session, item.identity)
+                    if identity is None:
+                        identity = Identity(name=item.identity, role=item.role, policy=None,
+                                            token_hash=token_hash(secrets.token_urlsafe(32)),
+                                            created_at=time.time())
+                        session.add(identity)
+                        audit(session, caller.name, "create_identity", epoch,
+                              {"identity": item.identity, "role": item.role, "via": "bulk"})
+                    out[item.identity] = (identity.role, identity.revoked_at is not None)
+                return out
+        except IntegrityError:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _store(state: AppState, caller: Caller, body: BulkIn, request_hash: str,
+           result: dict[str, Any]) -> dict[str, Any]:
+    """Store the chunk and its audit entries together; a concurrent twin wins if first."""
+    try:
+        with state.sessions.begin() as session:
+            session.add(BulkChunk(chunk_id=body.chunk_id, request_hash=request_hash,
+                                  epoch=result["epoch"], created_at=time.time(),
+                                  sealed_result=_seal(state, body.chunk_id, result)))
+            for bundle in result["bundles"]:
+                if "error" not in bundle:
+                    audit(session, caller.name, "issue_bulk", result["epoch"],
+                          issuance_detail(bundle["identity"], bundle["role"], bundle)
+                          | {"chunk_id": body.chunk_id})
+        return result
+    except IntegrityError:
+        stored = _stored(state, body.chunk_id, request_hash)
+        if stored is None:
+            raise
+        return stored
+
+
+async def _bundle(state: AppState, item: BulkItem, creds: list[Credential],
+                  known: dict[str, tuple[str, bool]], epoch: Epoch) -> dict[str, Any]:
+    role, revoked = known[item.identity]
+    head = {"identity": item.identity, "role": item.role}
+    if revoked:
+        return head | {"error": "identity is revoked"}
+    if role != item.role:
+        return head | {"error": f"identity is a {role}"}
+    coarse = [c for c, spec in zip(creds, item.credentials, strict=True) if not spec.fine]
+    fine = [c for c, spec in zip(creds, item.credentials, strict=True) if spec.fine]
+    if item.role == "publisher" and fine:
+        return head | {"error": "fine credentials are for subscribers"}
+    return head | await issue_bundle(state, item.role, epoch, coarse, fine)
+
+
+@router.post("/bulk", response_model=BulkOut)
+async def bulk(body: BulkIn, caller: Admin,
+               state: State) -> dict[str, Any]:
+    """Issue keys for a chunk of decomposed credentials; repeating a chunk id is safe."""
+    request_hash = _request_hash(body)
+    lock = state.chunk_locks.setdefault(body.chunk_id, asyncio.Lock())
+    try:
+        async with lock:
+            stored = await run_in_threadpool(_stored, state, body.chunk_id, request_hash)
+            if stored is not None:
+                return stored
+            schema = state.store.schema
+            parsed = [[parse_bulk_credential(schema, c) for c in item.credentials]
+                      for item in body.items]
+            epoch = target_epoch(state, body.epoch)
+            known = await run_in_threadpool(_identity_states, state, caller, body.items,
+                                            epoch.number)
+            bundles = await asyncio.gather(*(_bundle(state, item, creds, known, epoch)
+                                             for item, creds in zip(body.items, parsed,
+                                                                    strict=True)))
+            result = {"chunk_id": body.chunk_id, "epoch": epoch.number, "bundles": bundles}
+            return await run_in_threadpool(_store, state, caller, body, request_hash, result)
+    finally:
+        if not lock.locked():
+            state.chunk_locks.pop(body.chunk_id, None)

@@ -1,0 +1,50 @@
+"""Public endpoints: parameters, schema, epoch, health, metrics (no token needed)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from keyserver.api_models import EpochOut, Health, PublicParamsOut
+from keyserver.auth import State
+
+router = APIRouter()
+
+
+@router.get("/v1/params", response_model=PublicParamsOut, response_model_by_alias=True,
+            tags=["public"])
+def params(state: State) -> dict[str, Any]:
+    """Master public key, signed schema, the server's Ed25519 key and the current epoch."""
+    e = state.epoch()
+    return state.store.public_document() | {
+        "epoch": e.number, "epoch_start": e.start, "epoch_end": e.end,
+        "epoch_length": e.length, "grace": e.grace}
+
+
+@router.get("/v1/schema", tags=["public"])
+def schema(state: State) -> dict[str, Any]:
+    """The schema, its id and the key server's signature (keyserver.certificates)."""
+    doc = state.store.public_document()
+    return {k: doc[k] for k in ("schema", "schema_id", "schema_signature", "server_key")}
+
+
+@router.get("/v1/epoch", response_model=EpochOut, tags=["public"])
+def epoch(state: State) -> dict[str, Any]:
+    now = time.time()
+    e = state.epoch(now)
+    return {"epoch": e.number, "epoch_start": e.start, "epoch_end": e.end,
+            "epoch_length": e.length, "grace": e.grace, "in_grace": e.in_grace(now)}
+
+
+@router.get("/healthz", response_model=Health, tags=["operations"])
+def healthz(state: State) -> dict[str, Any]:
+    return {"status": "ok", "epoch": state.epoch().number}
+
+
+@router.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
+def metrics(state: State) -> str:
+    """Prometheus text format."""
+    return state.metrics.render()

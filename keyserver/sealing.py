@@ -1,0 +1,57 @@
+"""Sealing the master secret at rest: AEAD under a key derived from a passphrase with scrypt.
+
+The sealed file is a small JSON document naming the KDF and its parameters, so the
+cost can be raised later without breaking old files. A wrong passphrase and a
+tampered file are indistinguishable by design; both raise :class:`UnsealError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+FORMAT = "ibe-pubsub-sealed-v1"
+ASSOCIATED_DATA = b"ibe-pubsub/v1/master-secret"
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**15, 8, 1
+
+
+class UnsealError(ValueError):
+    """The sealed secret does not open: wrong passphrase or damaged file."""
+
+
+def _derive(passphrase: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(passphrase.encode("utf-8"))
+
+
+def seal_secret(secret: bytes, passphrase: str) -> bytes:
+    """The JSON document that keeps ``secret`` confidential and authentic under ``passphrase``."""
+    if not passphrase:
+        raise ValueError("the passphrase must not be empty")
+    salt, nonce = os.urandom(16), os.urandom(12)
+    key = _derive(passphrase, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    sealed = ChaCha20Poly1305(key).encrypt(nonce, secret, ASSOCIATED_DATA)
+    doc = {"format": FORMAT, "kdf": "scrypt", "n": SCRYPT_N, "r": SCRYPT_R, "p": SCRYPT_P,
+           "salt": base64.b64encode(salt).decode(), "nonce": base64.b64encode(nonce).decode(),
+           "aead": "chacha20-poly1305", "ciphertext": base64.b64encode(sealed).decode()}
+    return json.dumps(doc, indent=1).encode()
+
+
+def unseal_secret(document: bytes, passphrase: str) -> bytes:
+    """Open what :func:`seal_secret` wrote; :class:`UnsealError` if it does not open."""
+    try:
+        doc = json.loads(document)
+        if doc.get("format") != FORMAT or doc.get("kdf") != "scrypt":
+            raise UnsealError("not a sealed ibe-pubsub secret")
+        key = _derive(passphrase, base64.b64decode(doc["salt"]), int(doc["n"]), int(doc["r"]),
+                      int(doc["p"]))
+        return ChaCha20Poly1305(key).decrypt(base64.b64decode(doc["nonce"]),
+                                             base64.b64decode(doc["ciphertext"]), ASSOCIATED_DATA)
+    except InvalidTag as exc:
+        raise UnsealError("wrong passphrase, or the sealed master secret was modified") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UnsealError(f"the sealed master secret is damaged: {exc}") from exc

@@ -1,0 +1,85 @@
+"""The key server's configuration and the shared state its request handlers use."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+from keyserver.db import make_engine, make_sessions, sqlite_url
+from keyserver.epochs import Epoch, EpochClock
+from keyserver.issuer import IssuerPool
+from keyserver.keystore import DATABASE_FILE, KeyStore
+from keyserver.metrics import Metrics
+from keyserver.migrate import upgrade
+from keyserver.ratelimit import RateLimiter
+from keyserver.repository import load_clock
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``keyserver serve`` can be told; defaults suit the demo and the benchmarks."""
+
+    data_dir: Path
+    database_url: str | None = None
+    epoch_seconds: int | None = None
+    grace_seconds: int | None = None
+    workers: int | None = None
+    identity_rate: float = 100.0
+    identity_burst: int = 400
+    address_rate: float = 500.0
+    address_burst: int = 2000
+    max_body: int = 16 * MIB
+
+    @property
+    def url(self) -> str:
+        return self.database_url or sqlite_url(str(self.data_dir / DATABASE_FILE))
+
+
+@dataclass
+class AppState:
+    config: ServerConfig
+    store: KeyStore
+    engine: Engine
+    sessions: sessionmaker
+    clock: EpochClock
+    pool: IssuerPool
+    identity_limits: RateLimiter
+    address_limits: RateLimiter
+    metrics: Metrics = field(default_factory=Metrics)
+    chunk_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def epoch(self, now: float | None = None) -> Epoch:
+        return self.clock.current(time.time() if now is None else now)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.engine.dispose()
+
+
+def open_database(url: str, length: int | None, grace: int | None
+                  ) -> tuple[Engine, sessionmaker, EpochClock]:
+    """Migrate to the newest schema, then load (or start) the epoch schedule."""
+    upgrade(url)
+    engine = make_engine(url)
+    sessions = make_sessions(engine)
+    with sessions.begin() as session:
+        clock = load_clock(session, time.time(), length, grace)
+    return engine, sessions, clock
+
+
+def build_state(config: ServerConfig, store: KeyStore) -> AppState:
+    engine, sessions, clock = open_database(config.url, config.epoch_seconds,
+                                            config.grace_seconds)
+    pool = IssuerPool(store, config.workers)
+    pool.warm_up()
+    return AppState(config=config, store=store, engine=engine, sessions=sessions, clock=clock,
+                    pool=pool,
+                    identity_limits=RateLimiter(config.identity_rate, config.identity_burst),
+                    address_limits=RateLimiter(config.address_rate, config.address_burst))
