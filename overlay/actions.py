@@ -1,0 +1,47 @@
+"""What the state machine asks its driver to do: send, deliver, log, and report links."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from credentials.scheme import Event
+from overlay.wire import Message
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``message`` to the physical peer at address ``to``."""
+
+    to: str
+    message: Message
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """Hand a verified, decrypted event that matches the exact subscription to the application."""
+
+    event: Event
+    at: float
+
+
+@dataclass(frozen=True)
+class Log:
+    """A log line (``level`` is a logging level name: debug, info, warning)."""
+
+    level: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Connected:
+    """A virtual peer gained a parent link (``link`` counts its parents, 1 = first)."""
+
+    attribute: str
+    vp: str
+    parent: str
+    link: int
+    started_at: float
+    at: float
+
+
+Action = Send | Deliver | Log | Connected

@@ -1,0 +1,43 @@
+"""Protocol parameters shared by every peer of an overlay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Routing = Literal["ohf", "mcr"]
+
+
+@dataclass(frozen=True)
+class OverlayConfig:
+    """Timers are in seconds of the clock the driver passes in (``now``)."""
+
+    #: Maximum number of children per virtual peer (out-degree).
+    max_children: int = 4
+    #: One-hop flooding or multi-credential routing (report 7.4).
+    routing: Routing = "ohf"
+    #: How many more peers a connection request may visit.
+    hop_limit: int = 24
+    heartbeat_interval: float = 1.0
+    #: A parent or child silent for this long is considered gone.
+    failure_timeout: float = 3.5
+    #: Retry a join that got no acceptance after this long (with a new join id).
+    join_timeout: float = 2.0
+    #: MCR: attempts to find each further distinct parent before sharing one.
+    mcr_link_attempts: int = 3
+    #: Check the publisher's signature before forwarding (costs one verify per hop).
+    verify_before_forward: bool = False
+    #: Capacity of every duplicate-suppression memory.
+    dedup_capacity: int = 8192
+    #: A virtual peer deeper than this assumes a loop and rejoins.
+    max_depth: int = 64
+    #: How long keys of the previous epoch stay valid after a rollover.
+    grace: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_children < 1:
+            raise ValueError("max_children must be at least 1")
+        if self.routing not in ("ohf", "mcr"):
+            raise ValueError(f"routing must be 'ohf' or 'mcr', not {self.routing!r}")
+        if self.hop_limit < 1 or self.dedup_capacity < 16:
+            raise ValueError("hop_limit must be >= 1 and dedup_capacity >= 16")

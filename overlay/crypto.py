@@ -1,0 +1,126 @@
+"""What the overlay needs from cryptography, behind one small protocol.
+
+The state machine never touches keys directly: it asks a :class:`CryptoSuite`
+to decode, check, open and test opaque objects. :mod:`overlay.crypto_real`
+implements it with SCHEME.md (credentials.scheme); :mod:`overlay.crypto_model`
+decides by plaintext containment and charges each operation its measured cost,
+so the simulator can run thousands of peers. Both record the time spent per
+operation in a :class:`CostMeter`, which the simulator turns into processing delay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from credentials.credential import Credential
+from credentials.predicates import Predicate
+from credentials.scheme import Event
+
+
+class CryptoRejected(ValueError):
+    """A request, token, event or proof that does not decode or does not check."""
+
+
+class CostMeter:
+    """Seconds spent per operation (measured or modelled), and a running total."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.by_op: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+
+    def charge(self, op: str, seconds: float) -> None:
+        self.total += seconds
+        self.by_op[op] += seconds
+        self.calls[op] += 1
+
+    @contextmanager
+    def timed(self, op: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.charge(op, time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class VirtualKeys:
+    """One virtual peer's material for one epoch: its credential, its signed connection
+    request with the SWs of every entry, its routing token and its fine tokens (MCR)."""
+
+    credential: Credential
+    request: bytes
+    sws: tuple[bytes, ...]
+    token: bytes
+    fine_tokens: tuple[bytes, ...]
+    #: What opens other peers' requests (real: (D, SubscriberCredentialKey)).
+    opener: Any
+
+
+@dataclass(frozen=True)
+class SubscriberKit:
+    """A subscriber's keys of one epoch: one entry per virtual peer, plus the decryption key."""
+
+    epoch: int
+    predicate: Predicate
+    decrypt_key: Any
+    virtuals: tuple[VirtualKeys, ...]
+
+
+@dataclass(frozen=True)
+class RootKit:
+    """A root peer's material: the key server's certificate over its transport key."""
+
+    #: The whole-domain credential of the attribute this peer roots.
+    credential: Credential
+    epoch: int
+    certificate: bytes
+    #: Signs acceptance proofs (real: Ed25519PrivateKey).
+    signer: Any
+
+    @property
+    def attribute(self) -> str:
+        return self.credential.attribute
+
+
+class CryptoSuite(Protocol):
+    """Operations of the overlay protocol; objects are opaque to the state machine."""
+
+    meter: CostMeter
+
+    def decode_request(self, data: bytes) -> Any: ...
+
+    def request_attribute(self, request: Any) -> str: ...
+
+    def check_request(self, request: Any, now: float, epochs: Collection[int]) -> None: ...
+
+    def open_request(self, keys: VirtualKeys, request: Any) -> bytes | None: ...
+
+    def acceptance_proof(self, sw: bytes, request: Any, context: bytes) -> bytes: ...
+
+    def check_acceptance(self, sws: Sequence[bytes], request: Any, proof: bytes,
+                         context: bytes) -> bool: ...
+
+    def root_proof(self, root: RootKit, request: Any, context: bytes) -> bytes: ...
+
+    def check_root_proof(self, certificate: bytes, attribute: str, request: Any, proof: bytes,
+                         context: bytes, now: float) -> bool: ...
+
+    def decode_token(self, data: bytes) -> Any: ...
+
+    def token_epoch(self, token: Any) -> int: ...
+
+    def decode_event(self, data: bytes) -> Any: ...
+
+    def event_epoch(self, event: Any) -> int: ...
+
+    def route(self, token: Any, event: Any) -> bool: ...
+
+    def verify(self, event: Any) -> bool: ...
+
+    def decrypt(self, key: Any, event: Any) -> Event | None: ...

@@ -1,0 +1,117 @@
+"""The crypto suite of SCHEME.md: credentials.scheme behind the overlay's protocol.
+
+Every operation is timed into the :class:`~overlay.crypto.CostMeter`, so a
+simulator running real cryptography charges the real processing delay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from credentials import codec, scheme
+from credentials.messages import ConnectionRequest, EncryptedEvent
+from credentials.scheme import Event, PublicParams
+from overlay.crypto import CostMeter, CryptoRejected, RootKit, VirtualKeys
+from overlay.rootcert import RootCertificate
+
+
+def _root_signed(request: ConnectionRequest, context: bytes) -> bytes:
+    return b"root-accept" + hashlib.sha256(codec.encode_request(request)).digest() + context
+
+
+class RealCrypto:
+    """Pairing-based checks with the key server's Ed25519 public key as trust anchor."""
+
+    def __init__(self, pp: PublicParams, server_key: Ed25519PublicKey) -> None:
+        self.pp = pp
+        self.server_key = server_key
+        self.meter = CostMeter()
+
+    def decode_request(self, data: bytes) -> ConnectionRequest:
+        with self.meter.timed("decode_request"):
+            try:
+                return codec.decode_request(self.pp.group, data)
+            except codec.CodecError as exc:
+                raise CryptoRejected(str(exc)) from None
+
+    def request_attribute(self, request: ConnectionRequest) -> str:
+        return request.attribute
+
+    def check_request(self, request: ConnectionRequest, now: float,
+                      epochs: Collection[int]) -> None:
+        with self.meter.timed("check_request"):
+            try:
+                scheme.check_connection_request(self.pp, request, self.server_key, now, epochs)
+            except scheme.RequestRejected as exc:
+                raise CryptoRejected(str(exc)) from None
+
+    def open_request(self, keys: VirtualKeys, request: ConnectionRequest) -> bytes | None:
+        D, key = keys.opener
+        with self.meter.timed("open_request"):
+            return scheme.open_connection_request(self.pp, D, key, request)
+
+    def acceptance_proof(self, sw: bytes, request: ConnectionRequest, context: bytes) -> bytes:
+        with self.meter.timed("acceptance_proof"):
+            return scheme.acceptance_proof(sw, request, context)
+
+    def check_acceptance(self, sws: Sequence[bytes], request: ConnectionRequest, proof: bytes,
+                         context: bytes) -> bool:
+        with self.meter.timed("check_acceptance"):
+            return scheme.check_acceptance(sws, request, proof, context) is not None
+
+    def root_proof(self, root: RootKit, request: ConnectionRequest, context: bytes) -> bytes:
+        with self.meter.timed("root_proof"):
+            return bytes(root.signer.sign(_root_signed(request, context)))
+
+    def check_root_proof(self, certificate: bytes, attribute: str, request: ConnectionRequest,
+                         proof: bytes, context: bytes, now: float) -> bool:
+        with self.meter.timed("check_root_proof"):
+            try:
+                cert = RootCertificate.from_bytes(certificate)
+                if not cert.check(self.server_key, attribute, now):
+                    return False
+                Ed25519PublicKey.from_public_bytes(cert.transport_key).verify(
+                    proof, _root_signed(request, context))
+            except (ValueError, InvalidSignature):
+                return False
+            return True
+
+    def decode_token(self, data: bytes) -> Any:
+        with self.meter.timed("decode_token"):
+            try:
+                return codec.decode_routing_token(self.pp.group, data)
+            except codec.CodecError as exc:
+                raise CryptoRejected(str(exc)) from None
+
+    def token_epoch(self, token: Any) -> int:
+        return int(token.epoch)
+
+    def decode_event(self, data: bytes) -> EncryptedEvent:
+        with self.meter.timed("decode_event"):
+            try:
+                return codec.decode_event(self.pp.group, data)
+            except codec.CodecError as exc:
+                raise CryptoRejected(str(exc)) from None
+
+    def event_epoch(self, event: EncryptedEvent) -> int:
+        return event.header.epoch
+
+    def route(self, token: Any, event: EncryptedEvent) -> bool:
+        with self.meter.timed("route"):
+            return token.epoch == event.header.epoch and scheme.route_test(self.pp, token, event)
+
+    def verify(self, event: EncryptedEvent) -> bool:
+        with self.meter.timed("verify"):
+            return scheme.verify(self.pp, event)
+
+    def decrypt(self, key: Any, event: EncryptedEvent) -> Event | None:
+        with self.meter.timed("decrypt"):
+            try:
+                return scheme.decrypt(self.pp, key, event)
+            except scheme.SchemeError:
+                return None

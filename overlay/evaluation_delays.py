@@ -1,0 +1,180 @@
+"""Experiments 1-4 on the simulator: connection delay, dissemination delay, OHF vs MCR.
+
+Like the report's section 8, the delay experiments use a single attribute tree
+(a 16-bit numeric attribute) and subscribers with one credential each, so one
+subscriber is one node of the tree. Each configuration runs twice on the same
+seed: ``secure`` charges every crypto operation its cost measured in this run
+(:mod:`overlay.evaluation_costs`), ``plaintext`` charges nothing. Peers join one
+after another (``JOIN_SPACING`` apart, through a random member of the tree,
+the report's setting) and publishing starts once the tree has settled.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from credentials.schema import Schema
+from overlay.config import OverlayConfig, Routing
+from overlay.crypto_model import CostTable
+from overlay.simulator import LatencyModel, Mode, Simulator, summary
+from overlay.workload import Workload
+
+#: Seconds between two peers starting to join.
+JOIN_SPACING = 0.02
+#: Seconds of simulated time allowed for the tree to settle after the last join.
+SETTLE = 10.0
+#: Publishing window of the dissemination experiment, and time allowed to deliver.
+PUBLISH_WINDOW = 20.0
+DELIVER = 15.0
+#: No peer fails in these experiments, so heartbeats only cost simulation time.
+HEARTBEAT = 5.0
+
+Progress = Callable[[str], None]
+
+
+def tree_schema() -> Schema:
+    """One numeric attribute: the single attribute tree of the report's experiments."""
+    return Schema.from_dict({"name": "eval-tree", "attributes": [
+        {"name": "price", "type": "int", "min": 0, "max": 65535, "bits": 16}]})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every run of one experiment shares."""
+
+    schema: Schema
+    costs: CostTable
+    latency: LatencyModel
+    seed: int
+
+    def config(self, max_children: int, routing: Routing = "ohf") -> OverlayConfig:
+        return OverlayConfig(max_children=max_children, routing=routing,
+                             heartbeat_interval=HEARTBEAT, failure_timeout=4 * HEARTBEAT)
+
+
+def build(setting: Setting, peers: int, max_children: int, mode: Mode,
+          routing: Routing = "ohf", credentials: int = 1, fine_depth: int = 0) -> Simulator:
+    """A tree of ``peers`` subscribers that joined one after another, settled."""
+    sim = Simulator(setting.schema, setting.config(max_children, routing), mode=mode,
+                    costs=setting.costs, latency=setting.latency, seed=setting.seed)
+    sim.add_roots()
+    workload = Workload(setting.schema, random.Random(setting.seed))
+    names = list(setting.schema.names)
+    for i in range(peers):
+        sim.add_subscriber(workload.predicate(names), at=i * JOIN_SPACING,
+                           max_credentials=credentials, fine_depth=fine_depth)
+    sim.run_until(peers * JOIN_SPACING + SETTLE)
+    return sim
+
+
+def _both(run: Callable[[Mode], dict[str, Any]]) -> dict[str, Any]:
+    return {"secure": run("modeled"), "plaintext": run("plaintext")}
+
+
+def connection_run(setting: Setting, peers: int, max_children: int, mode: Mode
+                   ) -> dict[str, Any]:
+    sim = build(setting, peers, max_children, mode)
+    return {"connection_s": summary(sim.metrics.connection_delays),
+            "connected": sum(1 for m in sim.machines.values()
+                             if any(vp.parents for vp in m.vpeers.values())),
+            "messages": dict(sim.metrics.messages)}
+
+
+def connection_vs_peers(setting: Setting, sizes: Sequence[int], max_children: int,
+                        progress: Progress) -> dict[str, Any]:
+    """Experiment 1 (report Fig. 8.1)."""
+    rows = []
+    for n in sizes:
+        progress(f"connection delay, {n} peers")
+        rows.append({"peers": n, **_both(lambda mode, n=n: connection_run(
+            setting, n, max_children, mode))})
+    return {"experiment": "connection delay vs. peers", "max_children": max_children,
+            "rows": rows}
+
+
+def connection_vs_degree(setting: Setting, peers: int, degrees: Sequence[int],
+                         progress: Progress) -> dict[str, Any]:
+    """Experiment 2 (report Fig. 8.2)."""
+    rows = []
+    for d in degrees:
+        progress(f"connection delay, out-degree {d}, {peers} peers")
+        rows.append({"max_children": d, **_both(lambda mode, d=d: connection_run(
+            setting, peers, d, mode))})
+    return {"experiment": "connection delay vs. maximum out-degree", "peers": peers,
+            "rows": rows}
+
+
+def publish_all(sim: Simulator, setting: Setting, publishers: int, events_each: int
+                ) -> list[tuple[str, dict[str, Any]]]:
+    """``publishers`` publishers each publish ``events_each`` events at random times."""
+    rng = random.Random(setting.seed + 1)
+    workload = Workload(setting.schema, random.Random(setting.seed + 2))
+    start = sim.now
+    published = []
+    for _ in range(publishers):
+        pub = sim.add_publisher()
+        for _ in range(events_each):
+            values = workload.values()
+            event_id = sim.publish(pub, values, at=start + rng.uniform(0, PUBLISH_WINDOW))
+            published.append((event_id, values))
+    sim.run_until(start + PUBLISH_WINDOW + DELIVER)
+    return published
+
+
+def dissemination_run(setting: Setting, peers: int, max_children: int, publishers: int,
+                      events_each: int, mode: Mode, routing: Routing = "ohf",
+                      credentials: int = 1, fine_depth: int = 0) -> dict[str, Any]:
+    sim = build(setting, peers, max_children, mode, routing, credentials, fine_depth)
+    subscribers = sim.alive_subscribers()
+    before = {a: sim.machines[a].stats.false_positives for a in subscribers}
+    published = publish_all(sim, setting, publishers, events_each)
+    expected = sum(len(sim.expected_receivers(v)) for _, v in published)
+    delivered = sum(len(sim.metrics.deliveries.get(e, {})) for e, _ in published)
+    false_positives = sum(sim.machines[a].stats.false_positives - before[a]
+                          for a in subscribers)
+    messages = [sim.metrics.event_messages[e] for e, _ in published]
+    return {"dissemination_s": summary(sim.metrics.dissemination_delays()),
+            "events": len(published), "expected_deliveries": expected,
+            "deliveries": delivered,
+            "delivery_ratio": delivered / expected if expected else 1.0,
+            "false_positives_per_subscriber": false_positives / max(len(subscribers), 1),
+            "false_positives_per_event": false_positives / max(len(published), 1),
+            "messages_per_event": statistics.fmean(messages) if messages else 0.0}
+
+
+def dissemination_vs_peers(setting: Setting, sizes: Sequence[int], max_children: int,
+                           publishers: int, events_each: int, progress: Progress
+                           ) -> dict[str, Any]:
+    """Experiment 3 (report Fig. 8.3)."""
+    rows = []
+    for n in sizes:
+        progress(f"dissemination delay, {n} peers, {publishers}x{events_each} events")
+        rows.append({"peers": n, **_both(lambda mode, n=n: dissemination_run(
+            setting, n, max_children, publishers, events_each, mode))})
+    return {"experiment": "dissemination delay vs. peers", "max_children": max_children,
+            "publishers": publishers, "events_per_publisher": events_each, "rows": rows}
+
+
+def routing_comparison(setting: Setting, sizes: Sequence[int], max_children: int,
+                       publishers: int, events_each: int, credentials: int, fine_depth: int,
+                       progress: Progress) -> dict[str, Any]:
+    """Experiment 4: one-hop flooding against multi-credential routing, secure mode.
+
+    Subscribers hold up to ``credentials`` credentials (one virtual peer each) and
+    ``fine_depth`` levels of fine credentials, which MCR uses to route more precisely."""
+    rows = []
+    for n in sizes:
+        row: dict[str, Any] = {"peers": n}
+        for routing in ("ohf", "mcr"):
+            progress(f"routing {routing}, {n} peers")
+            row[routing] = dissemination_run(setting, n, max_children, publishers,
+                                             events_each, "modeled", routing, credentials,
+                                             fine_depth)
+        rows.append(row)
+    return {"experiment": "OHF vs. MCR", "max_children": max_children,
+            "credentials_per_subscriber": credentials, "fine_depth": fine_depth,
+            "publishers": publishers, "events_per_publisher": events_each, "rows": rows}

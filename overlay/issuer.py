@@ -1,0 +1,124 @@
+"""Local key issuance for simulations and tests: what the key server would hand out.
+
+:func:`plan_virtual_peers` decides which trees a subscription joins (one virtual
+peer per constrained credential, or the first attribute's root credential when
+it constrains nothing) and the fine credentials of each (MCR).
+:class:`RealIssuer` runs SCHEME.md with a locally drawn master key;
+:class:`ModeledIssuer` makes the plaintext objects of :class:`ModeledCrypto`.
+Both give :class:`SubscriberKit` and :class:`RootKit` objects and encrypt events.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from credentials import codec, scheme
+from credentials.backends import load_group
+from credentials.credential import Credential
+from credentials.decompose import decompose, fine_split, root_credential
+from credentials.predicates import Predicate
+from credentials.schema import Schema
+from credentials.scheme import Event, PublicParams
+from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
+from overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
+from overlay.crypto_real import RealCrypto
+from overlay.rootcert import issue_root_certificate
+
+Plan = list[tuple[Credential, tuple[Credential, ...]]]
+
+
+def plan_virtual_peers(schema: Schema, predicate: Predicate, max_credentials: int | None = 4,
+                       fine_depth: int = 1) -> tuple[dict[str, tuple[Credential, ...]], Plan]:
+    """(all credentials per attribute, [(virtual peer credential, its fine credentials)])."""
+    creds = decompose(schema, predicate, max_credentials)
+    chosen = [c for name in schema.names for c in creds[name] if not c.is_root]
+    if not chosen:
+        chosen = [creds[schema.names[0]][0]]
+    plan = [(c, tuple(f for f in fine_split(schema, c, fine_depth) if f != c)
+             if fine_depth else ()) for c in chosen]
+    return creds, plan
+
+
+class ModeledIssuer:
+    """Issues the HMAC-authenticated plaintext objects of :class:`ModeledCrypto`."""
+
+    def __init__(self, schema: Schema, costs: CostTable | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.schema = schema
+        self.rng = rng or random.Random(0)
+        self.crypto = ModeledCrypto(schema, self.rng.randbytes(32), costs)
+
+    def subscriber_kit(self, predicate: Predicate, epoch: int, expires_at: int,
+                       max_credentials: int | None = 4, fine_depth: int = 1) -> SubscriberKit:
+        creds, plan = plan_virtual_peers(self.schema, predicate, max_credentials, fine_depth)
+        c = self.crypto
+        virtuals = []
+        for cred, fines in plan:
+            request, sws = c.make_request(cred, epoch, expires_at, self.rng.randbytes(16))
+            virtuals.append(VirtualKeys(
+                credential=cred, request=request, sws=sws, token=c.make_token(cred, epoch),
+                fine_tokens=tuple(c.make_token(f, epoch) for f in fines), opener=(cred, epoch)))
+        key = ModelDecryptKey(epoch, tuple(x for cs in creds.values() for x in cs))
+        return SubscriberKit(epoch, predicate, key, tuple(virtuals))
+
+    def root_kit(self, attribute: str, epoch: int, expires_at: int) -> RootKit:
+        cred = root_credential(self.schema.attribute(attribute))
+        return RootKit(cred, epoch, self.crypto.make_root_certificate(attribute, epoch,
+                                                                      expires_at), None)
+
+    def encrypt(self, event: Event, epoch: int) -> bytes:
+        return self.crypto.encrypt(event, epoch)
+
+
+class RealIssuer:
+    """SCHEME.md with a master key drawn here, and an Ed25519 key server signing key."""
+
+    def __init__(self, schema: Schema) -> None:
+        group = load_group()
+        mpk, self.msk = scheme.setup(group)
+        self.pp = PublicParams(group, mpk, schema)
+        self.schema = schema
+        self.server_key = Ed25519PrivateKey.generate()
+        self.crypto = RealCrypto(self.pp, self.server_key.public_key())
+        self._publisher_keys: dict[int, Sequence[scheme.PublisherKey]] = {}
+
+    def subscriber_kit(self, predicate: Predicate, epoch: int, expires_at: int,
+                       max_credentials: int | None = 4, fine_depth: int = 1) -> SubscriberKit:
+        creds, plan = plan_virtual_peers(self.schema, predicate, max_credentials, fine_depth)
+        pp = self.pp
+        key = scheme.prepare_subscriber_key(pp, scheme.keygen_subscriber(
+            pp, self.msk, epoch, [c for cs in creds.values() for c in cs],
+            [f for _, fines in plan for f in fines]))
+        virtuals = []
+        for cred, fines in plan:
+            credkey = next(k for k in key.credentials if k.credential == cred)
+            request, sws = scheme.build_connection_request(pp, self.server_key, cred, epoch,
+                                                           expires_at)
+            virtuals.append(VirtualKeys(
+                credential=cred, request=codec.encode_request(request), sws=sws,
+                token=codec.encode_routing_token(credkey.token),
+                fine_tokens=tuple(codec.encode_routing_token(t) for t in key.fine_tokens
+                                  if t.credential in fines),
+                opener=(key.D, credkey)))
+        return SubscriberKit(epoch, predicate, key, tuple(virtuals))
+
+    def root_kit(self, attribute: str, epoch: int, expires_at: int) -> RootKit:
+        transport = Ed25519PrivateKey.generate()
+        raw = transport.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        cert = issue_root_certificate(self.server_key, attribute, raw, epoch, expires_at)
+        return RootKit(root_credential(self.schema.attribute(attribute)), epoch,
+                       cert.to_bytes(), transport)
+
+    def encrypt(self, event: Event, epoch: int) -> bytes:
+        """Encrypt and sign with publisher keys for the whole domain of every attribute."""
+        keys = self._publisher_keys.get(epoch)
+        if keys is None:
+            keys = self._publisher_keys[epoch] = [
+                scheme.keygen_publisher(self.pp, self.msk, root_credential(a), epoch)
+                for a in self.schema.attributes]
+        return codec.encode_event(scheme.encrypt_and_sign(self.pp, keys, event))
+

@@ -1,0 +1,272 @@
+"""A discrete-event simulator that runs many :class:`PeerMachine` objects.
+
+Time advances through a heap of ``(time, seq, what)``. Every message travels
+with the one-way delay of its link (:class:`LatencyModel`) and is processed
+when its receiver is free: each peer is a single server whose processing time
+per message is what its crypto suite charged (modelled costs, or the measured
+time of real cryptography). The machines are exactly those the running peer
+uses; the simulator only moves their actions around and records:
+
+- connection delays: join started -> first parent link established;
+- dissemination delays: publish -> delivery, per (event, subscriber);
+- messages per event (``Publish`` sends), false positives, duplicates.
+
+Crypto modes: ``"modeled"`` (default costs or a ``bench crypto`` JSON),
+``"plaintext"`` (no security costs), ``"real"`` (SCHEME.md, small populations).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from credentials.predicates import Predicate
+from credentials.schema import Schema
+from credentials.scheme import Event
+from overlay.actions import Action, Connected, Deliver, Log, Send
+from overlay.config import OverlayConfig
+from overlay.crypto_model import CostTable
+from overlay.issuer import ModeledIssuer, RealIssuer
+from overlay.machine import PeerMachine
+from overlay.wire import Message, Publish
+
+Mode = Literal["modeled", "plaintext", "real"]
+EXPIRY = 2**40
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """One-way link delay: each ordered pair of peers gets a fixed base delay drawn once,
+    log-normal with the given median (seconds) and shape ``sigma``, plus a uniform jitter
+    of up to ``jitter`` times the base per message."""
+
+    median: float = 0.04
+    sigma: float = 0.5
+    jitter: float = 0.1
+
+
+@dataclass
+class Metrics:
+    connection_delays: list[float] = field(default_factory=list)
+    #: event id -> publish time
+    published: dict[str, float] = field(default_factory=dict)
+    #: event id -> {subscriber address: delivery time}
+    deliveries: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    #: event id -> Publish messages sent for it
+    event_messages: Counter[str] = field(default_factory=Counter)
+    messages: Counter[str] = field(default_factory=Counter)
+    lost_messages: int = 0
+    logs: Counter[str] = field(default_factory=Counter)
+
+    def dissemination_delays(self) -> list[float]:
+        return [t - self.published[e] for e, subs in self.deliveries.items()
+                for t in subs.values()]
+
+
+def summary(values: Iterable[float]) -> dict[str, float]:
+    """Mean, median, 95th percentile and count of a sample (empty -> count 0)."""
+    xs = sorted(values)
+    if not xs:
+        return {"count": 0}
+    return {"count": len(xs), "mean": statistics.fmean(xs), "median": statistics.median(xs),
+            "p95": xs[min(len(xs) - 1, int(0.95 * len(xs)))], "max": xs[-1]}
+
+
+class Simulator:
+    """Peers, their links, the clock; add peers and events, then :meth:`run_until`."""
+
+    def __init__(self, schema: Schema, config: OverlayConfig | None = None, *,
+                 mode: Mode = "modeled", costs: CostTable | None = None,
+                 latency: LatencyModel | None = None, seed: int = 0, wire: bool = False,
+                 epoch: int = 1) -> None:
+        self.schema = schema
+        self.config = config or OverlayConfig()
+        self.rng = random.Random(seed)
+        self.latency = latency or LatencyModel()
+        self.wire = wire
+        self.epoch = epoch
+        if mode == "real":
+            self.issuer: ModeledIssuer | RealIssuer = RealIssuer(schema)
+        else:
+            table = CostTable.zero() if mode == "plaintext" else costs
+            self.issuer = ModeledIssuer(schema, table, random.Random(self.rng.random()))
+        self.crypto = self.issuer.crypto
+        self.machines: dict[str, PeerMachine] = {}
+        self.dead: set[str] = set()
+        self.roots: dict[str, str] = {}
+        self.members: dict[str, list[str]] = defaultdict(list)
+        self.predicates: dict[str, Predicate] = {}
+        self.metrics = Metrics()
+        self.now = 0.0
+        self._queue: list[tuple[float, int, str, Any]] = []
+        self._seq = 0
+        self._busy: dict[str, float] = {}
+        self._links: dict[tuple[str, str], float] = {}
+        self._event_ids: dict[bytes, str] = {}
+        self._counter = 0
+
+    # -- population ------------------------------------------------------------------------
+
+    def _push(self, at: float, what: str, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (at, self._seq, what, payload))
+
+    def _add_machine(self, address: str, machine: PeerMachine) -> None:
+        self.machines[address] = machine
+        self._push(self.now + self.rng.uniform(0, self.config.heartbeat_interval), "tick",
+                   address)
+
+    def add_roots(self) -> dict[str, str]:
+        """One root peer per attribute tree."""
+        for a in self.schema.names:
+            address = f"root-{a}"
+            kit = self.issuer.root_kit(a, self.epoch, EXPIRY)
+            self._add_machine(address, PeerMachine(address, self.crypto, self.config,
+                                                   random.Random(self.rng.random()),
+                                                   roots=[kit]))
+            self.roots[a] = address
+            self.members[a].append(address)
+        return self.roots
+
+    def add_subscriber(self, predicate: Predicate, at: float | None = None,
+                       max_credentials: int | None = 4, fine_depth: int = 1) -> str:
+        """A subscriber that starts joining at ``at`` (default: now) through a random
+        member of each tree it joins (and that tree's root as a fallback)."""
+        self._counter += 1
+        address = f"sub-{self._counter}"
+        kit = self.issuer.subscriber_kit(predicate, self.epoch, EXPIRY, max_credentials,
+                                         fine_depth)
+        machine = PeerMachine(address, self.crypto, self.config,
+                              random.Random(self.rng.random()), kit=kit)
+        self._add_machine(address, machine)
+        self.predicates[address] = predicate
+        self._push(self.now if at is None else at, "join", address)
+        return address
+
+    def add_publisher(self) -> str:
+        self._counter += 1
+        address = f"pub-{self._counter}"
+        self._add_machine(address, PeerMachine(address, self.crypto, self.config,
+                                               random.Random(self.rng.random())))
+        return address
+
+    def publish(self, publisher: str, values: dict[str, Any], at: float | None = None) -> str:
+        """Encrypt (charging the publisher's time) and send to every root at ``at``."""
+        self._counter += 1
+        event_id = f"ev-{self._counter}"
+        self._push(self.now if at is None else at, "publish", (publisher, event_id, values))
+        return event_id
+
+    def kill(self, address: str) -> None:
+        """Crash a peer: it stops, messages to it are lost, nobody is told."""
+        self.dead.add(address)
+        for members in self.members.values():
+            if address in members:
+                members.remove(address)
+
+    def leave(self, address: str) -> None:
+        """Graceful leave at the current time."""
+        self._apply(address, self.machines[address].leave(self.now), self.now)
+        self.kill(address)
+
+    # -- the event loop --------------------------------------------------------------------
+
+    def _delay(self, a: str, b: str) -> float:
+        if a == b:
+            return 0.0
+        base = self._links.get((a, b))
+        if base is None:
+            base = self._links[(a, b)] = self.latency.median * self.rng.lognormvariate(
+                0.0, self.latency.sigma)
+        return base * (1.0 + self.rng.uniform(0.0, self.latency.jitter))
+
+    def _apply(self, address: str, actions: list[Action], at: float) -> None:
+        m = self.metrics
+        for action in actions:
+            if isinstance(action, Send):
+                msg = action.message
+                m.messages[type(msg).__name__] += 1
+                if isinstance(msg, Publish):
+                    m.event_messages[self._event_ids.get(msg.event, "?")] += 1
+                payload: Message | bytes = msg.to_bytes() if self.wire else msg
+                self._push(at + self._delay(address, action.to), "msg",
+                           (action.to, address, payload))
+            elif isinstance(action, Deliver):
+                m.deliveries[action.event.event_id][address] = at
+            elif isinstance(action, Connected):
+                if action.link == 1:
+                    m.connection_delays.append(at - action.started_at)
+            elif isinstance(action, Log):
+                m.logs[action.level] += 1
+
+    def _run_on(self, address: str, at: float, call: Any) -> None:
+        """Run one machine call when its peer is free; its actions leave when it is done."""
+        start = max(at, self._busy.get(address, 0.0))
+        before = self.crypto.meter.total
+        actions = call(start)
+        done = start + (self.crypto.meter.total - before)
+        self._busy[address] = done
+        self._apply(address, actions, done)
+
+    def step(self) -> bool:
+        """Process the next scheduled happening; False when nothing is left."""
+        if not self._queue:
+            return False
+        at, _, what, payload = heapq.heappop(self._queue)
+        self.now = at
+        if what == "msg":
+            to, sender, message = payload
+            if to in self.dead or to not in self.machines:
+                self.metrics.lost_messages += 1
+                return True
+            machine = self.machines[to]
+            self._run_on(to, at, lambda t: machine.receive(sender, message, t))
+        elif what == "tick":
+            if payload not in self.dead:
+                machine = self.machines[payload]
+                self._run_on(payload, at, machine.tick)
+                self._push(at + self.config.heartbeat_interval / 2, "tick", payload)
+        elif what == "join":
+            self._join(payload, at)
+        elif what == "publish":
+            self._publish(*payload, at)
+        return True
+
+    def _join(self, address: str, at: float) -> None:
+        machine = self.machines[address]
+        trees = sorted({vp.attribute for vp in machine.vpeers.values()})
+        contacts = {}
+        for a in trees:
+            members = self.members[a]
+            contacts[a] = [self.roots[a], self.rng.choice(members)] if members else []
+        self._run_on(address, at, lambda t: machine.join(contacts, t))
+        for a in trees:
+            self.members[a].append(address)
+
+    def _publish(self, publisher: str, event_id: str, values: dict[str, Any], at: float) -> None:
+        data = self.issuer.encrypt(Event(event_id, values, b""), self.epoch)
+        self._event_ids[data] = event_id
+        self.metrics.published[event_id] = at
+        machine = self.machines[publisher]
+        self._run_on(publisher, at, lambda t: machine.publish(data, self.roots, t))
+
+    def run_until(self, t: float) -> None:
+        """Process everything scheduled up to time ``t``."""
+        while self._queue and self._queue[0][0] <= t:
+            self.step()
+        self.now = max(self.now, t)
+
+    # -- expectations ----------------------------------------------------------------------
+
+    def alive_subscribers(self) -> list[str]:
+        return [a for a in self.predicates if a not in self.dead]
+
+    def expected_receivers(self, values: dict[str, Any]) -> set[str]:
+        """Live subscribers whose exact predicate matches an event's values."""
+        return {a for a in self.alive_subscribers() if self.predicates[a].matches(values)}
+

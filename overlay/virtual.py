@@ -1,0 +1,118 @@
+"""A virtual peer: one credential's position in one attribute tree, with its links.
+
+A physical peer runs one virtual peer per (attribute, credential) it holds
+(report 7.1), and a root peer one per attribute tree it roots. A link end is a
+:data:`Node`: the physical address and the virtual peer id there.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from credentials.credential import Credential
+from overlay.crypto import RootKit, VirtualKeys
+
+Node = tuple[str, str]
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Bounded(Generic[K, V]):
+    """A FIFO-evicting map of bounded size: the memory of duplicate suppression."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: K) -> V | None:
+        return self._data.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        self._data[key] = value
+        if len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+
+@dataclass
+class ParentLink:
+    last_heard: float
+    #: The parent's distance to the root, None while unknown or detached.
+    depth: int | None = None
+
+
+@dataclass
+class ChildLink:
+    last_heard: float
+    #: Decoded routing tokens the child handed over (multi-credential routing).
+    tokens: tuple[Any, ...] = ()
+
+
+@dataclass
+class PendingJoin:
+    """A connection request this virtual peer sent out and may still get accepted."""
+
+    sent_at: float
+    epoch: int
+
+
+@dataclass
+class SwapOffered:
+    """This virtual peer offered to become a child of ``newcomer``, leaving ``old_parent``."""
+
+    old_parent: Node
+    newcomer: Node
+    epoch: int
+
+
+@dataclass
+class VirtualPeer:
+    vp: str
+    attribute: str
+    credential: Credential
+    #: Subscriber keys per epoch (empty for a root).
+    keys: dict[int, VirtualKeys] = field(default_factory=dict)
+    #: Root material per epoch (empty for a subscriber).
+    roots: dict[int, RootKit] = field(default_factory=dict)
+    parents: dict[Node, ParentLink] = field(default_factory=dict)
+    children: dict[Node, ChildLink] = field(default_factory=dict)
+    joins: dict[bytes, PendingJoin] = field(default_factory=dict)
+    swaps: dict[bytes, SwapOffered] = field(default_factory=dict)
+    #: MCR: which token bytes each parent was given.
+    assignment: dict[Node, tuple[bytes, ...]] = field(default_factory=dict)
+    #: When the current (re)join began, None while fully connected.
+    join_started: float | None = None
+    next_join_at: float = 0.0
+    link_attempts: int = 0
+    next_ping_at: float = 0.0
+    #: A full peer that covers this one, learnt from a swap offer: where to ask for a split.
+    split_hint: Node | None = None
+    #: A relay is a copy of its parent made by a split: same keys, one parent, own token.
+    relay: bool = False
+
+    @property
+    def is_root(self) -> bool:
+        return bool(self.roots)
+
+    @property
+    def is_top(self) -> bool:
+        """The root of the tree itself (a root's relay has a parent)."""
+        return self.is_root and not self.relay
+
+    @property
+    def attached(self) -> bool:
+        return self.is_top or bool(self.parents)
+
+    @property
+    def depth(self) -> int | None:
+        if self.is_top:
+            return 0
+        known = [p.depth for p in self.parents.values() if p.depth is not None]
+        return min(known) + 1 if known else None

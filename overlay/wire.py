@@ -1,0 +1,194 @@
+"""Overlay messages and their compact wire form (msgpack arrays, strictly validated).
+
+Every message is a frozen dataclass whose first two fields name the sending and
+the receiving virtual peer (opaque ids local to a physical peer; ``""`` lets the
+receiver pick by attribute). On the wire a message is ``[tag, field, ...]`` in
+declaration order. Decoding rejects unknown tags, wrong field counts, wrong
+types, oversize strings and oversize frames with :class:`WireError`, so a peer
+never acts on a malformed frame. Connection requests, tokens and events travel
+as opaque byte strings in the encoding of the crypto suite (credentials/codec.py
+for the real one).
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import astuple, dataclass, fields
+from typing import ClassVar
+
+import msgpack
+
+MAX_FRAME = 4 * 1024 * 1024
+MAX_TEXT = 256
+MAX_TOKENS = 256
+
+
+class WireError(ValueError):
+    """Bytes that are not a well-formed overlay message."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base: ``src_vp`` is the sender's virtual peer, ``dst_vp`` the receiver's."""
+
+    TAG: ClassVar[int] = 0
+    src_vp: str
+    dst_vp: str
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb([self.TAG, *astuple(self)], use_bin_type=True)
+
+    @staticmethod
+    def from_bytes(data: bytes) -> Message:
+        return decode(data)
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """A connection request on its way through the tree of ``attribute`` (Algorithm 2)."""
+
+    TAG: ClassVar[int] = 1
+    attribute: str
+    join_id: bytes
+    origin: str
+    origin_vp: str
+    hops: int
+    request: bytes
+    #: Set on a retry aimed at a full peer that covers the newcomer: split rather than forward.
+    split: bool
+
+
+@dataclass(frozen=True)
+class Accept(Message):
+    """The acceptor proves it opened the request (HMAC under SW, or root certificate + sig)."""
+
+    TAG: ClassVar[int] = 2
+    join_id: bytes
+    proof: bytes
+    certificate: bytes
+
+
+@dataclass(frozen=True)
+class Detach(Message):
+    """A child drops its link to the receiving parent (surplus accept, leave, swap)."""
+
+    TAG: ClassVar[int] = 3
+
+
+@dataclass(frozen=True)
+class SwapOffer(Message):
+    """A peer that could not open ``join_id`` offers itself as the newcomer's child, and names
+    its parent (which opened the request but was full) as where a retry may ask for a split."""
+
+    TAG: ClassVar[int] = 4
+    join_id: bytes
+    request: bytes
+    parent: str
+    parent_vp: str
+
+
+@dataclass(frozen=True)
+class SwapAccept(Message):
+    """The newcomer opened the offerer's request and adopted it as a child."""
+
+    TAG: ClassVar[int] = 5
+    join_id: bytes
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class SwapHandover(Message):
+    """The swapped child asks its old parent to put the newcomer of ``join_id`` in its place."""
+
+    TAG: ClassVar[int] = 6
+    join_id: bytes
+
+
+@dataclass(frozen=True)
+class Tokens(Message):
+    """Multi-credential routing: the routing tokens the parent routes on for this child."""
+
+    TAG: ClassVar[int] = 7
+    tokens: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Ping(Message):
+    """Child-to-parent heartbeat."""
+
+    TAG: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
+class Pong(Message):
+    """Parent's answer: ``ok`` false if the sender is not its child; its depth (-1 detached)."""
+
+    TAG: ClassVar[int] = 9
+    ok: bool
+    depth: int
+
+
+@dataclass(frozen=True)
+class Handover(Message):
+    """A leaving parent tells its children to rejoin at its own parent."""
+
+    TAG: ClassVar[int] = 10
+    new_parent: str
+    new_parent_vp: str
+
+
+@dataclass(frozen=True)
+class Publish(Message):
+    """An encrypted event travelling down the tree of ``attribute``."""
+
+    TAG: ClassVar[int] = 11
+    attribute: str
+    event: bytes
+
+
+MESSAGE_TYPES: dict[int, type[Message]] = {
+    cls.TAG: cls for cls in (Join, Accept, Detach, SwapOffer, SwapAccept, SwapHandover, Tokens,
+                             Ping, Pong, Handover, Publish)}
+_HINTS = {tag: [(f.name, typing.get_type_hints(cls)[f.name]) for f in fields(cls)]
+          for tag, cls in MESSAGE_TYPES.items()}
+
+
+def _check(name: str, hint: object, value: object) -> object:
+    if hint is str:
+        if not isinstance(value, str) or len(value) > MAX_TEXT:
+            raise WireError(f"field {name!r} must be a string of at most {MAX_TEXT} characters")
+    elif hint is bytes:
+        if not isinstance(value, bytes):
+            raise WireError(f"field {name!r} must be bytes")
+    elif hint is bool:
+        if not isinstance(value, bool):
+            raise WireError(f"field {name!r} must be a boolean")
+    elif hint is int:
+        if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value < 2**32:
+            raise WireError(f"field {name!r} must be a small integer")
+    else:  # tuple[bytes, ...]
+        if not isinstance(value, list) or len(value) > MAX_TOKENS or not all(
+                isinstance(v, bytes) for v in value):
+            raise WireError(f"field {name!r} must be a list of at most {MAX_TOKENS} byte strings")
+        return tuple(value)
+    return value
+
+
+def decode(data: bytes) -> Message:
+    """Parse and validate one frame; raise :class:`WireError` on anything unexpected."""
+    if not isinstance(data, bytes | bytearray) or len(data) > MAX_FRAME:
+        raise WireError("frame is not bytes or exceeds the size limit")
+    try:
+        items = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise WireError(f"frame is not msgpack: {exc}") from None
+    if not isinstance(items, list) or not items or not isinstance(items[0], int):
+        raise WireError("frame is not a tagged message")
+    cls = MESSAGE_TYPES.get(items[0])
+    if cls is None or isinstance(items[0], bool):
+        raise WireError(f"unknown message type {items[0]!r}")
+    hints = _HINTS[items[0]]
+    if len(items) != len(hints) + 1:
+        raise WireError(f"{cls.__name__}: expected {len(hints)} fields, got {len(items) - 1}")
+    values = [_check(name, hint, v) for (name, hint), v in zip(hints, items[1:], strict=True)]
+    return cls(*values)
