@@ -1,0 +1,89 @@
+"""One enrolment request -> its credential rows, or the reason it is rejected.
+
+This is the only place where a bulk request is validated and decomposed: the
+Spark job calls it per row inside ``mapInArrow`` and the single-process driver
+calls it in a plain loop, so both produce the same rows by construction.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from credentials.decompose import decompose, fine_credentials
+from credentials.predicates import PredicateError, parse_predicate
+from credentials.schema import Schema, SchemaError
+
+ROLES = ("subscriber", "publisher")
+# The key server's identity names (keyserver.api_models.Name); checked here so a bad
+# name is rejected before issuance, and so a name is always a safe file name.
+IDENTITY_PATTERN = re.compile(r"[A-Za-z0-9_.@:+-]{1,200}")
+# The key server accepts at most this many credentials (coarse + fine) per bulk item.
+MAX_ROWS_PER_IDENTITY = 512
+
+
+class Rejected(ValueError):
+    """A request that cannot be enrolled; the message is the operator-facing reason."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What decides the decomposition, identical on the driver and every executor."""
+
+    schema: Schema
+    fine_depth: int = 1
+    max_credentials: int | None = None
+
+
+@dataclass(frozen=True)
+class CredentialRow:
+    """One credential of an identity: ``credential`` is ``Credential.label()``."""
+
+    attribute: str
+    credential: str
+    fine: bool
+    position: int
+
+
+def check_identity(identity: str | None) -> str:
+    """The identity name, or Rejected if it is missing or not a valid key-server name."""
+    if identity is None or identity == "":
+        raise Rejected("missing identity")
+    if not IDENTITY_PATTERN.fullmatch(identity):
+        raise Rejected("identity must be 1-200 characters of A-Z a-z 0-9 _ . @ : + -")
+    return identity
+
+
+def decompose_request(settings: Settings, identity: str | None, role: str | None,
+                      predicate: str | None, copies: int = 1) -> list[CredentialRow]:
+    """Credential rows of one request: coarse credentials in schema order, then fine ones.
+
+    ``copies`` is how many requests of the input name this identity; an identity
+    requested more than once is ambiguous, so every copy is rejected.
+    """
+    check_identity(identity)
+    if role not in ROLES:
+        raise Rejected(f"role must be 'subscriber' or 'publisher', got {role!r}")
+    if copies > 1:
+        raise Rejected(f"identity appears in {copies} requests")
+    if predicate is None:
+        raise Rejected("missing predicate (an empty predicate selects every event)")
+    schema = settings.schema
+    try:
+        parsed = parse_predicate(schema, predicate)
+        coarse = decompose(schema, parsed, settings.max_credentials)
+    except PredicateError as exc:
+        raise Rejected(f"predicate: {exc.message} (at position {exc.position})") from exc
+    except (SchemaError, ValueError) as exc:
+        raise Rejected(f"predicate: {exc}") from exc
+    rows = [CredentialRow(c.attribute, c.label(), False, c.position)
+            for creds in coarse.values() for c in creds]
+    if role == "subscriber" and settings.fine_depth > 0:
+        fine = fine_credentials(schema, coarse, settings.fine_depth)
+        rows += [CredentialRow(c.attribute, c.label(), True, c.position)
+                 for creds in fine.values() for c in creds]
+    if len(rows) > MAX_ROWS_PER_IDENTITY:
+        raise Rejected(f"{len(rows)} credentials exceed the key server's limit of "
+                       f"{MAX_ROWS_PER_IDENTITY} per identity; lower --fine-depth or set "
+                       "--max-credentials")
+    return rows
