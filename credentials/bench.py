@@ -14,7 +14,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,56 +30,88 @@ ALGORITHMS = ("keygen_publisher", "keygen_subscriber", "encrypt_and_sign", "rout
               "decrypt", "verify", "build_connection_request", "open_connection_request")
 
 
-def time_per_call(fn: Callable[[], object], min_seconds: float, min_calls: int = 3) -> float:
-    """Seconds per call: the best of several batches, each lasting ``min_seconds / BATCHES``.
+def batch_time(fn: Callable[[], object], seconds: float, min_calls: int = 2) -> float:
+    """Seconds per call over one batch lasting at least ``seconds``."""
+    calls, start = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return (time.perf_counter() - start) / calls
 
-    The minimum is robust to the bursts of load a shared machine adds."""
+
+def time_per_call(fn: Callable[[], object], min_seconds: float) -> float:
+    """The best of BATCHES batches: the minimum is robust to bursts of load."""
     fn()
-    best = float("inf")
-    for _ in range(BATCHES):
-        calls, start = 0, time.perf_counter()
-        while calls < min_calls or time.perf_counter() - start < min_seconds / BATCHES:
-            fn()
-            calls += 1
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+    return min(batch_time(fn, min_seconds / BATCHES) for _ in range(BATCHES))
 
 
-class RawCosts(dict[str, float]):
-    """Seconds per raw operation, under the names the group counts them by.
+class RawOps:
+    """Prices of raw operations, under the names the group counts them by.
 
-    Multi-exponentiations are priced at their measured cost for each size that
-    occurs (``multi_exp_G1_5``), measured on first use."""
+    An algorithm's floor is priced from samples taken interleaved with its own
+    batches (the minimum of each side over the same rounds), so a machine whose
+    speed drifts (shared cores, frequency scaling) affects both sides alike.
+    Miller loops and the final exponentiation are derived from multi-pairings
+    of 1 and N_PAIRS + 1 pairs; multi-exponentiations are priced per size.
+    """
 
-    def __init__(self, group: PairingGroup, min_seconds: float) -> None:
-        super().__init__()
-        self.group, self.min_seconds = group, min_seconds
-        self.P = group.hash_to_g1(b"bench")
-        self.Q = group.generator(G2) ** group.random_scalar()
-        self.k = group.random_scalar()
-        Qp, e = group.prepare(self.Q), group.pair(self.P, self.Q)
-        short, n = random.getrandbits(64) | 1, 8
-        one = self._time(lambda: group.multi_pair([(self.P, self.Q)]))
-        many = self._time(lambda: group.multi_pair([(self.P, self.Q)] * (n + 1)))
-        one_p = self._time(lambda: group.multi_pair([(self.P, Qp)]))
-        many_p = self._time(lambda: group.multi_pair([(self.P, Qp)] * (n + 1)))
-        self["miller_loop"] = (many - one) / n
-        self["miller_loop_prepared"] = (many_p - one_p) / n
-        self["final_exp"] = one - self["miller_loop"]
-        self["hash_G1"] = self._time(lambda: group.hash_to_g1(b"some identity string"))
-        for name, base in (("G1", self.P), ("G2", self.Q), ("GT", e)):
-            self[f"exp_{name}"] = self._time(lambda b=base: b ** self.k)
-            self[f"exp_{name}_short"] = self._time(lambda b=base: b ** short)
+    N_PAIRS = 8
 
-    def _time(self, fn: Callable[[], object]) -> float:
-        return time_per_call(fn, self.min_seconds)
+    def __init__(self, group: PairingGroup, batch_seconds: float) -> None:
+        self.group, self.batch_seconds = group, batch_seconds
+        P = group.hash_to_g1(b"bench")
+        Q = group.generator(G2) ** group.random_scalar()
+        Qp, e = group.prepare(Q), group.pair(P, Q)
+        k, short, n = group.random_scalar(), random.getrandbits(64) | 1, self.N_PAIRS + 1
+        self.P, self.Q, self.k = P, Q, k
+        self._fns: dict[str, Callable[[], object]] = {
+            "pairs_1": lambda: group.multi_pair([(P, Q)]),
+            "pairs_n": lambda: group.multi_pair([(P, Q)] * n),
+            "prepared_1": lambda: group.multi_pair([(P, Qp)]),
+            "prepared_n": lambda: group.multi_pair([(P, Qp)] * n),
+            "hash_G1": lambda: group.hash_to_g1(b"some identity string"),
+        }
+        for name, base in (("G1", P), ("G2", Q), ("GT", e)):
+            self._fns[f"exp_{name}"] = lambda b=base: b ** k
+            self._fns[f"exp_{name}_short"] = lambda b=base: b ** short
+        self.best: dict[str, float] = {}
 
-    def __missing__(self, op: str) -> float:
-        kind, size = op.removeprefix("multi_exp_").split("_")
-        base = self.P if kind == "G1" else self.Q
-        n = int(size)
-        self[op] = self._time(lambda: self.group.multi_exp([base] * n, [self.k] * n))
-        return self[op]
+    @staticmethod
+    def samples_for(op: str) -> tuple[str, ...]:
+        if op in ("miller_loop", "final_exp"):
+            return ("pairs_1", "pairs_n")
+        if op == "miller_loop_prepared":
+            return ("prepared_1", "prepared_n")
+        return (op,)
+
+    def _fn(self, name: str) -> Callable[[], object]:
+        if name not in self._fns and name.startswith("multi_exp_"):
+            kind, size = name.removeprefix("multi_exp_").split("_")
+            base, n = (self.P if kind == "G1" else self.Q), int(size)
+            self._fns[name] = lambda: self.group.multi_exp([base] * n, [self.k] * n)
+        return self._fns[name]
+
+    def sample(self, ops: Iterable[str], best: dict[str, float]) -> None:
+        """One more batch of each raw operation ``ops`` are priced from, kept if faster."""
+        for name in {s for op in ops for s in self.samples_for(op)}:
+            t = batch_time(self._fn(name), self.batch_seconds)
+            best[name] = min(best.get(name, t), t)
+            self.best[name] = min(self.best.get(name, t), t)
+
+    def cost(self, op: str, best: dict[str, float]) -> float:
+        if op in ("miller_loop", "final_exp"):
+            miller = (best["pairs_n"] - best["pairs_1"]) / self.N_PAIRS
+            return miller if op == "miller_loop" else best["pairs_1"] - miller
+        if op == "miller_loop_prepared":
+            return (best["prepared_n"] - best["prepared_1"]) / self.N_PAIRS
+        return best[op]
+
+    def table(self) -> dict[str, float]:
+        """The best price of every operation sampled in the run, the pairing parts derived."""
+        derived = [op for op in ("miller_loop", "final_exp", "miller_loop_prepared")
+                   if all(s in self.best for s in self.samples_for(op))]
+        direct = [name for name in self.best if not name.startswith(("pairs_", "prepared_"))]
+        return {op: self.cost(op, self.best) for op in sorted(derived + direct)}
 
 
 def bench_schema(d: int, bits: int) -> Schema:
@@ -125,8 +157,8 @@ def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random
 def run(group: PairingGroup, dims: list[int], bits_list: list[int], min_seconds: float,
         progress: Callable[[str], None]) -> dict[str, Any]:
     progress(f"raw operations on {group.name}")
-    costs = RawCosts(group, min_seconds)
-    P, Q = costs.P, costs.Q
+    raw_ops = RawOps(group, min_seconds / BATCHES)
+    P, Q = raw_ops.P, raw_ops.Q
     pairing = time_per_call(lambda: group.pair(P, Q), min_seconds)
     raw = {
         "pairing_ms": pairing * 1e3,
@@ -144,13 +176,17 @@ def run(group: PairingGroup, dims: list[int], bits_list: list[int], min_seconds:
                 group.counts.clear()
                 fn()
                 ops = dict(sorted(group.counts.items()))
-                floor = sum(n * costs[op] for op, n in ops.items())
-                seconds = time_per_call(fn, min_seconds)
+                seconds, prices = float("inf"), {}
+                for _ in range(BATCHES):
+                    seconds = min(seconds, batch_time(fn, min_seconds / BATCHES))
+                    raw_ops.sample(ops, prices)
+                floor = sum(n * raw_ops.cost(op, prices) for op, n in ops.items())
                 results.append({"algorithm": name, "d": d, "bits": bits, "ms": seconds * 1e3,
                                 "floor_ms": floor * 1e3, "ratio": seconds / floor,
                                 "ops_per_call": ops})
     return {"backend": group.name, "raw": raw,
-            "costs_ms": {k: v * 1e3 for k, v in sorted(costs.items())}, "algorithms": results}
+            "costs_ms": {k: v * 1e3 for k, v in raw_ops.table().items()},
+            "algorithms": results}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
