@@ -97,6 +97,8 @@ class Transport:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: Frames dropped unsent (queue overflow, or a neighbour given up on).
+        self.dropped = 0
 
     # -- public API -------------------------------------------------------------------------
 
@@ -123,6 +125,7 @@ class Transport:
         link = self._link(to)
         if len(link.queue) >= self.queue_limit:
             link.queue.popleft()
+            self.dropped += 1
             log.warning("send queue to %s is full: dropped the oldest frame", to)
         link.queue.append(frame)
         link.wake.set()
@@ -131,10 +134,18 @@ class Transport:
         link = self._links.get(address)
         return bool(link and any(not c.closing for c in link.conns))
 
-    async def close(self) -> None:
-        """Flush what is queued (briefly), then close every connection and the listener."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._flushed(), timeout=1.0)
+    async def flush(self, timeout: float) -> bool:
+        """Wait until every queue is written out (or given up); False on timeout."""
+        try:
+            await asyncio.wait_for(self._flushed(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self, flush_timeout: float = 1.0) -> None:
+        """Flush what is queued (within ``flush_timeout``), then close every connection and
+        the listener."""
+        await self.flush(flush_timeout)
         self._closed = True
         if self._server is not None:
             self._server.close()
@@ -154,7 +165,7 @@ class Transport:
     # -- links and sending --------------------------------------------------------------------
 
     async def _flushed(self) -> None:
-        while any(li.queue and li.conns for li in self._links.values()):
+        while any(li.queue for li in self._links.values()):
             await asyncio.sleep(0.02)
 
     def _link(self, address: str) -> _Link:
@@ -183,6 +194,7 @@ class Transport:
                 if conn is None:
                     log.warning("gave up on %s: dropped %d queued frame(s)", link.address,
                                 len(link.queue))
+                    self.dropped += len(link.queue)
                     link.queue.clear()
                     break
                 frame = link.queue[0]

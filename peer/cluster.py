@@ -1,0 +1,195 @@
+"""Peer processes on this machine: start roots, subscribers and publishers as real
+``ibe-pubsub`` processes, wait for them, read what they delivered, stop them.
+
+Used by the demo and by the end-to-end tests. Tokens reach the children through
+the environment (``IBE_PUBSUB_TOKEN``), never the command line; every child logs
+to its own file in the work directory.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from credentials.scheme import Event
+from keyserver.client import KeyServerClient
+from keyserver.launcher import child_env, cli_command
+from peer.events_io import event_line, read_deliveries
+
+
+class ClusterError(RuntimeError):
+    """A peer process did not start or finish as expected (its log is quoted)."""
+
+
+@dataclass
+class PeerProcess:
+    name: str
+    role: str
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    subscription: str | None = None
+    address: str | None = None
+
+    @property
+    def ready_file(self) -> Path:
+        return self.workdir / f"{self.name}.ready.json"
+
+    @property
+    def events_file(self) -> Path:
+        return self.workdir / f"{self.name}.events.jsonl"
+
+    @property
+    def stats_file(self) -> Path:
+        return self.workdir / f"{self.name}.stats.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_file.exists():
+            return "(no log)"
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def delivered(self) -> list[dict[str, Any]]:
+        return read_deliveries(self.events_file)
+
+    def stats(self) -> dict[str, Any]:
+        return json.loads(self.stats_file.read_text()) if self.stats_file.exists() else {}
+
+
+@dataclass
+class Cluster:
+    """Processes of one overlay, all talking to the key server at ``server``."""
+
+    server: str
+    admin_token: str
+    workdir: Path
+    routing: str = "ohf"
+    max_children: int = 4
+    verbose: bool = False
+    peers: dict[str, PeerProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.admin = KeyServerClient(self.server, self.admin_token)
+
+    # -- identities and processes -------------------------------------------------------------
+
+    def identity(self, name: str, role: str, policy: str | None = None) -> str:
+        """Create an identity; returns its token."""
+        return str(self.admin.create_identity(name, role, policy)["token"])
+
+    def _spawn(self, name: str, role: str, token: str, args: list[str],
+               subscription: str | None = None) -> PeerProcess:
+        env = child_env()
+        env["IBE_PUBSUB_TOKEN"] = token
+        log = (self.workdir / f"{name}.log").open("ab")
+        verbosity = ["-v"] if self.verbose else []
+        try:
+            process = subprocess.Popen(cli_command(*verbosity, *args), env=env,
+                                       stdout=subprocess.DEVNULL, stderr=log,
+                                       stdin=subprocess.DEVNULL)
+        finally:
+            log.close()
+        peer = PeerProcess(name, role, process, self.workdir, subscription)
+        self.peers[name] = peer
+        return peer
+
+    def _run_args(self, peer_name: str) -> list[str]:
+        base = self.workdir / peer_name
+        return ["peer", "run", "--server", self.server, "--listen", "127.0.0.1:0",
+                "--routing", self.routing, "--max-children", str(self.max_children),
+                "--ready-file", f"{base}.ready.json", "--stats-out", f"{base}.stats.json"]
+
+    def start_root(self, name: str, attributes: list[str], token: str | None = None
+                   ) -> PeerProcess:
+        token = token or self.identity(name, "root")
+        roots = [x for a in attributes for x in ("--root", a)]
+        return self._spawn(name, "root", token, [*self._run_args(name), *roots])
+
+    def start_subscriber(self, name: str, subscription: str, token: str | None = None
+                         ) -> PeerProcess:
+        token = token or self.identity(name, "subscriber")
+        return self._spawn(name, "subscriber", token, [
+            *self._run_args(name), "--subscribe", subscription,
+            "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription)
+
+    def wait_ready(self, peers: list[PeerProcess], timeout: float = 60.0) -> None:
+        """Until every peer wrote its ready file; raises with the log of one that did not."""
+        deadline = time.monotonic() + timeout
+        for peer in peers:
+            while not peer.ready_file.exists():
+                if peer.process.poll() is not None:
+                    raise ClusterError(f"{peer.name} exited with status "
+                                       f"{peer.process.returncode}:\n{peer.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{peer.name} not ready after {timeout} s:\n"
+                                       f"{peer.log_tail()}")
+                time.sleep(0.05)
+            peer.address = json.loads(peer.ready_file.read_text())["address"]
+
+    def publish(self, name: str, events: list[Event], advertisement: str = "",
+                token: str | None = None, interval: float = 0.0, timeout: float = 120.0
+                ) -> subprocess.CompletedProcess[str]:
+        """Run ``ibe-pubsub publish`` on these events to completion."""
+        token = token or self.identity(name, "publisher")
+        events_path = self.workdir / f"{name}.input.jsonl"
+        events_path.write_text("".join(json.dumps(
+            {k: v for k, v in event_line(e).items() if k in ("id", "values", "body")}) + "\n"
+            for e in events))
+        env = child_env()
+        env["IBE_PUBSUB_TOKEN"] = token
+        return subprocess.run(
+            cli_command("publish", "--server", self.server, "--advertise", advertisement,
+                        "--events", str(events_path), "--interval", str(interval),
+                        "--sent-out", str(self.workdir / f"{name}.sent.jsonl")),
+            env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def sent_times(self, publisher: str) -> dict[str, float]:
+        return {d["id"]: d["sent_at"] for d in read_deliveries(
+            self.workdir / f"{publisher}.sent.jsonl")}
+
+    # -- watching and stopping ----------------------------------------------------------------
+
+    def subscribers(self, alive_only: bool = True) -> list[PeerProcess]:
+        return [p for p in self.peers.values() if p.role == "subscriber"
+                and (not alive_only or p.process.poll() is None)]
+
+    def wait_deliveries(self, expected: dict[str, set[str]], timeout: float = 30.0,
+                        settle: float = 1.0) -> None:
+        """Until each named subscriber delivered at least its expected ids (then ``settle``
+        more seconds for stragglers that should not come), or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(ids <= {d["id"] for d in self.peers[n].delivered()}
+                   for n, ids in expected.items()):
+                time.sleep(settle)
+                return
+            time.sleep(0.1)
+
+    def kill(self, name: str) -> None:
+        """Crash a peer (SIGKILL: no goodbye to its neighbours)."""
+        peer = self.peers[name]
+        peer.process.kill()
+        peer.process.wait()
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        """SIGTERM every peer (graceful leave, stats written), SIGKILL stragglers."""
+        running = [p for p in self.peers.values() if p.process.poll() is None]
+        for peer in running:
+            peer.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for peer in running:
+            try:
+                peer.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                peer.process.kill()
+                peer.process.wait()
+        self.admin.close()
+

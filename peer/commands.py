@@ -1,0 +1,277 @@
+"""Commands: ``peer run``, ``publish`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from peer.cli import CommandError
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def _server_key(text: str | None) -> bytes | None:
+    if not text:
+        return None
+    try:
+        key = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise CommandError("--server-key must be base64") from exc
+    if len(key) != 32:
+        raise CommandError("--server-key must be a raw 32-byte Ed25519 key in base64")
+    return key
+
+
+def _write_json_atomically(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    Path(tmp).write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _tls(args: argparse.Namespace) -> dict[str, Any]:
+    from peer.tls import client_context, server_context
+
+    if not (args.tls_cert or args.tls_key or args.tls_ca):
+        return {}
+    if not (args.tls_cert and args.tls_key and args.tls_ca):
+        raise CommandError("TLS needs --tls-cert, --tls-key and --tls-ca together")
+    try:
+        return {"ssl_server": server_context(args.tls_cert, args.tls_key, args.tls_ca),
+                "ssl_client": client_context(args.tls_ca, args.tls_cert, args.tls_key)}
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot load the TLS files: {exc}") from exc
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+# -- peer run ------------------------------------------------------------------------------
+
+async def _run_peer(args: argparse.Namespace) -> int:
+    from credentials.predicates import PredicateError
+    from keyserver.bundles import BundleError
+    from keyserver.client import KeyServerError
+    from peer.events_io import EventWriter
+    from peer.node import NodeError, NodeOptions, PeerNode
+    from peer.transport import Transport, TransportError
+
+    options = NodeOptions(
+        server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
+        roots=tuple(args.root or ()), routing=args.routing, max_children=args.max_children,
+        max_credentials=args.max_credentials, fine_depth=args.fine_depth,
+        server_key=_server_key(args.server_key))
+    transport = Transport(lambda sender, payload: None, **_tls(args))
+    try:
+        node = PeerNode(options, transport)
+    except NodeError as exc:
+        raise CommandError(str(exc)) from exc
+    writer = EventWriter(args.events_out) if options.subscribe is not None else None
+    if writer is not None:
+        node.on_deliver(writer.write)
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    try:
+        await node.start()
+    except (NodeError, KeyServerError, BundleError, PredicateError, TransportError) as exc:
+        raise CommandError(f"peer could not start: {exc}") from exc
+
+    async def announce() -> None:
+        await node.ready.wait()
+        print(f"peer ready at {node.address} in tree(s) {', '.join(node.attributes)}",
+              file=sys.stderr, flush=True)
+        if args.ready_file:
+            _write_json_atomically(args.ready_file, {"address": node.address,
+                                                     "pid": os.getpid(),
+                                                     "attributes": node.attributes})
+
+    announcer = asyncio.get_running_loop().create_task(announce())
+    await stop.wait()
+    announcer.cancel()
+    await node.stop()
+    if writer is not None:
+        writer.close()
+    if args.stats_out:
+        _write_json_atomically(args.stats_out, node.stats())
+    return 0
+
+
+def cmd_peer_run(args: argparse.Namespace) -> int:
+    if (args.subscribe is None) == (not args.root):
+        raise CommandError("give exactly one of --subscribe PREDICATE or --root ATTRIBUTE")
+    if not args.token:
+        raise CommandError("--token (or IBE_PUBSUB_TOKEN) is required")
+    return asyncio.run(_run_peer(args))
+
+
+# -- publish -------------------------------------------------------------------------------
+
+async def _publish(args: argparse.Namespace) -> int:
+    from credentials.predicates import PredicateError
+    from keyserver.bundles import BundleError
+    from keyserver.client import KeyServerError
+    from peer.events_io import EventFileError, read_events
+    from peer.publisher import EventPublisher, PublishRefused
+    from peer.transport import Transport
+
+    publisher = EventPublisher(args.server, args.token, args.advertise,
+                               server_key=_server_key(args.server_key),
+                               transport=Transport(lambda s, p: None, **_tls(args)))
+    try:
+        await publisher.enrol()
+        assert publisher.params is not None
+        events = read_events(args.events, publisher.params.pp.schema, publisher.advertisement)
+        await publisher.find_roots(args.root_timeout)
+    except (PredicateError, EventFileError, KeyServerError, BundleError, PublishRefused) as exc:
+        await publisher.close(0)
+        raise CommandError(str(exc)) from exc
+    sent_log = open(args.sent_out, "a", encoding="utf-8") if args.sent_out else None  # noqa: SIM115
+    try:
+        for i, event in enumerate(events):
+            if i and args.interval:
+                await asyncio.sleep(args.interval)
+            publisher.publish(event)
+            if sent_log is not None:
+                sent_log.write(json.dumps({"id": event.event_id, "sent_at": time.time()}) + "\n")
+                sent_log.flush()
+            await asyncio.sleep(0)  # let the transport write as we go
+    except PublishRefused as exc:
+        raise CommandError(f"{exc} ({publisher.sent} sent before)") from exc
+    finally:
+        if sent_log is not None:
+            sent_log.close()
+        delivered = await publisher.close(args.flush_timeout)
+    print(f"sent {publisher.sent} event(s) to the roots of "
+          f"{', '.join(sorted(publisher.roots))}", file=sys.stderr)
+    if not delivered:
+        raise CommandError("some events could not be handed to a root")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    if not args.token:
+        raise CommandError("--token (or IBE_PUBSUB_TOKEN) is required")
+    return asyncio.run(_publish(args))
+
+
+# -- demo ----------------------------------------------------------------------------------
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from peer.demo import DemoError, run_demo
+
+    try:
+        report = run_demo(peers=args.peers, routing=args.routing, events=args.events,
+                          seed=args.seed, workdir=args.workdir, max_children=args.max_children)
+    except DemoError as exc:
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True))
+    return 0 if report["ok"] else 1
+
+
+# -- registration --------------------------------------------------------------------------
+
+def _connection_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", required=True, help="key server URL, e.g. http://127.0.0.1:8700")
+    p.add_argument("--token", help="the identity's bearer token (better: IBE_PUBSUB_TOKEN)")
+    p.add_argument("--server-key", help="pin the key server's Ed25519 key (base64); "
+                   "default: trust the key the server presents")
+    p.add_argument("--tls-cert", help="this peer's TLS certificate (PEM) for peer links")
+    p.add_argument("--tls-key", help="its private key (PEM)")
+    p.add_argument("--tls-ca", help="CA certificate (PEM) that signed every peer's certificate")
+
+
+def register(subparsers: Any) -> None:
+    peer = subparsers.add_parser("peer", help="run a subscriber or root peer",
+                                 description="Run peers of the overlay.")
+    sub = peer.add_subparsers(dest="peer_command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run", help="run a peer until interrupted",
+        description="Enrol with the key server, join the attribute trees and run until "
+                    "SIGINT/SIGTERM (then leave gracefully, handing children over). A "
+                    "subscriber writes each delivered event as one JSON line "
+                    '{"id", "values", "body", "delivered_at"} to --events-out (or stdout).')
+    _connection_options(run)
+    run.add_argument("--listen", default="127.0.0.1:0",
+                     help="HOST:PORT to accept peers on (port 0: any free port)")
+    run.add_argument("--subscribe", metavar="PREDICATE",
+                     help='subscribe, e.g. \'symbol prefix "IB" and price < 100\'')
+    run.add_argument("--root", action="append", metavar="ATTRIBUTE",
+                     help="be the root of this attribute's tree (repeatable)")
+    run.add_argument("--routing", choices=("ohf", "mcr"), default="ohf",
+                     help="one-hop flooding or multi-credential routing (same for all peers)")
+    run.add_argument("--max-children", type=_positive, default=4,
+                     help="children per virtual peer")
+    run.add_argument("--max-credentials", type=_positive, default=4,
+                     help="credentials per numeric attribute (coarser: fewer virtual peers)")
+    run.add_argument("--fine-depth", type=int, choices=range(5), default=1,
+                     help="split depth of fine credentials for multi-credential routing")
+    run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
+    run.add_argument("--ready-file", metavar="FILE",
+                     help="write {address, pid, attributes} as JSON here once joined")
+    run.add_argument("--stats-out", metavar="FILE",
+                     help="write the peer's counters as JSON here when it stops")
+    run.set_defaults(handler=cmd_peer_run)
+
+    pub = subparsers.add_parser(
+        "publish", help="publish events from a JSON-lines file",
+        description="Enrol as publisher for --advertise, check every event of --events "
+                    "against it (nothing is sent if one lies outside), encrypt, sign and send "
+                    "each to the root of every attribute tree. Exits non-zero on any refusal.")
+    _connection_options(pub)
+    pub.add_argument("--advertise", required=True, metavar="PREDICATE",
+                     help="what this publisher will publish (\"\" for everything)")
+    pub.add_argument("--events", required=True, metavar="FILE",
+                     help='JSON lines {"id": ..., "values": {...}, "body": ...} ("-": stdin)')
+    pub.add_argument("--interval", type=_non_negative_float, default=0.0,
+                     help="seconds between events")
+    pub.add_argument("--sent-out", metavar="FILE",
+                     help='append {"id", "sent_at"} per sent event (for delay measurements)')
+    pub.add_argument("--root-timeout", type=_non_negative_float, default=30.0,
+                     help="seconds to wait for the roots to register")
+    pub.add_argument("--flush-timeout", type=_non_negative_float, default=30.0,
+                     help="seconds to wait for the roots to take every event")
+    pub.set_defaults(handler=cmd_publish)
+
+    demo = subparsers.add_parser(
+        "demo", help="run a whole overlay on this machine and check every delivery",
+        description="Start a key server (temporary directory, SQLite, loopback), one root "
+                    "peer per attribute, --peers subscriber processes with varied "
+                    "subscriptions and one publisher process; publish a stream of stock "
+                    "quotes; print per subscriber the events delivered and expected, false "
+                    "positives filtered and the mean delivery delay. Exits 1 if any "
+                    "subscriber missed an event or got one it should not have.")
+    demo.add_argument("--peers", type=_positive, default=8, help="subscriber processes")
+    demo.add_argument("--routing", choices=("ohf", "mcr"), default="ohf",
+                      help="one-hop flooding or multi-credential routing")
+    demo.add_argument("--events", type=_positive, default=60, help="events to publish")
+    demo.add_argument("--max-children", type=_positive, default=3,
+                      help="children per virtual peer (small: deeper trees)")
+    demo.add_argument("--seed", type=int, default=7, help="seed of the generated workload")
+    demo.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    demo.add_argument("--workdir", metavar="DIR",
+                      help="keep logs and files here (default: a temporary directory)")
+    demo.set_defaults(handler=cmd_demo)

@@ -1,0 +1,113 @@
+"""From key-server answers to the overlay's key material (kits) and the publisher's keys.
+
+The HTTP calls go through :class:`keyserver.client.KeyServerClient`; the decoding and
+signature checks through :mod:`keyserver.bundles`. What is left here is the peer's
+own choice: which credentials become virtual peers (every constrained one, or the
+first attribute's whole-domain credential for a subscription that constrains
+nothing, as :func:`overlay.issuer.plan_virtual_peers` does) and which fine tokens
+each virtual peer hands its parents under multi-credential routing.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from credentials import codec, scheme
+from credentials.backends import load_group
+from credentials.decompose import root_credential
+from credentials.keys import PublisherKey
+from credentials.predicates import Predicate
+from keyserver.bundles import (
+    ServerParams,
+    SubscriberBundle,
+    decode_params,
+    decode_publisher_bundle,
+    decode_root_certificate,
+    decode_subscriber_bundle,
+)
+from keyserver.client import KeyServerClient
+from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
+from overlay.crypto_real import RealCrypto
+from overlay.rootcert import RootCertificate
+
+
+@dataclass(frozen=True)
+class Publisher:
+    """A publisher's keys for one epoch and the advertisement they were issued for."""
+
+    epoch: int
+    epoch_end: float
+    advertisement: Predicate
+    keys: tuple[PublisherKey, ...]
+
+
+def fetch_params(client: KeyServerClient, pinned_key: bytes | None = None) -> ServerParams:
+    """Public parameters with the schema signature checked (and the server key pinned)."""
+    return decode_params(load_group(), client.params(), pinned_key)
+
+
+def real_crypto(params: ServerParams) -> RealCrypto:
+    return RealCrypto(params.pp, Ed25519PublicKey.from_public_bytes(params.server_key))
+
+
+def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: Predicate
+                    ) -> SubscriberKit:
+    """One virtual peer per constrained credential, each with the fine tokens it covers."""
+    pp = params.pp
+    key = scheme.prepare_subscriber_key(pp, bundle.key)
+    chosen = [r for r in bundle.requests if not r.credential.is_root]
+    if not chosen:
+        first = pp.schema.names[0]
+        chosen = [r for r in bundle.requests if r.attribute == first][:1]
+    virtuals = []
+    for issued in chosen:
+        cred = issued.credential
+        credkey = next(k for k in key.credentials if k.credential == cred)
+        fines = tuple(codec.encode_routing_token(t) for t in key.fine_tokens
+                      if cred.covers(t.credential) and t.credential != cred)
+        virtuals.append(VirtualKeys(
+            credential=cred, request=codec.encode_request(issued.request),
+            sws=issued.secrets, token=codec.encode_routing_token(credkey.token),
+            fine_tokens=fines, opener=(key.D, credkey)))
+    return SubscriberKit(bundle.epoch, predicate, key, tuple(virtuals))
+
+
+def enrol_subscriber(client: KeyServerClient, params: ServerParams, predicate: Predicate,
+                     next_epoch: bool = False, max_credentials: int | None = 4,
+                     fine_depth: int = 1) -> tuple[SubscriberKit, float]:
+    """The kit for ``predicate`` (this epoch or the next) and the end of its epoch."""
+    doc = client.enrol_subscriber(str(predicate), fine_depth=fine_depth,
+                                  max_credentials=max_credentials,
+                                  epoch="next" if next_epoch else None)
+    bundle = decode_subscriber_bundle(params.pp.group, doc)
+    return kit_from_bundle(params, bundle, predicate), bundle.epoch_end
+
+
+def enrol_root(client: KeyServerClient, params: ServerParams, attribute: str,
+               signer: Ed25519PrivateKey, next_epoch: bool = False) -> tuple[RootKit, float]:
+    """A certificate over the root's transport key, as the overlay's root kit."""
+    raw = signer.public_key().public_bytes_raw()
+    doc = client.enrol_root(attribute, base64.b64encode(raw).decode(),
+                            epoch="next" if next_epoch else None)
+    cert = decode_root_certificate(doc, params.server_key)
+    overlay_cert = RootCertificate(cert.attribute, cert.transport_key, cert.epoch,
+                                   cert.expires_at, cert.certificate)
+    credential = root_credential(params.pp.schema.attribute(attribute))
+    return RootKit(credential, cert.epoch, overlay_cert.to_bytes(), signer), \
+        float(doc["epoch_end"])
+
+
+def enrol_publisher(client: KeyServerClient, params: ServerParams, advertisement: Predicate,
+                    next_epoch: bool = False, max_credentials: int | None = None) -> Publisher:
+    doc = client.enrol_publisher(str(advertisement), max_credentials=max_credentials,
+                                 epoch="next" if next_epoch else None)
+    bundle = decode_publisher_bundle(params.pp.group, doc)
+    return Publisher(bundle.epoch, bundle.epoch_end, advertisement, bundle.keys)
+
+
+def encrypt(params: ServerParams, publisher: Publisher, event: scheme.Event) -> bytes:
+    """Encrypt and sign one event (raises scheme.NotAuthorized outside the keys)."""
+    return codec.encode_event(scheme.encrypt_and_sign(params.pp, publisher.keys, event))

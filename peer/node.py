@@ -1,0 +1,308 @@
+"""A running peer: the overlay state machine driven by the asyncio transport and a clock.
+
+The node moves bytes between the transport and :class:`overlay.machine.PeerMachine`,
+calls its ``tick`` periodically and performs the actions it returns; it holds no
+protocol logic. Around that it does the peer's I/O with the key server: enrolment,
+directory registration (renewed before its time-to-live runs out), contact lookup,
+and fetching the next epoch's keys during the grace window before each rollover.
+Blocking HTTP calls run in a worker thread so timers keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from credentials.predicates import Predicate, parse_predicate
+from credentials.scheme import Event
+from keyserver.bundles import BundleError, ServerParams
+from keyserver.client import KeyServerClient, KeyServerError
+from overlay.actions import Action, Connected, Deliver, Log, Send
+from overlay.config import OverlayConfig, Routing
+from overlay.crypto import RootKit, SubscriberKit
+from overlay.machine import PeerMachine
+from peer import enrolment
+from peer.transport import Transport, split_address
+
+log = logging.getLogger(__name__)
+
+DeliveryCallback = Callable[[Event], None]
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """What a peer is (subscriber of ``subscribe`` or root of ``roots``) and how it runs."""
+
+    server: str
+    token: str
+    listen: str = "127.0.0.1:0"
+    subscribe: str | None = None
+    roots: tuple[str, ...] = ()
+    routing: Routing = "ohf"
+    max_children: int = 4
+    max_credentials: int | None = 4
+    fine_depth: int = 1
+    tick: float = 0.2
+    directory_ttl: int = 30
+    #: Expected Ed25519 key of the key server (raw 32 bytes); None trusts on first use.
+    server_key: bytes | None = None
+    seed: int | None = None
+    overlay: dict[str, float] = field(default_factory=dict)
+
+
+class NodeError(Exception):
+    """The peer cannot start (bad options, refused enrolment, no root to join)."""
+
+
+class PeerNode:
+    """One subscriber or root peer process' worth of state, run on the current event loop."""
+
+    def __init__(self, options: NodeOptions, transport: Transport | None = None) -> None:
+        if bool(options.subscribe is not None) == bool(options.roots):
+            raise NodeError("a peer is either a subscriber (--subscribe) or a root (--root)")
+        self.options = options
+        self.rng = random.Random(options.seed)
+        self.transport = transport or Transport(self._received)
+        self.transport.on_message = self._received
+        self.client = KeyServerClient(options.server, options.token)
+        self.machine: PeerMachine | None = None
+        self.params: ServerParams | None = None
+        self.predicate: Predicate | None = None
+        self.ready = asyncio.Event()
+        self.epoch_end = 0.0
+        self._signers: dict[str, Ed25519PrivateKey] = {}
+        self._callbacks: list[DeliveryCallback] = []
+        self._queues: list[asyncio.Queue[Event]] = []
+        self._stopping = asyncio.Event()
+        self._timer: asyncio.Task[None] | None = None
+        self._refresh_at = 0.0
+        self._register_at = 0.0
+        self._background: asyncio.Task[None] | None = None
+
+    # -- application API ----------------------------------------------------------------------
+
+    def on_deliver(self, callback: DeliveryCallback) -> None:
+        """Call ``callback(event)`` for every delivered event."""
+        self._callbacks.append(callback)
+
+    async def deliveries(self) -> AsyncIterator[Event]:
+        """Delivered events, as they come, until the node stops."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._queues.append(queue)
+        try:
+            while not (self._stopping.is_set() and queue.empty()):
+                getter = asyncio.ensure_future(queue.get())
+                stopper = asyncio.ensure_future(self._stopping.wait())
+                done, _ = await asyncio.wait({getter, stopper},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+                if getter in done:
+                    yield getter.result()
+                else:
+                    getter.cancel()
+        finally:
+            self._queues.remove(queue)
+
+    @property
+    def address(self) -> str:
+        return self.transport.address
+
+    @property
+    def attributes(self) -> list[str]:
+        """The trees this peer is in."""
+        assert self.machine is not None
+        return sorted({vp.attribute for vp in self.machine.vpeers.values()})
+
+    def stats(self) -> dict[str, object]:
+        out: dict[str, object] = {"address": self.address, "epoch_end": self.epoch_end}
+        if self.machine is not None:
+            out |= asdict(self.machine.stats) | {"epochs": sorted(self.machine.epochs)}
+        return out
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, enrol, register, join; returns once joining has begun (see ``ready``)."""
+        host, port = split_address(self.options.listen)
+        await self.transport.listen(host, port)
+        try:
+            await asyncio.to_thread(self._enrol)
+        except Exception:
+            await self.transport.close(0)
+            self.client.close()
+            raise
+        assert self.machine is not None
+        now = time.time()
+        if self.options.roots:
+            await asyncio.to_thread(self._register)
+            self.ready.set()
+        else:
+            contacts = await self._wait_for_contacts()
+            self._perform(self.machine.join(contacts, now))
+        self._timer = asyncio.get_running_loop().create_task(self._timers())
+
+    async def stop(self) -> None:
+        """Leave gracefully: hand children over, detach from parents, flush, close."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.machine is not None:
+            self._perform(self.machine.leave(time.time()))
+        await self.transport.close(flush_timeout=2.0)
+        if self._background is not None:
+            self._background.cancel()
+        self.client.close()
+
+    # -- enrolment and the directory ----------------------------------------------------------
+
+    def _enrol(self) -> None:
+        params = self.params = enrolment.fetch_params(self.client, self.options.server_key)
+        config = OverlayConfig(routing=self.options.routing,
+                               max_children=self.options.max_children,
+                               grace=2.0 * params.grace + 5.0, **self.options.overlay)
+        crypto = enrolment.real_crypto(params)
+        rng = random.Random(self.rng.getrandbits(64))
+        if self.options.roots:
+            roots = []
+            for attribute in self.options.roots:
+                if attribute not in params.pp.schema.names:
+                    raise NodeError(f"the schema has no attribute {attribute!r} "
+                                    f"(it has {', '.join(params.pp.schema.names)})")
+                signer = self._signers[attribute] = Ed25519PrivateKey.generate()
+                kit, self.epoch_end = enrolment.enrol_root(self.client, params, attribute,
+                                                           signer)
+                roots.append(kit)
+            self.machine = PeerMachine(self.address, crypto, config, rng, roots=roots)
+        else:
+            assert self.options.subscribe is not None
+            self.predicate = parse_predicate(params.pp.schema, self.options.subscribe)
+            kit, self.epoch_end = enrolment.enrol_subscriber(
+                self.client, params, self.predicate, max_credentials=self.options.max_credentials,
+                fine_depth=self.options.fine_depth)
+            self.machine = PeerMachine(self.address, crypto, config, rng, kit=kit)
+        self._refresh_at = self._refresh_time()
+
+    def _refresh_time(self) -> float:
+        """A random moment in the first half of the grace window before the rollover."""
+        assert self.params is not None
+        grace = self.params.grace
+        return self.epoch_end - grace + self.rng.uniform(0.05, 0.5) * grace
+
+    def _register(self) -> None:
+        role = "root" if self.options.roots else "subscriber"
+        for attribute in self.attributes:
+            self.client.register(self.address, attribute, role, self.options.directory_ttl)
+        self._register_at = time.time() + self.options.directory_ttl / 3
+
+    def _lookup(self) -> dict[str, list[str]]:
+        contacts = {}
+        for attribute in self.attributes:
+            doc = self.client.lookup(attribute)
+            contacts[attribute] = [e["address"] for e in doc["roots"] + doc["members"]]
+        return contacts
+
+    async def _wait_for_contacts(self, timeout: float = 30.0) -> dict[str, list[str]]:
+        """Contacts for every tree this peer joins; waits for the roots to register."""
+        deadline = time.monotonic() + timeout
+        while True:
+            contacts = await asyncio.to_thread(self._lookup)
+            if all(contacts.values()):
+                return contacts
+            if time.monotonic() > deadline:
+                missing = [a for a, cs in contacts.items() if not cs]
+                raise NodeError(f"no peer of tree(s) {', '.join(missing)} in the directory")
+            await asyncio.sleep(0.5)
+
+    def _rekey(self) -> tuple[float, SubscriberKit | None, list[RootKit]]:
+        """Keys of the next epoch and its end (run in a worker thread)."""
+        assert self.params is not None
+        if self.options.roots:
+            roots = []
+            end = 0.0
+            for attribute, signer in self._signers.items():
+                root, end = enrolment.enrol_root(self.client, self.params, attribute, signer,
+                                                 next_epoch=True)
+                roots.append(root)
+            return end, None, roots
+        assert self.predicate is not None
+        kit, end = enrolment.enrol_subscriber(
+            self.client, self.params, self.predicate, next_epoch=True,
+            max_credentials=self.options.max_credentials, fine_depth=self.options.fine_depth)
+        return end, kit, []
+
+    async def _background_work(self, now: float) -> None:
+        """Key refresh and directory renewal; failures are logged and retried later."""
+        assert self.machine is not None
+        if now >= self._refresh_at:
+            try:
+                end, kit, roots = await asyncio.to_thread(self._rekey)
+            except (KeyServerError, BundleError) as exc:  # refused or unreachable: retry later
+                log.warning("fetching next-epoch keys failed: %s", exc)
+                self._refresh_at = now + 2.0
+            else:
+                self._perform(self.machine.rekey(time.time(), kit=kit, roots=roots))
+                self.epoch_end = end
+                self._refresh_at = self._refresh_time()
+                log.info("keys of the next epoch installed (valid until %.0f)", end)
+        if self.ready.is_set() and now >= self._register_at:
+            try:
+                await asyncio.to_thread(self._register)
+                contacts = await asyncio.to_thread(self._lookup)
+            except KeyServerError as exc:
+                log.warning("directory renewal failed: %s", exc)
+                self._register_at = now + 2.0
+            else:
+                self.machine.contacts = {a: [c for c in cs if c != self.address]
+                                         for a, cs in contacts.items() if cs}
+
+    # -- driving the machine ------------------------------------------------------------------
+
+    async def _timers(self) -> None:
+        assert self.machine is not None
+        while not self._stopping.is_set():
+            await asyncio.sleep(self.options.tick)
+            now = time.time()
+            self._perform(self.machine.tick(now))
+            if not self.ready.is_set() and all(vp.attached for vp in
+                                                self.machine.vpeers.values()):
+                self.ready.set()
+                self._register_at = now  # join the directory as a contact for others
+            if self._background is None or self._background.done():
+                self._background = asyncio.get_running_loop().create_task(
+                    self._background_work(now))
+
+    def _received(self, sender: str, payload: bytes) -> None:
+        if self.machine is None or self._stopping.is_set():
+            return
+        self._perform(self.machine.receive(sender, payload, time.time()))
+
+    def _perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self.transport.send(action.to, action.message.to_bytes())
+            elif isinstance(action, Deliver):
+                self._deliver(action.event)
+            elif isinstance(action, Log):
+                log.log(_LEVELS.get(action.level, logging.INFO), "%s", action.text)
+            elif isinstance(action, Connected):
+                log.info("%s tree: virtual peer %s linked to %s (link %d) in %.3f s",
+                         action.attribute, action.vp, action.parent, action.link,
+                         action.at - action.started_at)
+
+    def _deliver(self, event: Event) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(event)
+            except Exception:
+                log.exception("delivery callback failed on event %s", event.event_id)
+        for queue in self._queues:
+            queue.put_nowait(event)

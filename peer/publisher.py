@@ -1,0 +1,113 @@
+"""The publisher side: enrol for an advertisement, encrypt and sign, send to every tree's root.
+
+A publisher does not listen: it dials the roots found in the directory and its
+events enter each attribute tree there (through :meth:`PeerMachine.publish`).
+An event outside the advertisement is refused here, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+from credentials.predicates import Predicate, parse_predicate
+from credentials.scheme import Event, NotAuthorized
+from keyserver.bundles import ServerParams
+from keyserver.client import KeyServerClient
+from overlay.actions import Send
+from overlay.config import OverlayConfig
+from overlay.machine import PeerMachine
+from peer import enrolment
+from peer.transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+class PublishRefused(Exception):
+    """The event was not sent: outside the advertisement, or the keys do not cover it."""
+
+
+class EventPublisher:
+    """Publish events with keys issued for ``advertisement`` in the current epoch."""
+
+    def __init__(self, server: str, token: str, advertisement: str,
+                 server_key: bytes | None = None, transport: Transport | None = None) -> None:
+        self.client = KeyServerClient(server, token)
+        self.advertisement_text = advertisement
+        self.server_key = server_key
+        self.transport = transport or Transport(self._received)
+        self.params: ServerParams | None = None
+        self.keys: enrolment.Publisher | None = None
+        self.roots: dict[str, str] = {}
+        self.machine: PeerMachine | None = None
+        self.sent = 0
+
+    @property
+    def advertisement(self) -> Predicate:
+        assert self.keys is not None
+        return self.keys.advertisement
+
+    async def start(self, root_timeout: float = 30.0) -> None:
+        """Enrol (KeyServerError if refused) and find the root of every tree."""
+        await self.enrol()
+        await self.find_roots(root_timeout)
+
+    async def enrol(self) -> None:
+        """Publisher keys of the current epoch (KeyServerError if refused)."""
+        await asyncio.to_thread(self._enrol)
+
+    async def find_roots(self, root_timeout: float = 30.0) -> None:
+        """The root of every attribute tree, from the directory (waits for them)."""
+        assert self.params is not None
+        deadline = time.monotonic() + root_timeout
+        while True:
+            self.roots = await asyncio.to_thread(self._lookup_roots)
+            if len(self.roots) == len(self.params.pp.schema.names):
+                break
+            if time.monotonic() > deadline:
+                missing = set(self.params.pp.schema.names) - set(self.roots)
+                raise PublishRefused(f"no root registered for {', '.join(sorted(missing))}")
+            await asyncio.sleep(0.5)
+        self.machine = PeerMachine("", enrolment.real_crypto(self.params), OverlayConfig(),
+                                   random.Random())
+
+    def _enrol(self) -> None:
+        self.params = enrolment.fetch_params(self.client, self.server_key)
+        advertisement = parse_predicate(self.params.pp.schema, self.advertisement_text)
+        self.keys = enrolment.enrol_publisher(self.client, self.params, advertisement)
+
+    def _lookup_roots(self) -> dict[str, str]:
+        assert self.params is not None
+        roots = {}
+        for attribute in self.params.pp.schema.names:
+            found = self.client.lookup(attribute, sample=0)["roots"]
+            if found:
+                roots[attribute] = found[0]["address"]
+        return roots
+
+    def publish(self, event: Event) -> None:
+        """Encrypt, sign and queue ``event`` for every root (sent by the event loop)."""
+        assert self.params is not None and self.keys is not None and self.machine is not None
+        if not self.advertisement.matches(event.values):
+            raise PublishRefused(f"event {event.event_id!r} lies outside the advertisement")
+        try:
+            ciphertext = enrolment.encrypt(self.params, self.keys, event)
+        except NotAuthorized as exc:
+            raise PublishRefused(f"event {event.event_id!r}: {exc}") from exc
+        for action in self.machine.publish(ciphertext, self.roots, time.time()):
+            if isinstance(action, Send):
+                self.transport.send(action.to, action.message.to_bytes())
+        self.sent += 1
+
+    async def close(self, flush_timeout: float = 10.0) -> bool:
+        """Send what is queued; False if some of it could not be written to a root."""
+        flushed = await self.transport.flush(flush_timeout)
+        await self.transport.close(0)
+        self.client.close()
+        return flushed and not self.transport.dropped
+
+    def _received(self, sender: str, payload: bytes) -> None:
+        log.debug("ignored %d bytes from %s (a publisher takes no messages)", len(payload),
+                  sender)
