@@ -62,6 +62,7 @@ class Summary:
     """The counts of one decomposition run; requests = accepted + rejected."""
 
     engine: str
+    schema_id: str
     requests: int
     accepted: int
     rejected: int

@@ -97,8 +97,8 @@ def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool =
     finally:
         for writer in writers.values():
             writer.close()
-    summary = Summary("python", requests.num_rows, requests.num_rows - counts["rejected"],
-                      counts["rejected"], counts["rows"], counts["fine"],
-                      time.perf_counter() - started)
+    summary = Summary("python", settings.schema.id, requests.num_rows,
+                      requests.num_rows - counts["rejected"], counts["rejected"], counts["rows"],
+                      counts["fine"], time.perf_counter() - started)
     summary.write(out)
     return summary

@@ -116,8 +116,8 @@ def run_spark(spark: SparkSession, settings: Settings, input_path: Path, out: Pa
         ).collect()[0]
     finally:
         decomposed.unpersist()
-    summary = Summary("spark", counts["accepted"] + counts["rejected"], counts["accepted"],
-                      counts["rejected"], counts["rows"], counts["fine"],
+    summary = Summary("spark", settings.schema.id, counts["accepted"] + counts["rejected"],
+                      counts["accepted"], counts["rejected"], counts["rows"], counts["fine"],
                       time.perf_counter() - started)
     summary.write(out)
     return summary

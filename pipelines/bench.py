@@ -1,0 +1,93 @@
+"""``bench bulk``: requests per second of the Spark decomposition vs one plain Python process.
+
+Both drivers run the same per-row function on the same synthetic Parquet input
+and write the same outputs; the Spark session's start-up is timed separately
+because it is paid once per job, not per row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from credentials.schema import Schema
+from pipelines.layout import Summary
+from pipelines.local_job import run_local
+from pipelines.requests import Settings
+from pipelines.synthetic import random_requests
+
+
+def _say(text: str) -> None:
+    print(f"bench bulk: {text}", file=sys.stderr, flush=True)
+
+
+def _side(summary: Summary) -> dict[str, Any]:
+    return {"seconds": summary.seconds, "rows_per_s": summary.requests / summary.seconds,
+            "requests": summary.requests, "accepted": summary.accepted,
+            "rejected": summary.rejected, "credential_rows": summary.credential_rows}
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["one Python process", f"Spark {report['spark']['master']}"]
+    rates = [report["python"]["rows_per_s"], report["spark"]["rows_per_s"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bars = ax.bar(labels, rates, color=["#888888", "#e25a1c"])
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("requests decomposed per second")
+    ax.set_title(f"bulk decomposition of {report['requests']:,} requests "
+                 f"(ratio {report['ratio']:.2f})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(json_path: Path, schema: Schema, requests: int, master: str, partitions: int,
+         fine_depth: int, seed: int = 0) -> dict[str, Any]:
+    """Run both drivers once on ``requests`` synthetic requests; write JSON and a PNG."""
+    from pipelines.spark_job import run_spark, spark_session
+
+    settings = Settings(schema, fine_depth)
+    with tempfile.TemporaryDirectory(prefix="ibe-bench-bulk-") as tmp:
+        work = Path(tmp)
+        _say(f"generating {requests} requests")
+        pq.write_table(random_requests(schema, requests, seed), work / "requests.parquet")
+        _say("one Python process")
+        python = run_local(settings, work / "requests.parquet", work / "python")
+        _say(f"python: {python.line()}")
+        _say(f"Spark {master}: starting the session")
+        begun = time.perf_counter()
+        spark = spark_session(master, partitions)
+        startup = time.perf_counter() - begun
+        try:
+            spark_summary = run_spark(spark, settings, work / "requests.parquet", work / "spark")
+        finally:
+            spark.stop()
+        _say(f"spark: {spark_summary.line()}")
+    if (python.accepted, python.credential_rows) != (spark_summary.accepted,
+                                                     spark_summary.credential_rows):
+        raise RuntimeError("the two drivers disagree; see the summaries above")
+    report: dict[str, Any] = {
+        "requests": requests, "schema": schema.to_dict(), "fine_depth": fine_depth,
+        "cpus": os.cpu_count(),
+        "python": _side(python),
+        "spark": {**_side(spark_summary), "master": master, "shuffle_partitions": partitions,
+                  "startup_seconds": startup,
+                  "rows_per_s_with_startup": requests / (spark_summary.seconds + startup)},
+    }
+    report["ratio"] = report["spark"]["rows_per_s"] / report["python"]["rows_per_s"]
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    _plot(report, json_path.with_suffix(".png"))
+    return report

@@ -1,0 +1,121 @@
+"""Bulk enrolment without Spark: per-request decomposition, chunking, KEYDIR state."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from credentials.credential import Credential
+from credentials.decompose import decompose, fine_credentials
+from credentials.predicates import parse_predicate
+from credentials.schema import default_schema
+from pipelines.chunks import chunked, read_items
+from pipelines.keydir import ChunkRecord, KeyDir, KeyDirError
+from pipelines.local_job import run_local
+from pipelines.requests import MAX_ROWS_PER_IDENTITY, Rejected, Settings, decompose_request
+
+SCHEMA = default_schema()
+SETTINGS = Settings(SCHEMA)
+PREDICATE = 'symbol prefix "IB" and price in [10, 20.5] and volume >= 1000'
+
+
+def test_subscriber_rows_are_the_library_decomposition_plus_fine_credentials():
+    rows = decompose_request(SETTINGS, "alice", "subscriber", PREDICATE)
+    coarse = decompose(SCHEMA, parse_predicate(SCHEMA, PREDICATE))
+    fine = fine_credentials(SCHEMA, coarse, 1)
+    expected = [(c, False) for cs in coarse.values() for c in cs] + \
+        [(c, True) for cs in fine.values() for c in cs]
+    assert [(Credential.from_label(r.credential), r.fine) for r in rows] == expected
+    assert all(r.position == Credential.from_label(r.credential).position
+               and r.attribute == Credential.from_label(r.credential).attribute for r in rows)
+    assert any(r.fine for r in rows)
+
+
+def test_publishers_get_no_fine_credentials_and_empty_predicate_means_roots():
+    rows = decompose_request(SETTINGS, "bob", "publisher", PREDICATE)
+    assert rows and not any(r.fine for r in rows)
+    roots = decompose_request(SETTINGS, "carol", "publisher", "")
+    assert [(r.attribute, r.position) for r in roots] == [(n, 0) for n in SCHEMA.names]
+
+
+@pytest.mark.parametrize(("identity", "role", "predicate", "copies", "reason"), [
+    (None, "subscriber", "", 1, "missing identity"),
+    ("", "subscriber", "", 1, "missing identity"),
+    ("has space", "subscriber", "", 1, "identity must be"),
+    ("x" * 201, "subscriber", "", 1, "identity must be"),
+    ("dave", "root", "", 1, "role must be"),
+    ("dave", None, "", 1, "role must be"),
+    ("dave", "subscriber", "", 2, "appears in 2 requests"),
+    ("dave", "subscriber", None, 1, "missing predicate"),
+    ("dave", "subscriber", "price >", 1, "predicate:"),
+    ("dave", "subscriber", "colour = 3", 1, "predicate:"),
+    ("dave", "subscriber", "price > 5000", 1, "selects no value"),
+    ("dave", "subscriber", 'price = "IBM"', 1, "predicate:"),
+])
+def test_bad_requests_are_rejected_with_a_reason(identity, role, predicate, copies, reason):
+    with pytest.raises(Rejected, match=reason):
+        decompose_request(SETTINGS, identity, role, predicate, copies)
+
+
+def test_too_many_credentials_are_rejected_before_the_key_server_would():
+    deep = Settings(SCHEMA, fine_depth=4)
+    text = "price in [0.01, 999.9] and volume in [1, 999999]"
+    with pytest.raises(Rejected, match=f"limit of {MAX_ROWS_PER_IDENTITY}"):
+        decompose_request(deep, "erin", "subscriber", text)
+    assert decompose_request(deep, "erin", "publisher", text)  # no fine rows: fits
+
+
+def _items(n: int, rows: int = 3) -> list[dict]:
+    return [{"identity": f"id{i}", "role": "publisher",
+             "credentials": [{"attribute": "price", "credential": "price:*", "fine": False,
+                              "position": 0}] * rows} for i in range(n)]
+
+
+def test_chunks_respect_both_limits_and_have_stable_distinct_ids():
+    chunks = list(chunked(_items(10, rows=3), max_identities=4, max_rows=9))
+    assert [len(c.items) for c in chunks] == [3, 3, 3, 1]
+    assert [c.index for c in chunks] == [0, 1, 2, 3]
+    again = list(chunked(_items(10, rows=3), max_identities=4, max_rows=9))
+    assert [c.chunk_id("run") for c in chunks] == [c.chunk_id("run") for c in again]
+    assert len({c.chunk_id("run") for c in chunks}) == 4
+    assert chunks[0].chunk_id("run") != chunks[0].chunk_id("other-run")
+    big = list(chunked(_items(2, rows=20), max_identities=50, max_rows=5))
+    assert [len(c.items) for c in big] == [1, 1]  # an item above max_rows still goes alone
+
+
+def test_items_are_read_back_per_identity_in_order(tmp_path):
+    requests = pa.table({"identity": ["a", "b", "c"], "role": ["subscriber", "publisher", "x"],
+                         "predicate": [PREDICATE, "price < 10", ""]})
+    pq.write_table(requests, tmp_path / "in.parquet")
+    summary = run_local(SETTINGS, tmp_path / "in.parquet", tmp_path / "out")
+    assert (summary.requests, summary.accepted, summary.rejected) == (3, 2, 1)
+    items = list(read_items(tmp_path / "out"))
+    assert [(i["identity"], i["role"]) for i in items] == [("a", "subscriber"),
+                                                           ("b", "publisher")]
+    assert sum(len(i["credentials"]) for i in items) == summary.credential_rows
+    assert items[0]["credentials"][0] == {
+        "attribute": "symbol", "credential": 'symbol:"IB"', "fine": False, "position": 2}
+
+
+def test_keydir_refuses_a_different_run_and_recovers_a_torn_log(tmp_path):
+    keydir = KeyDir.open(tmp_path / "keys", {"input": "abc", "max_identities": 5})
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+    assert KeyDir.open(tmp_path / "keys", {"input": "abc", "max_identities": 5}).run == keydir.run
+    with pytest.raises(KeyDirError, match="different input"):
+        KeyDir.open(tmp_path / "keys", {"input": "xyz", "max_identities": 5})
+    keydir.record(ChunkRecord(0, "c0", 7, ()))
+    log = tmp_path / "keys" / ".bulk-issue" / "chunks.jsonl"
+    with log.open("a") as handle:
+        handle.write('{"index": 1, "chunk_')  # killed while appending
+    assert list(keydir.finished()) == [0]
+    keydir.record(ChunkRecord(1, "c1", 7, ({"identity": "z", "error": "revoked"},)))
+    assert keydir.finished()[1].errors == ({"identity": "z", "error": "revoked"},)
+    keydir.write_bundle({"identity": "alice", "role": "publisher", "publisher_keys": []})
+    path = keydir.bundle_path("alice")
+    assert json.loads(path.read_text())["identity"] == "alice"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in (tmp_path / "keys").iterdir() if p.name.endswith(".tmp")] == []
