@@ -6,10 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from keyserver.client import KeyServerClient, KeyServerError
-from keyserver.epochs import check_lengths
+from keyserver.epochs import check_lengths, default_grace
+
+if TYPE_CHECKING:
+    from keyserver.client import KeyServerClient
 
 
 def _command_error(message: str) -> Exception:
@@ -40,6 +42,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     from keyserver.server import initialise
 
     try:
+        if args.grace_seconds is None:
+            args.grace_seconds = default_grace(args.epoch_seconds)
         check_lengths(args.epoch_seconds, args.grace_seconds)
         schema = load_schema(args.schema) if args.schema else default_schema()
         token_file = initialise(Path(args.data), schema, args.database_url, args.epoch_seconds,
@@ -85,8 +89,9 @@ def _register_keyserver(subparsers: Any) -> None:
     init.add_argument("--schema", help="schema TOML file (default: the stocks example)")
     init.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
     init.add_argument("--epoch-seconds", type=_positive, default=3600, help="epoch length")
-    init.add_argument("--grace-seconds", type=_non_negative, default=300,
-                      help="seconds before an epoch ends from which next-epoch keys are issued")
+    init.add_argument("--grace-seconds", type=_non_negative,
+                      help="seconds before an epoch ends from which next-epoch keys are issued "
+                      "(default: 300, at most a quarter of the epoch)")
     init.set_defaults(handler=cmd_init)
 
     serve = sub.add_parser(
@@ -119,6 +124,8 @@ def _register_keyserver(subparsers: Any) -> None:
 # -- identity add / list / revoke --------------------------------------------------------------
 
 def _admin_client(args: argparse.Namespace) -> KeyServerClient:
+    from keyserver.client import KeyServerClient
+
     token = args.admin_token
     if token is None and args.admin_token_file:
         token = Path(args.admin_token_file).read_text().strip()
@@ -128,6 +135,8 @@ def _admin_client(args: argparse.Namespace) -> KeyServerClient:
 
 
 def _call(args: argparse.Namespace, action: Any) -> Any:
+    from keyserver.client import KeyServerError
+
     try:
         with _admin_client(args) as client:
             return action(client)

@@ -38,6 +38,11 @@ class Epoch:
         return now >= self.end - self.grace
 
 
+def default_grace(length: int) -> int:
+    """Five minutes, but at most a quarter of the epoch."""
+    return min(300, length // 4)
+
+
 def check_lengths(length: int, grace: int) -> None:
     if length < 1:
         raise ValueError(f"epoch length must be at least 1 second, got {length}")

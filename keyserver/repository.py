@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
-from keyserver.epochs import EpochClock
+from keyserver.epochs import EpochClock, default_grace
 
 EPOCH_SETTING = "epoch_schedule"
 
@@ -33,13 +33,16 @@ def load_clock(session: Session, now: float, length: int | None, grace: int | No
     """The stored schedule (started now if there is none), rescheduled if asked to."""
     stored = get_setting(session, EPOCH_SETTING)
     if stored is None:
-        clock = EpochClock.start(now, length or 3600, 300 if grace is None else grace)
+        length = length or 3600
+        clock = EpochClock.start(now, length, default_grace(length) if grace is None else grace)
     else:
         clock = EpochClock.from_json(stored)
         last = clock.segments[-1]
         if length is not None or grace is not None:
-            clock = clock.rescheduled(now, length or last.length,
-                                      last.grace if grace is None else grace)
+            length = length or last.length
+            if grace is None:
+                grace = last.grace if last.grace < length else default_grace(length)
+            clock = clock.rescheduled(now, length, grace)
     put_setting(session, EPOCH_SETTING, clock.to_json())
     return clock
 

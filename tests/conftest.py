@@ -1,5 +1,5 @@
 """Shared fixtures. Key server: see tests/keyserver_fixtures.py."""
 
-from keyserver_fixtures import keyserver, keyserver_factory
+from keyserver_fixtures import keyserver, keyserver_factory, postgres_url
 
-__all__ = ["keyserver", "keyserver_factory"]
+__all__ = ["keyserver", "keyserver_factory", "postgres_url"]

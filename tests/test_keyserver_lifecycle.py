@@ -1,0 +1,123 @@
+"""Key server lifecycle with real processes: init, restart, passphrase, epochs, rate limits, CLI."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import time
+
+import httpx
+import pytest
+from keyserver_fixtures import PASSPHRASE
+
+from keyserver.client import KeyServerClient, KeyServerError
+from keyserver.launcher import child_env, cli_command, free_port
+
+
+def _run(*args: str, passphrase: str | None = PASSPHRASE) -> subprocess.CompletedProcess[str]:
+    env = child_env(passphrase)
+    if passphrase is None:
+        env.pop("IBE_PUBSUB_PASSPHRASE", None)
+    return subprocess.run(cli_command(*args), env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_init_keeps_secrets_private_and_refuses_to_overwrite(tmp_path):
+    data = tmp_path / "ks"
+    assert _run("keyserver", "init", "--data", str(data), passphrase=None).returncode == 2
+    done = _run("keyserver", "init", "--data", str(data), "--epoch-seconds", "60")
+    assert done.returncode == 0, done.stderr
+    for name in ("master.sealed", "admin.token"):
+        assert stat.S_IMODE((data / name).stat().st_mode) == 0o600
+    sealed = (data / "master.sealed").read_bytes()
+    again = _run("keyserver", "init", "--data", str(data))
+    assert again.returncode == 2 and "refusing to overwrite" in again.stderr
+    assert (data / "master.sealed").read_bytes() == sealed
+    bad = _run("keyserver", "init", "--data", str(tmp_path / "x"), "--epoch-seconds", "10",
+               "--grace-seconds", "10")
+    assert bad.returncode == 2 and "grace" in bad.stderr
+
+
+def test_restart_keeps_keys_identities_epochs_and_audit_and_needs_the_passphrase(
+        keyserver_factory):
+    server = keyserver_factory.start(serve_args=("--workers", "1"))
+    admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
+    created = admin.create_identity("survivor", "publisher")
+    KeyServerClient(server.base_url, created["token"]).enrol_publisher("price < 10")
+    before = (KeyServerClient(server.base_url).params(), admin.audit(limit=1000))
+    keyserver_factory.stop(server)
+
+    wrong = _run("keyserver", "serve", "--data", str(server.data_dir), "--port",
+                 str(free_port()), passphrase="not the passphrase")
+    assert wrong.returncode == 2
+    assert "wrong passphrase" in wrong.stderr and "IBE_PUBSUB_PASSPHRASE" in wrong.stderr
+
+    server = keyserver_factory.start(serve_args=("--workers", "1"), data_dir=server.data_dir)
+    params = KeyServerClient(server.base_url).params()
+    for field in ("mpk", "server_key", "schema_signature", "epoch", "epoch_start"):
+        assert params[field] == before[0][field]
+    admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
+    assert admin.audit(limit=1000)[:len(before[1])] == before[1]
+    again = KeyServerClient(server.base_url, created["token"]).enrol_publisher("price < 10")
+    assert again["epoch"] == before[0]["epoch"]
+    assert [i["name"] for i in admin.list_identities()] == ["survivor"]
+
+
+def _wait_until(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_epochs_roll_over_with_grace_and_revocation_stops_issuance(keyserver_factory):
+    server = keyserver_factory.start(init_args=("--epoch-seconds", "3", "--grace-seconds", "1"),
+                                     serve_args=("--workers", "1"))
+    public = KeyServerClient(server.base_url)
+    admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
+    created = admin.create_identity("shortlived", "subscriber")
+    client = KeyServerClient(server.base_url, created["token"], retries=0)
+
+    _wait_until(lambda: public.epoch()["in_grace"], 5)
+    current = public.epoch()
+    now_keys = client.enrol_subscriber("price < 5", fine_depth=0)
+    next_keys = client.enrol_subscriber("price < 5", fine_depth=0, epoch="next")
+    assert now_keys["epoch"] == current["epoch"]
+    assert next_keys["epoch"] == current["epoch"] + 1
+    assert next_keys["epoch_end"] == pytest.approx(current["epoch_end"] + 3)
+
+    admin.revoke(created["id"])
+    _wait_until(lambda: public.epoch()["epoch"] > current["epoch"], 5)
+    with pytest.raises(KeyServerError) as info:
+        client.enrol_subscriber("price < 5", fine_depth=0)
+    assert info.value.status == 403
+    issued = [e["epoch"] for e in admin.audit(limit=1000) if e["action"] == "issue_subscriber"]
+    assert issued == [current["epoch"], current["epoch"] + 1]
+
+
+def test_rate_limits_answer_429_with_retry_after(keyserver_factory):
+    server = keyserver_factory.start(serve_args=("--rate", "0.5", "--burst", "2", "--workers", "1"))
+    headers = {"Authorization": f"Bearer {server.admin_token}"}
+    answers = [httpx.get(server.base_url + "/v1/admin/identities", headers=headers)
+               for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert int(answers[2].headers["Retry-After"]) >= 1
+    assert answers[2].json()["error"]["code"] == "rate_limited"
+
+
+def test_identity_cli_adds_lists_and_revokes(keyserver):
+    common = ("--server", keyserver.base_url, "--admin-token-file",
+              str(keyserver.data_dir / "admin.token"))
+    added = _run("identity", "add", *common, "--name", "cli-user", "--role", "subscriber",
+                 "--allow", "price < 50")
+    assert added.returncode == 0, added.stderr
+    token = added.stdout.strip()
+    KeyServerClient(keyserver.base_url, token).enrol_subscriber("price < 10", fine_depth=0)
+    listed = _run("identity", "list", *common)
+    assert "cli-user" in listed.stdout and "price < 50.0" in listed.stdout
+    assert _run("identity", "revoke", *common, "--name", "cli-user").returncode == 0
+    with pytest.raises(KeyServerError):
+        KeyServerClient(keyserver.base_url, token, retries=0).enrol_subscriber("price < 10")
+    dup = _run("identity", "add", *common, "--name", "cli-user", "--role", "subscriber")
+    assert dup.returncode == 2 and "409" in dup.stderr
+    assert _run("identity", "revoke", *common, "--name", "nobody").returncode == 2

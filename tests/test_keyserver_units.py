@@ -1,0 +1,95 @@
+"""Pure parts of the key server: epochs, rate limits, sealing, certificates, metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from credentials.schema import default_schema
+from keyserver.certificates import (
+    root_certificate_message,
+    sign_root_certificate,
+    verify_root_certificate,
+    verify_schema,
+)
+from keyserver.epochs import EpochClock
+from keyserver.metrics import Metrics
+from keyserver.ratelimit import RateLimiter
+from keyserver.sealing import UnsealError, seal_secret, unseal_secret
+
+
+def test_epochs_are_numbered_from_the_start_and_keep_numbering_when_rescheduled():
+    clock = EpochClock.start(1000.0, 60, 10)
+    assert clock.current(1000.0).number == 1
+    e = clock.current(1130.0)
+    assert (e.number, e.start, e.end) == (3, 1120.0, 1180.0)
+    assert not e.in_grace(1169.9) and e.in_grace(1170.0)
+    faster = clock.rescheduled(1130.0, 10, 2)
+    assert faster.current(1130.0) == e  # the current epoch keeps its length
+    assert faster.current(1185.0).number == 4 and faster.current(1185.0).end == 1190.0
+    assert faster.current(1200.0).number == 6
+    assert EpochClock.from_json(json.loads(json.dumps(faster.to_json()))) == faster
+    assert faster.rescheduled(1300.0, 10, 2) is faster
+    for length, grace in ((0, 0), (10, 10), (10, -1)):
+        with pytest.raises(ValueError):
+            EpochClock.start(0.0, length, grace)
+
+
+def test_rate_limiter_allows_bursts_then_refills():
+    limiter = RateLimiter(rate=2.0, burst=3)
+    assert [limiter.acquire("a", now=0.0) for _ in range(3)] == [None] * 3
+    assert limiter.acquire("a", now=0.0) == pytest.approx(0.5)
+    assert limiter.acquire("b", now=0.0) is None  # keys are independent
+    assert limiter.acquire("a", now=0.5) is None
+    assert limiter.acquire("a", now=0.5) is not None
+
+
+def test_sealing_round_trips_and_rejects_wrong_passphrase_and_tampering():
+    sealed = seal_secret(b"master secret", "pass")
+    assert b"master secret" not in sealed
+    assert unseal_secret(sealed, "pass") == b"master secret"
+    with pytest.raises(UnsealError, match="wrong passphrase"):
+        unseal_secret(sealed, "Pass")
+    doc = json.loads(sealed)
+    doc["ciphertext"] = doc["ciphertext"][:-4] + "AAA="
+    with pytest.raises(UnsealError):
+        unseal_secret(json.dumps(doc).encode(), "pass")
+    with pytest.raises(UnsealError):
+        unseal_secret(b"not json", "pass")
+    with pytest.raises(ValueError):
+        seal_secret(b"x", "")
+
+
+def test_root_certificates_bind_every_field():
+    server = Ed25519PrivateKey.generate()
+    server_key = server.public_key().public_bytes(serialization.Encoding.Raw,
+                                                  serialization.PublicFormat.Raw)
+    transport = b"\x07" * 32
+    cert = sign_root_certificate(server, "price", transport, 5, 2000)
+    assert verify_root_certificate(server_key, "price", transport, 5, 2000, cert, now=1999)
+    assert not verify_root_certificate(server_key, "price", transport, 5, 2000, cert, now=2001)
+    for args in (("volume", transport, 5, 2000), ("price", b"\x08" * 32, 5, 2000),
+                 ("price", transport, 6, 2000), ("price", transport, 5, 2001),
+                 ("price", b"\x07" * 31, 5, 2000)):
+        assert not verify_root_certificate(server_key, *args, cert)
+    # Field boundaries are unambiguous.
+    assert root_certificate_message("ab", transport, 1, 1) != \
+        root_certificate_message("a", transport, 1, 1)
+    schema = default_schema()
+    assert not verify_schema(server_key, schema, cert)
+
+
+def test_metrics_render_prometheus_text():
+    m = Metrics()
+    m.observe_request("GET", "/v1/params", 200, 0.02)
+    m.observe_request("GET", "/v1/params", 200, 3.0)
+    m.keys_issued("publisher", 4)
+    text = m.render()
+    assert 'ibe_keyserver_requests_total{method="GET",route="/v1/params",status="200"} 2' in text
+    assert 'ibe_keyserver_keys_issued_total{kind="publisher"} 4' in text
+    assert 'ibe_keyserver_request_seconds_bucket{route="/v1/params",le="0.025"} 1' in text
+    assert 'ibe_keyserver_request_seconds_bucket{route="/v1/params",le="+Inf"} 2' in text
+    assert 'ibe_keyserver_request_seconds_count{route="/v1/params"} 2' in text
