@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from overlay.crypto_model import DEFAULT_COSTS, CostTable
-from overlay.evaluation_delays import Progress, Setting, dissemination_run
+from overlay.evaluation_delays import Progress, Setting, build, disseminate, dissemination_run
 from overlay.simulator import Simulator
 
 
@@ -32,10 +32,9 @@ def calibrate(setting: Setting, peers: int, max_children: int, events: int,
     """Run ``peers`` subscribers and ``events`` events on real cryptography; return the
     measured cost table and a report comparing the real run with the modelled one."""
     progress(f"measuring crypto costs: {peers} peers on real cryptography")
-    holder: dict[str, Simulator] = {}
-    real = dissemination_run(setting, peers, max_children, 1, events, "real",
-                             keep=holder)
-    measured, missing = measured_costs(holder["sim"])
+    sim = build(setting, peers, max_children, "real")
+    real = disseminate(sim, setting, 1, events)
+    measured, missing = measured_costs(sim)
     table = CostTable({**DEFAULT_COSTS, **measured})
     progress("same run with the measured costs modelled")
     modelled = dissemination_run(Setting(setting.schema, table, setting.latency,
@@ -43,5 +42,5 @@ def calibrate(setting: Setting, peers: int, max_children: int, events: int,
                                  "modeled")
     return table, {"peers": peers, "events": events,
                    "costs_ms": {op: s * 1e3 for op, s in sorted(table.seconds.items())},
-                   "calls": dict(holder["sim"].crypto.meter.calls),
+                   "calls": dict(sim.crypto.meter.calls),
                    "not_measured": missing, "real": real, "modelled": modelled}

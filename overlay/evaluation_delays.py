@@ -71,8 +71,14 @@ def build(setting: Setting, peers: int, max_children: int, mode: Mode,
     return sim
 
 
-def _both(run: Callable[[Mode], dict[str, Any]]) -> dict[str, Any]:
-    return {"secure": run("modeled"), "plaintext": run("plaintext")}
+#: Label of each run in the JSON -> the simulator's crypto mode.
+MODES: dict[str, Mode] = {"secure": "modeled", "plaintext": "plaintext"}
+Job = tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]
+Runner = Callable[[list[Job]], list[dict[str, Any]]]
+
+
+def serial(jobs: list[Job]) -> list[dict[str, Any]]:
+    return [fn(*args) for fn, args in jobs]
 
 
 def connection_run(setting: Setting, peers: int, max_children: int, mode: Mode
@@ -85,25 +91,21 @@ def connection_run(setting: Setting, peers: int, max_children: int, mode: Mode
 
 
 def connection_vs_peers(setting: Setting, sizes: Sequence[int], max_children: int,
-                        progress: Progress) -> dict[str, Any]:
+                        run: Runner) -> dict[str, Any]:
     """Experiment 1 (report Fig. 8.1)."""
-    rows = []
-    for n in sizes:
-        progress(f"connection delay, {n} peers")
-        rows.append({"peers": n, **_both(lambda mode, n=n: connection_run(
-            setting, n, max_children, mode))})
+    results = iter(run([(connection_run, (setting, n, max_children, mode))
+                        for n in sizes for mode in MODES.values()]))
+    rows = [{"peers": n, **{label: next(results) for label in MODES}} for n in sizes]
     return {"experiment": "connection delay vs. peers", "max_children": max_children,
             "rows": rows}
 
 
-def connection_vs_degree(setting: Setting, peers: int, degrees: Sequence[int],
-                         progress: Progress) -> dict[str, Any]:
+def connection_vs_degree(setting: Setting, peers: int, degrees: Sequence[int], run: Runner
+                         ) -> dict[str, Any]:
     """Experiment 2 (report Fig. 8.2)."""
-    rows = []
-    for d in degrees:
-        progress(f"connection delay, out-degree {d}, {peers} peers")
-        rows.append({"max_children": d, **_both(lambda mode, d=d: connection_run(
-            setting, peers, d, mode))})
+    results = iter(run([(connection_run, (setting, peers, d, mode))
+                        for d in degrees for mode in MODES.values()]))
+    rows = [{"max_children": d, **{label: next(results) for label in MODES}} for d in degrees]
     return {"experiment": "connection delay vs. maximum out-degree", "peers": peers,
             "rows": rows}
 
@@ -125,10 +127,9 @@ def publish_all(sim: Simulator, setting: Setting, publishers: int, events_each: 
     return published
 
 
-def dissemination_run(setting: Setting, peers: int, max_children: int, publishers: int,
-                      events_each: int, mode: Mode, routing: Routing = "ohf",
-                      credentials: int = 1, fine_depth: int = 0) -> dict[str, Any]:
-    sim = build(setting, peers, max_children, mode, routing, credentials, fine_depth)
+def disseminate(sim: Simulator, setting: Setting, publishers: int, events_each: int
+                ) -> dict[str, Any]:
+    """Publish on a built overlay; delays, completeness, false positives, messages."""
     subscribers = sim.alive_subscribers()
     before = {a: sim.machines[a].stats.false_positives for a in subscribers}
     published = publish_all(sim, setting, publishers, events_each)
@@ -137,7 +138,8 @@ def dissemination_run(setting: Setting, peers: int, max_children: int, publisher
     false_positives = sum(sim.machines[a].stats.false_positives - before[a]
                           for a in subscribers)
     messages = [sim.metrics.event_messages[e] for e, _ in published]
-    return {"dissemination_s": summary(sim.metrics.dissemination_delays()),
+    return {"connection_s": summary(sim.metrics.connection_delays),
+            "dissemination_s": summary(sim.metrics.dissemination_delays()),
             "events": len(published), "expected_deliveries": expected,
             "deliveries": delivered,
             "delivery_ratio": delivered / expected if expected else 1.0,
@@ -146,35 +148,37 @@ def dissemination_run(setting: Setting, peers: int, max_children: int, publisher
             "messages_per_event": statistics.fmean(messages) if messages else 0.0}
 
 
+def dissemination_run(setting: Setting, peers: int, max_children: int, publishers: int,
+                      events_each: int, mode: Mode, routing: Routing = "ohf",
+                      credentials: int = 1, fine_depth: int = 0) -> dict[str, Any]:
+    sim = build(setting, peers, max_children, mode, routing, credentials, fine_depth)
+    return disseminate(sim, setting, publishers, events_each)
+
+
 def dissemination_vs_peers(setting: Setting, sizes: Sequence[int], max_children: int,
-                           publishers: int, events_each: int, progress: Progress
-                           ) -> dict[str, Any]:
+                           publishers: int, events_each: int, run: Runner) -> dict[str, Any]:
     """Experiment 3 (report Fig. 8.3)."""
-    rows = []
-    for n in sizes:
-        progress(f"dissemination delay, {n} peers, {publishers}x{events_each} events")
-        rows.append({"peers": n, **_both(lambda mode, n=n: dissemination_run(
-            setting, n, max_children, publishers, events_each, mode))})
+    results = iter(run([(dissemination_run, (setting, n, max_children, publishers,
+                                             events_each, mode))
+                        for n in sizes for mode in MODES.values()]))
+    rows = [{"peers": n, **{label: next(results) for label in MODES}} for n in sizes]
     return {"experiment": "dissemination delay vs. peers", "max_children": max_children,
             "publishers": publishers, "events_per_publisher": events_each, "rows": rows}
 
 
 def routing_comparison(setting: Setting, sizes: Sequence[int], max_children: int,
                        publishers: int, events_each: int, credentials: int, fine_depth: int,
-                       progress: Progress) -> dict[str, Any]:
+                       run: Runner) -> dict[str, Any]:
     """Experiment 4: one-hop flooding against multi-credential routing, secure mode.
 
     Subscribers hold up to ``credentials`` credentials (one virtual peer each) and
     ``fine_depth`` levels of fine credentials, which MCR uses to route more precisely."""
-    rows = []
-    for n in sizes:
-        row: dict[str, Any] = {"peers": n}
-        for routing in ("ohf", "mcr"):
-            progress(f"routing {routing}, {n} peers")
-            row[routing] = dissemination_run(setting, n, max_children, publishers,
-                                             events_each, "modeled", routing, credentials,
-                                             fine_depth)
-        rows.append(row)
+    strategies = ("ohf", "mcr")
+    results = iter(run([(dissemination_run, (setting, n, max_children, publishers,
+                                             events_each, "modeled", r, credentials,
+                                             fine_depth))
+                        for n in sizes for r in strategies]))
+    rows = [{"peers": n, **{r: next(results) for r in strategies}} for n in sizes]
     return {"experiment": "OHF vs. MCR", "max_children": max_children,
             "credentials_per_subscriber": credentials, "fine_depth": fine_depth,
             "publishers": publishers, "events_per_publisher": events_each, "rows": rows}

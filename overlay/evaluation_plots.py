@@ -34,3 +34,78 @@ def figure(path: str | Path, title: str, xlabel: str, panels: Sequence[tuple[str
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
+
+
+def _mean_ms(run: dict[str, Any], key: str) -> float | None:
+    s = run[key]
+    return s["mean"] * 1e3 if s.get("count") else None
+
+
+def overheads(report: dict[str, Any], key: str) -> list[float | None]:
+    """Secure minus plaintext mean delay (ms), row by row."""
+    out = []
+    for row in report["rows"]:
+        secure, plain = _mean_ms(row["secure"], key), _mean_ms(row["plaintext"], key)
+        out.append(None if secure is None or plain is None else secure - plain)
+    return out
+
+
+def _delays(report: dict[str, Any], path: Path, x_key: str, xlabel: str, key: str,
+            title: str, band: tuple[float, float]) -> None:
+    x = [r[x_key] for r in report["rows"]]
+    with figure(path, title, xlabel, [("mean delay (ms)", "delay"),
+                                      ("security overhead (ms)", "overhead")]) as axes:
+        (delay_ax, _), (over_ax, _) = axes
+        for label in ("secure", "plaintext"):
+            delay_ax.plot(x, [_mean_ms(r[label], key) for r in report["rows"]], marker="o",
+                          label=label)
+        over_ax.plot(x, overheads(report, key), marker="o", color="tab:red",
+                     label="this run: secure - plaintext")
+        over_ax.axhspan(*band, color="tab:gray", alpha=0.25, label="the report's overhead")
+        for ax in (delay_ax, over_ax):
+            ax.set_ylim(bottom=0)
+
+
+def connection_vs_peers(report: dict[str, Any], path: Path) -> None:
+    _delays(report, path, "peers", "peers", "connection_s",
+            f"Connection delay vs. peers (out-degree {report['max_children']})", (230, 300))
+
+
+def connection_vs_degree(report: dict[str, Any], path: Path) -> None:
+    _delays(report, path, "max_children", "maximum out-degree", "connection_s",
+            f"Connection delay vs. out-degree ({report['peers']} peers)", (230, 300))
+
+
+def dissemination_vs_peers(report: dict[str, Any], path: Path) -> None:
+    _delays(report, path, "peers", "peers", "dissemination_s",
+            f"Dissemination delay vs. peers ({report['publishers']} publishers x "
+            f"{report['events_per_publisher']} events)", (150, 250))
+
+
+def routing(report: dict[str, Any], path: Path) -> None:
+    x = [r["peers"] for r in report["rows"]]
+    panels = [("false positives per subscriber", "false_positives_per_subscriber"),
+              ("messages per event", "messages_per_event")]
+    with figure(path, "One-hop flooding vs. multi-credential routing", "peers",
+                panels) as axes:
+        for ax, key in axes:
+            for strategy in ("ohf", "mcr"):
+                ax.plot(x, [r[strategy][key] for r in report["rows"]], marker="o",
+                        label=strategy.upper())
+            ax.set_ylim(bottom=0)
+
+
+def calibration(report: dict[str, Any], path: Path) -> None:
+    ops = sorted(op for op in report["costs_ms"] if op not in report["not_measured"])
+    panels = [("ms per call (measured)", "costs"), ("mean delay (ms)", "check")]
+    with figure(path, f"Crypto costs on real cryptography ({report['peers']} peers)",
+                "", panels) as axes:
+        (cost_ax, _), (check_ax, _) = axes
+        cost_ax.bar(ops, [report["costs_ms"][op] for op in ops], label="mean per call")
+        cost_ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+        kinds = ["connection_s", "dissemination_s"]
+        for i, label in enumerate(("real", "modelled")):
+            check_ax.bar([k + i * 0.4 for k in range(len(kinds))],
+                         [_mean_ms(report[label], k) or 0 for k in kinds], width=0.4,
+                         label=f"{label} crypto")
+        check_ax.set_xticks([k + 0.2 for k in range(len(kinds))], ["connection", "dissemination"])

@@ -1,0 +1,161 @@
+"""`bench overlay`: the report's section 8 experiments, and more, in one run.
+
+Order: measure the crypto costs on real cryptography (:mod:`overlay.evaluation_costs`),
+then run experiments 1-4 on the simulator with those costs, spread over worker
+processes, then experiment 5 (encryption operations). Each experiment writes
+``DIR/<name>.json`` and ``DIR/<name>.png``; ``DIR/summary.json`` has the settings,
+the measured costs and the security overhead next to the report's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from credentials.backends import load_group
+from overlay import evaluation_encryption, evaluation_plots
+from overlay.crypto_model import CostTable
+from overlay.evaluation_costs import calibrate
+from overlay.evaluation_delays import (
+    Job,
+    Runner,
+    Setting,
+    connection_vs_degree,
+    connection_vs_peers,
+    dissemination_vs_peers,
+    routing_comparison,
+    serial,
+    tree_schema,
+)
+from overlay.simulator import LatencyModel
+
+EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "encryption")
+#: The report's security overheads (ms), read off its Figs. 8.1 and 8.3.
+REPORT_OVERHEAD_MS = {"connection": (230, 300), "dissemination": (150, 250)}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Every size of the run; the defaults finish in minutes on two cores."""
+
+    peers: tuple[int, ...] = (100, 200, 400, 800)
+    max_children: int = 4
+    degree_peers: int = 400
+    degrees: tuple[int, ...] = (2, 3, 4, 6, 8)
+    dissemination_peers: tuple[int, ...] = (100, 200, 400)
+    publishers: int = 160
+    events_per_publisher: int = 10
+    routing_peers: tuple[int, ...] = (100, 200)
+    routing_credentials: int = 4
+    routing_fine_depth: int = 2
+    subscribers: tuple[int, ...] = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+    encryption_events: int = 50
+    calibration_peers: int = 20
+    calibration_events: int = 10
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            values = value if isinstance(value, tuple) else (value,)
+            floor = 0 if name == "routing_fine_depth" else 1
+            if not values or any(v < floor for v in values):
+                raise ValueError(f"{name.replace('_', '-')} must be at least {floor}, "
+                                 f"got {value!r}")
+
+
+@dataclass
+class Bench:
+    out: Path
+    sizes: Sizes = field(default_factory=Sizes)
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    seed: int = 1
+    workers: int = 2
+    min_seconds: float = 0.1
+    experiments: Sequence[str] = EXPERIMENTS
+    progress: Callable[[str], None] = field(
+        default=lambda msg: print(f"[bench overlay] {msg}", file=sys.stderr, flush=True))
+
+    def write(self, name: str, report: dict[str, Any],
+              plot: Callable[[dict[str, Any], Path], None]) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"{name}.json"
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        plot(report, path.with_suffix(".png"))
+        self.progress(f"wrote {path} and {path.with_suffix('.png')}")
+
+    def runner(self, pool: ProcessPoolExecutor | None) -> Runner:
+        """Run jobs in the pool (or here), reporting each as it finishes."""
+        if pool is None:
+            return serial
+
+        def run(jobs: list[Job]) -> list[dict[str, Any]]:
+            start = time.monotonic()
+            futures = {pool.submit(fn, *args): (fn.__name__, args[1:]) for fn, args in jobs}
+            for done, future in enumerate(as_completed(futures), 1):
+                name, args = futures[future]
+                self.progress(f"  {done}/{len(jobs)} {name}{args} "
+                              f"({time.monotonic() - start:.0f} s)")
+            return [f.result() for f in futures]
+
+        return run
+
+    def run(self) -> dict[str, Any]:
+        s = self.sizes
+        started = time.monotonic()
+        summary: dict[str, Any] = {"seed": self.seed, "sizes": asdict(s),
+                                   "latency_model": asdict(self.latency), "workers": self.workers}
+        delay_experiments = [e for e in self.experiments if e != "encryption"]
+        if delay_experiments:
+            base = Setting(tree_schema(), CostTable.default(), self.latency, self.seed)
+            table, check = calibrate(base, s.calibration_peers, s.max_children,
+                                     s.calibration_events, self.progress)
+            self.write("calibration", check, evaluation_plots.calibration)
+            summary["costs_ms"] = check["costs_ms"]
+            setting = Setting(base.schema, table, self.latency, self.seed)
+            pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+            try:
+                summary["overhead_ms"] = self._delays(setting, self.runner(pool))
+            finally:
+                if pool is not None:
+                    pool.shutdown()
+        if "encryption" in self.experiments:
+            report = evaluation_encryption.run(load_group(), s.subscribers, s.encryption_events,
+                                               self.seed, self.min_seconds, self.progress)
+            self.write("encryption", report, evaluation_encryption.plot)
+            summary["ours_ops_per_event"] = statistics.fmean(
+                r["ops_per_event"]["ours"] for r in report["rows"])
+        summary["report_overhead_ms"] = REPORT_OVERHEAD_MS
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        self.progress(f"done in {summary['seconds']} s")
+        return summary
+
+    def _delays(self, setting: Setting, run: Runner) -> dict[str, Any]:
+        s, overhead = self.sizes, {}
+        if "connection" in self.experiments:
+            report = connection_vs_peers(setting, s.peers, s.max_children, run)
+            self.write("connection_vs_peers", report, evaluation_plots.connection_vs_peers)
+            overhead["connection"] = evaluation_plots.overheads(report, "connection_s")
+        if "degree" in self.experiments:
+            report = connection_vs_degree(setting, s.degree_peers, s.degrees, run)
+            self.write("connection_vs_degree", report, evaluation_plots.connection_vs_degree)
+            overhead["connection_by_degree"] = evaluation_plots.overheads(report,
+                                                                          "connection_s")
+        if "dissemination" in self.experiments:
+            report = dissemination_vs_peers(setting, s.dissemination_peers, s.max_children,
+                                            s.publishers, s.events_per_publisher, run)
+            self.write("dissemination_vs_peers", report,
+                       evaluation_plots.dissemination_vs_peers)
+            overhead["dissemination"] = evaluation_plots.overheads(report, "dissemination_s")
+        if "routing" in self.experiments:
+            report = routing_comparison(setting, s.routing_peers, s.max_children, s.publishers,
+                                        s.events_per_publisher, s.routing_credentials,
+                                        s.routing_fine_depth, run)
+            self.write("routing", report, evaluation_plots.routing)
+        return overhead
