@@ -30,7 +30,7 @@ class OverlayConfig:
     #: Capacity of every duplicate-suppression memory.
     dedup_capacity: int = 8192
     #: A virtual peer deeper than this assumes a loop and rejoins.
-    max_depth: int = 64
+    max_depth: int = 256
     #: How long keys of the previous epoch stay valid after a rollover.
     grace: float = 60.0
 

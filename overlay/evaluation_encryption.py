@@ -132,7 +132,7 @@ def run(group: PairingGroup, subscriber_counts: Sequence[int], events: int, seed
     rows = []
     for n in subscriber_counts:
         progress(f"encryption operations for {n} subscribers")
-        workload = make_workload(n, 2 * events, seed + n)
+        workload = make_workload(n, 2 * events, seed)
         warm, measured = workload.events[:events], workload.events[events:]
         simple = SubgroupKeyCache(max(n, 1), SIMPLE_CACHE)
         clustered = SubgroupKeyCache(CLUSTER_SIZE, CLUSTER_CACHE)

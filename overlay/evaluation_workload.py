@@ -3,7 +3,9 @@
 Subscriptions are drawn from a finite vocabulary (ten ticker symbols, price
 windows on a 50-unit grid, four volume floors) the way real subscribers pick
 round numbers, so equal subscriptions recur and group-key schemes can share keys.
-Everything is a function of the seed, so every scheme sees the same workload.
+Everything is a function of the seed, so every scheme sees the same workload; the
+events do not depend on the number of subscribers, and the first n subscriptions
+are the same for every larger population.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def event_values(rng: random.Random) -> dict[str, Any]:
 
 def make_workload(subscribers: int, events: int, seed: int) -> Workload:
     schema = default_schema()
-    rng = random.Random(seed)
-    subs = tuple(parse_predicate(schema, subscription_text(rng)) for _ in range(subscribers))
-    return Workload(schema, subs, tuple(event_values(rng) for _ in range(events)))
+    sub_rng, event_rng = random.Random(seed), random.Random(seed + 1)
+    subs = tuple(parse_predicate(schema, subscription_text(sub_rng))
+                 for _ in range(subscribers))
+    return Workload(schema, subs, tuple(event_values(event_rng) for _ in range(events)))

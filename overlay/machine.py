@@ -267,7 +267,8 @@ class PeerMachine:
         if vp.parents:
             vp.link_attempts += 1
         return [Send(target[0], Join(vp.vp, target[1], vp.attribute, join_id, self.address,
-                                     vp.vp, self.config.hop_limit, keys.request, split))]
+                                     vp.vp, self.config.hop_limit, keys.request, split,
+                                     _depth(vp)))]
 
     def _lose_parent(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
         vp.parents.pop(parent, None)
@@ -320,10 +321,13 @@ class PeerMachine:
         newcomer = (m.origin, m.origin_vp)
         opened, sw = self._open(vp, request)
         forward = Join(vp.vp, "", m.attribute, m.join_id, m.origin, m.origin_vp, m.hops - 1,
-                       m.request, False)
+                       m.request, False, m.depth)
         if opened:
             self._opened.put(m.join_id, _Opened(vp.vp, newcomer, sw, request))
-            fresh = vp.attached and newcomer not in vp.children and newcomer not in vp.parents
+            # An attached newcomer looks for a further parent (MCR): only strictly shallower
+            # peers qualify, which rules out its own descendants and so any cycle.
+            fresh = (vp.attached and newcomer not in vp.children and newcomer not in vp.parents
+                     and (m.depth < 0 or _depth(vp) in range(m.depth)))
             if fresh and len(vp.children) < self.config.max_children:
                 return self._adopt(vp, newcomer, m.join_id, sw, request, now)
             relay = self._free_relay(vp) if fresh else None
@@ -331,7 +335,11 @@ class PeerMachine:
                 return self._adopt(relay, newcomer, m.join_id, sw, request, now)
             if fresh and m.split and self.config.max_children >= 2:
                 return self._split(vp, newcomer, m.join_id, sw, request, now)
-            targets = [n for n in (*vp.children, *vp.parents) if n != frm]
+            # A further-parent search only looks at peers shallower than the newcomer.
+            below = m.depth < 0 or _depth(vp) + 1 < m.depth
+            targets = [n for n in (*(vp.children if below else ()), *vp.parents) if n != frm]
+        elif m.depth >= 0:
+            targets = [] if frm in vp.parents else list(vp.parents)
         elif frm in vp.parents:
             keys = vp.keys.get(getattr(request, "epoch", -1))
             if keys is None:
@@ -365,7 +373,8 @@ class PeerMachine:
         relay = self._new_vpeer(vp.attribute, vp.credential)
         relay.keys, relay.roots, relay.relay = dict(vp.keys), dict(vp.roots), True
         relay.parents[(self.address, vp.vp)] = ParentLink(now, vp.depth)
-        moved = self.rng.choice(sorted(vp.children))
+        peers = sorted(c for c in vp.children if not self._is_relay(c))
+        moved = self.rng.choice(peers or sorted(vp.children))
         del vp.children[moved]
         vp.children[(self.address, relay.vp)] = ChildLink(now)
         out: list[Action] = [Log("info", f"{vp.vp}: full, split off relay {relay.vp}")]
@@ -391,7 +400,7 @@ class PeerMachine:
             ok = self.crypto.check_acceptance(keys.sws, request, m.proof, ctx)
         if not ok:
             return [Log("warning", f"{vp.vp}: accept from {frm[0]} with a bad proof dropped")]
-        if (frm in vp.parents or frm in vp.children
+        if (frm[0] == self.address or frm in vp.parents or frm in vp.children
                 or len(vp.parents) >= self._wanted_links(vp)):
             return [Send(frm[0], Detach(vp.vp, frm[1]))]
         return self._add_parent(vp, frm, now)
@@ -497,9 +506,7 @@ class PeerMachine:
         child = vp.children.get(frm)
         if child is not None:
             child.last_heard = now
-        depth = vp.depth
-        return [Send(frm[0], Pong(vp.vp, frm[1], child is not None,
-                                  -1 if depth is None else depth))]
+        return [Send(frm[0], Pong(vp.vp, frm[1], child is not None, _depth(vp)))]
 
     def _on_pong(self, vp: VirtualPeer, frm: Node, m: Pong, now: float) -> list[Action]:
         link = vp.parents.get(frm)
@@ -639,5 +646,10 @@ class PeerMachine:
 
 def _retarget(m: Join, dst_vp: str) -> Join:
     return Join(m.src_vp, dst_vp, m.attribute, m.join_id, m.origin, m.origin_vp, m.hops,
-                m.request, m.split)
+                m.request, m.split, m.depth)
+
+
+def _depth(vp: VirtualPeer) -> int:
+    depth = vp.depth
+    return -1 if depth is None else depth
 

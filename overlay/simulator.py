@@ -174,6 +174,18 @@ class Simulator:
         self._apply(address, self.machines[address].leave(self.now), self.now)
         self.kill(address)
 
+    def rollover(self, epoch: int) -> None:
+        """Issue every live peer its keys for ``epoch`` now; publishing moves to ``epoch``."""
+        self.epoch = epoch
+        for address, machine in self.machines.items():
+            if address in self.dead:
+                continue
+            roots = [self.issuer.root_kit(vp.attribute, epoch, EXPIRY)
+                     for vp in machine.vpeers.values() if vp.is_top]
+            predicate = self.predicates.get(address)
+            kit = self.issuer.subscriber_kit(predicate, epoch, EXPIRY) if predicate else None
+            self._apply(address, machine.rekey(self.now, kit=kit, roots=roots), self.now)
+
     # -- the event loop --------------------------------------------------------------------
 
     def _delay(self, a: str, b: str) -> float:

@@ -114,5 +114,6 @@ class VirtualPeer:
     def depth(self) -> int | None:
         if self.is_top:
             return 0
+        # Longest path to the root: strictly larger for every descendant, even in a DAG.
         known = [p.depth for p in self.parents.values() if p.depth is not None]
-        return min(known) + 1 if known else None
+        return max(known) + 1 if known else None

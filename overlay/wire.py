@@ -56,6 +56,8 @@ class Join(Message):
     request: bytes
     #: Set on a retry aimed at a full peer that covers the newcomer: split rather than forward.
     split: bool
+    #: The newcomer's depth when it seeks a further parent (MCR), else -1.
+    depth: int
 
 
 @dataclass(frozen=True)
