@@ -100,7 +100,7 @@ class PeerMachine:
         self._seen_events: Bounded[tuple[str, bytes], None] = Bounded(cap)
         self._processed: Bounded[bytes, None] = Bounded(cap)
         self._delivered: Bounded[str, None] = Bounded(cap)
-        self._verified: Bounded[bytes, bool] = Bounded(cap)
+        self._verified: Bounded[bytes, None] = Bounded(cap)
         self._tokens: dict[tuple[str, int], Any] = {}
         for root in roots:
             vp = self._new_vpeer(root.attribute, root.credential)
@@ -312,8 +312,8 @@ class PeerMachine:
     def _on_join(self, vp: VirtualPeer, frm: Node, m: Join, now: float) -> list[Action]:
         if m.origin == self.address or (vp.vp, m.join_id) in self._seen_joins:
             return []
-        if m.hops <= 0:
-            return [Log("debug", f"{vp.vp}: join {m.join_id.hex()[:8]} ran out of hops")]
+        if m.hops <= 0 or m.attribute != vp.attribute:
+            return [Log("debug", f"{vp.vp}: join {m.join_id.hex()[:8]} out of hops or tree")]
         request, error = self._check_request(m.request, vp.attribute, now)
         if error is not None:
             return [Log("warning", f"join from {frm[0]} dropped: {error}")]
@@ -537,9 +537,9 @@ class PeerMachine:
     # -- events ------------------------------------------------------------------------------
 
     def _on_publish(self, vp: VirtualPeer, frm: Node, m: Publish, now: float) -> list[Action]:
-        if not vp.is_root and frm not in vp.parents:
+        if (not vp.is_root and frm not in vp.parents) or m.attribute != vp.attribute:
             self.stats.dropped += 1
-            return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} dropped")]
+            return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} or tree dropped")]
         digest = hashlib.sha256(m.event).digest()[:16]
         if (vp.vp, digest) in self._seen_events:
             return []
@@ -589,11 +589,12 @@ class PeerMachine:
         return token
 
     def _verify(self, digest: bytes, event: Any) -> bool:
-        known = self._verified.get(digest)
-        if known is None:
-            known = self.crypto.verify(event)
-            self._verified.put(digest, known)
-        return known
+        if digest in self._verified:
+            return True
+        if not self.crypto.verify(event):
+            return False  # forged: remember nothing
+        self._verified.put(digest, None)
+        return True
 
     def _consume(self, digest: bytes, event: Any, now: float) -> list[Action]:
         """Local delivery: once per ciphertext; verify, decrypt, check the exact predicate."""

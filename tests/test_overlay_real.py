@@ -1,0 +1,148 @@
+"""The protocol with the real cryptography of SCHEME.md (small populations), and the
+machine's resistance to malformed and forged messages of every type."""
+
+import dataclasses
+import random
+
+import pytest
+
+from credentials import codec
+from credentials.predicates import parse_predicate
+from credentials.schema import default_schema
+from credentials.scheme import Event
+from overlay.actions import Log, Send
+from overlay.checks import delivery_errors, tree_violations
+from overlay.config import OverlayConfig
+from overlay.machine import PeerMachine
+from overlay.simulator import EXPIRY, Simulator
+from overlay.wire import (
+    Accept,
+    Detach,
+    Handover,
+    Join,
+    Ping,
+    Pong,
+    Publish,
+    SwapAccept,
+    SwapHandover,
+    SwapOffer,
+    Tokens,
+)
+from overlay.workload import Workload
+
+SCHEMA = default_schema()
+
+
+@pytest.fixture(scope="module")
+def real_sim() -> tuple[Simulator, Workload]:
+    config = OverlayConfig(routing="mcr", max_children=3, verify_before_forward=True)
+    sim = Simulator(SCHEMA, config, mode="real", seed=5, wire=True)
+    sim.add_roots()
+    workload = Workload(SCHEMA, random.Random(5))
+    for i in range(10):
+        sim.add_subscriber(workload.predicate(), at=i * 0.1, max_credentials=2)
+    sim.run_until(12)
+    return sim, workload
+
+
+def test_real_crypto_overlay_delivers_exactly_once(real_sim):
+    sim, workload = real_sim
+    assert tree_violations(sim) == []
+    publisher = sim.add_publisher()
+    events = {}
+    for i in range(4):
+        values = workload.values()
+        events[sim.publish(publisher, values, at=sim.now + 0.2 * i)] = values
+    sim.run_until(sim.now + 6)
+    assert delivery_errors(sim, events) == []
+    assert sum(len(sim.metrics.deliveries.get(e, {})) for e in events) > 0
+    assert sim.crypto.meter.calls["open_request"] > 0 and sim.crypto.meter.calls["route"] > 0
+
+
+def fingerprint(machine: PeerMachine) -> object:
+    """Everything a message could change, except the drop counter (a log in numbers)."""
+    vps = []
+    for vp in sorted(machine.vpeers.values(), key=lambda v: v.vp):
+        vps.append((vp.vp, sorted(vp.parents), sorted(vp.children),
+                    sorted((c, len(link.tokens)) for c, link in vp.children.items()),
+                    sorted(vp.joins), sorted(vp.swaps), vp.split_hint, sorted(vp.assignment)))
+    stats = dataclasses.replace(machine.stats, dropped=0)
+    sizes = [len(b) for b in (machine._seen_joins, machine._opened, machine._seen_events,
+                              machine._processed, machine._delivered, machine._verified)]
+    return vps, stats, sizes
+
+
+def tamper(data: bytes) -> bytes:
+    return data[:-5] + bytes(b ^ 0x5A for b in data[-5:])
+
+
+def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
+    sim, _ = real_sim
+    now = sim.now
+    # An attached subscriber virtual peer with a parent and a child.
+    address, vp = next((a, v) for a in sim.alive_subscribers()
+                       for v in sim.machines[a].vpeers.values()
+                       if v.parents and v.children and not v.relay)
+    machine = sim.machines[address]
+    parent, child = next(iter(vp.parents)), next(iter(vp.children))
+    stranger = ("stranger:1", "x")
+    request = vp.keys[sim.epoch].request
+    event = sim.issuer.encrypt(Event("forged", {"symbol": "AAA", "price": 1.0, "volume": 5},
+                                     b""), sim.epoch)
+    parsed = codec.decode_event(sim.issuer.pp.group, event)
+    forged_event = codec.encode_event(dataclasses.replace(parsed, sealed=tamper(parsed.sealed)))
+    other = sim.issuer.subscriber_kit(parse_predicate(SCHEMA, "price < 10"), sim.epoch + 7,
+                                      EXPIRY).virtuals[0].request  # epoch not accepted
+    elsewhere = next(n for n in SCHEMA.names if n != vp.attribute)
+    join = Join(parent[1], vp.vp, vp.attribute, b"j" * 16, "new:1", "n", 5, request, False, -1)
+    cases = [
+        (stranger, b"\x93\x01\x02"),                                         # not a message
+        (stranger, Ping("x", "no-such-vp")),                                 # unknown vp
+        (parent, dataclasses.replace(join, request=tamper(request))),        # bad signature
+        (parent, dataclasses.replace(join, request=b"garbage")),             # undecodable
+        (parent, dataclasses.replace(join, request=other)),                  # wrong epoch
+        (parent, dataclasses.replace(join, attribute=elsewhere)),            # other tree
+        (parent, Accept(parent[1], vp.vp, b"j" * 16, b"proof", b"")),        # no pending join
+        (stranger, Detach(stranger[1], vp.vp)),
+        (parent, SwapOffer(parent[1], vp.vp, b"j" * 16, request, "p:1", "p")),
+        (stranger, SwapAccept(stranger[1], vp.vp, b"j" * 16, b"proof")),
+        (stranger, SwapHandover(stranger[1], vp.vp, b"j" * 16)),
+        (stranger, Tokens(stranger[1], vp.vp, (b"t",))),
+        (child, Tokens(child[1], vp.vp, (b"garbage-token",))),               # bad token
+        (stranger, Pong(stranger[1], vp.vp, True, 1)),
+        (stranger, Handover(stranger[1], vp.vp, "x:1", "y")),
+        (stranger, Publish(stranger[1], vp.vp, vp.attribute, event)),        # not a parent
+        (parent, Publish(parent[1], vp.vp, vp.attribute, b"garbage")),
+        (parent, Publish(parent[1], vp.vp, vp.attribute, forged_event)),     # bad signature
+    ]
+    for sender, message in cases:
+        before = fingerprint(machine)
+        payload = message if isinstance(message, bytes) else message.to_bytes()
+        actions = machine.receive(sender[0], payload, now)
+        assert actions and all(isinstance(a, Log) for a in actions), (message, actions)
+        assert fingerprint(machine) == before, message
+    # A stranger's heartbeat is answered "not your parent" and changes nothing.
+    before = fingerprint(machine)
+    actions = machine.receive(stranger[0], Ping(stranger[1], vp.vp).to_bytes(), now)
+    assert [type(a) for a in actions] == [Send] and actions[0].message.ok is False
+    assert fingerprint(machine) == before
+
+
+def test_forged_acceptances_are_refused_by_a_joining_peer(real_sim):
+    sim, _ = real_sim
+    kit = sim.issuer.subscriber_kit(parse_predicate(SCHEMA, "price < 50"), sim.epoch, EXPIRY,
+                                    max_credentials=1)
+    machine = PeerMachine("joiner:1", sim.crypto, sim.config, random.Random(1), kit=kit)
+    [send] = machine.join({"price": ["root-price"]}, now=sim.now)
+    vp = machine.vpeers[send.message.src_vp]
+    join_id = send.message.join_id
+    root_cert = sim.machines["root-price"].vpeers[next(iter(
+        sim.machines["root-price"].vpeers))].roots[sim.epoch].certificate
+    for message in (Accept("r", vp.vp, join_id, b"\x00" * 32, b""),      # bad HMAC
+                    Accept("r", vp.vp, join_id, b"\x00" * 64, root_cert),  # bad root signature
+                    Accept("r", vp.vp, join_id, b"\x00" * 64, b"junk")):   # bad certificate
+        before = fingerprint(machine)
+        actions = machine.receive("root-price", message.to_bytes(), sim.now)
+        assert all(isinstance(a, Log) for a in actions) and actions
+        assert fingerprint(machine) == before
+        assert not vp.parents
