@@ -83,6 +83,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
         roots=tuple(args.root or ()), routing=args.routing, max_children=args.max_children,
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
+        heartbeat=args.heartbeat, failure_timeout=args.failure_timeout,
         server_key=_server_key(args.server_key))
     transport = Transport(lambda sender, payload: None, **_tls(args))
     try:
@@ -229,6 +230,10 @@ def register(subparsers: Any) -> None:
                      help="credentials per numeric attribute (coarser: fewer virtual peers)")
     run.add_argument("--fine-depth", type=int, choices=range(5), default=1,
                      help="split depth of fine credentials for multi-credential routing")
+    run.add_argument("--heartbeat", type=_non_negative_float, default=1.0,
+                     help="seconds between heartbeats to each parent")
+    run.add_argument("--failure-timeout", type=_non_negative_float, default=10.0,
+                     help="a neighbour silent this long is taken for failed")
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
                      help="write {address, pid, attributes} as JSON here once joined")

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -50,11 +50,13 @@ class NodeOptions:
     max_credentials: int | None = 4
     fine_depth: int = 1
     tick: float = 0.2
+    #: Generous defaults: pairing work on a busy machine can stall a peer for seconds.
+    heartbeat: float = 1.0
+    failure_timeout: float = 10.0
     directory_ttl: int = 30
     #: Expected Ed25519 key of the key server (raw 32 bytes); None trusts on first use.
     server_key: bytes | None = None
     seed: int | None = None
-    overlay: dict[str, float] = field(default_factory=dict)
 
 
 class NodeError(Exception):
@@ -166,9 +168,10 @@ class PeerNode:
 
     def _enrol(self) -> None:
         params = self.params = enrolment.fetch_params(self.client, self.options.server_key)
-        config = OverlayConfig(routing=self.options.routing,
-                               max_children=self.options.max_children,
-                               grace=2.0 * params.grace + 5.0, **self.options.overlay)
+        opts = self.options
+        config = OverlayConfig(routing=opts.routing, max_children=opts.max_children,
+                               heartbeat_interval=opts.heartbeat,
+                               failure_timeout=opts.failure_timeout)
         crypto = enrolment.real_crypto(params)
         rng = random.Random(self.rng.getrandbits(64))
         if self.options.roots:
@@ -241,7 +244,7 @@ class PeerNode:
 
     async def _background_work(self, now: float) -> None:
         """Key refresh and directory renewal; failures are logged and retried later."""
-        assert self.machine is not None
+        assert self.machine is not None and self.params is not None
         if now >= self._refresh_at:
             try:
                 end, kit, roots = await asyncio.to_thread(self._rekey)
@@ -249,7 +252,11 @@ class PeerNode:
                 log.warning("fetching next-epoch keys failed: %s", exc)
                 self._refresh_at = now + 2.0
             else:
-                self._perform(self.machine.rekey(time.time(), kit=kit, roots=roots))
+                # Keys of the ending epoch stay valid until its end plus the server's grace.
+                now = time.time()
+                self.machine.config = replace(self.machine.config, grace=max(
+                    0.0, self.epoch_end + self.params.grace - now))
+                self._perform(self.machine.rekey(now, kit=kit, roots=roots))
                 self.epoch_end = end
                 self._refresh_at = self._refresh_time()
                 log.info("keys of the next epoch installed (valid until %.0f)", end)
@@ -269,7 +276,12 @@ class PeerNode:
     async def _timers(self) -> None:
         assert self.machine is not None
         while not self._stopping.is_set():
+            due = time.monotonic() + self.options.tick
             await asyncio.sleep(self.options.tick)
+            if time.monotonic() - due > self.options.tick:
+                # The loop was busy (crypto): read what queued up before judging silence.
+                for _ in range(8):
+                    await asyncio.sleep(0)
             now = time.time()
             self._perform(self.machine.tick(now))
             if not self.ready.is_set() and all(vp.attached for vp in

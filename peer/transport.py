@@ -6,7 +6,8 @@ drops, and gives up (dropping what was queued, with a log line) after a bounded
 number of attempts: the overlay's heartbeats decide whether a neighbour is gone.
 When two peers dial each other at once, both keep writing on the connection dialed
 by the smaller address and close the other after a short drain, so each pair
-settles on one connection. A peer that does not listen (a publisher) says hello
+settles on one connection. A message to the peer's own address is handed back to it
+without a socket. A peer that does not listen (a publisher) says hello
 with an empty address and is named ``~host:port`` by the other side; it can be
 answered while connected but never dialed. TLS is used when ssl contexts are given.
 """
@@ -117,6 +118,10 @@ class Transport:
         """Queue one payload for ``to``; dials if needed. Never raises for a dead peer."""
         if self._closed:
             return
+        if to == self.address and to:
+            # A message to one of this peer's own virtual peers: no socket needed.
+            asyncio.get_running_loop().call_soon(self._local, payload)
+            return
         try:
             frame = frames.encode(frames.data(payload), self.max_frame)
         except frames.FrameError as exc:
@@ -129,6 +134,14 @@ class Transport:
             log.warning("send queue to %s is full: dropped the oldest frame", to)
         link.queue.append(frame)
         link.wake.set()
+
+    def _local(self, payload: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            self.on_message(self.address, payload)
+        except Exception:
+            log.exception("handler failed on a message to itself")
 
     def is_connected(self, address: str) -> bool:
         link = self._links.get(address)
