@@ -2,12 +2,16 @@
 
 Both phases run in the same invocation on the same machine:
 
-1. Floor: the issuer pool alone (one worker process per core, as the server uses),
-   kept saturated with the same enrolment work the HTTP clients will ask for.
-2. HTTP: a real key server in a child process, ``clients`` threads each enrolling the
-   same subscription as its own identity, back to back, for ``seconds``.
+* Floor: the issuer pool alone (one worker process per core, as the server uses),
+  kept saturated with the same enrolment work the HTTP clients will ask for; measured
+  before and after the HTTP phase (half the time each) and averaged.
+* HTTP: a real key server in a child process, ``clients`` threads each enrolling the
+  same subscription as its own identity, back to back, for ``seconds``.
 
 A "credential key" is one credential's S1/S2/T with its signed connection request.
+``ratio`` compares wall-clock rates; on a machine shared with other work it moves with the
+background load, so ``cpu_efficiency`` also compares CPU seconds per key (issuer workers
+alone vs. the whole server process tree plus the HTTP clients), which does not.
 """
 
 from __future__ import annotations
@@ -32,6 +36,22 @@ from keyserver.keystore import create_keystore
 from keyserver.launcher import free_port, init_keyserver, start_keyserver, stop, wait_ready
 
 PASSPHRASE = "benchmark passphrase (throwaway key store)"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and all its live descendants."""
+    total = process_cpu_seconds(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += tree_cpu_seconds(int(child))
+    return total
 
 
 @dataclass(frozen=True)
@@ -48,36 +68,40 @@ def _progress(message: str) -> None:
     print(f"[bench keyserver] {message}", file=sys.stderr, flush=True)
 
 
-def measure_floor(settings: BenchSettings, data_dir: Path) -> dict[str, Any]:
-    """Credential keys/s of the issuer pool alone, kept busy with 2 tasks per worker."""
+def open_floor_pool(settings: BenchSettings, data_dir: Path) -> tuple[IssuerPool, tuple, tuple]:
+    """An issuer pool over a throwaway key store, and the credentials of one enrolment."""
     from credentials.predicates import parse_predicate
 
-    os.environ.setdefault("IBE_PUBSUB_PASSPHRASE", PASSPHRASE)
     store, _ = create_keystore(data_dir, default_schema(), PASSPHRASE)
     creds, fine = plan_subscriber(store.schema, parse_predicate(
         store.schema, settings.subscription), settings.max_credentials, settings.fine_depth)
     pool = IssuerPool(store, settings.workers)
-    try:
-        pool.warm_up()
-        executor = pool._executor
-        done_tasks = 0
-        pending: set[Future[Any]] = set()
-        start = time.perf_counter()
-        deadline = start + settings.seconds
-        while time.perf_counter() < deadline or pending:
-            while time.perf_counter() < deadline and len(pending) < 2 * pool.workers:
-                pending.add(executor.submit(issue_subscriber, 1, tuple(creds), tuple(fine),
-                                            2**40))
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in finished:
-                f.result()
-            done_tasks += len(finished)
-        elapsed = time.perf_counter() - start
-    finally:
-        pool.shutdown()
-    return {"enrolments": done_tasks, "seconds": elapsed, "workers": pool.workers,
-            "credentials_per_enrolment": len(creds), "fine_per_enrolment": len(fine),
-            "keys_per_second": done_tasks * len(creds) / elapsed}
+    pool.warm_up()
+    return pool, tuple(creds), tuple(fine)
+
+
+def measure_floor(pool: IssuerPool, creds: tuple, fine: tuple, seconds: float
+                  ) -> dict[str, Any]:
+    """Credential keys/s of the issuer pool alone, kept busy with 2 tasks per worker."""
+    executor = pool._executor
+    workers = list(executor._processes)  # type: ignore[attr-defined]
+    cpu_start = sum(process_cpu_seconds(pid) for pid in workers)
+    done_tasks = 0
+    pending: set[Future[Any]] = set()
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline or pending:
+        while time.perf_counter() < deadline and len(pending) < 2 * pool.workers:
+            pending.add(executor.submit(issue_subscriber, 1, creds, fine, 2**40))
+        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for f in finished:
+            f.result()
+        done_tasks += len(finished)
+    elapsed = time.perf_counter() - start
+    cpu = sum(process_cpu_seconds(pid) for pid in workers) - cpu_start
+    return {"enrolments": done_tasks, "seconds": elapsed, "cpu_seconds": cpu,
+            "keys_per_second": done_tasks * len(creds) / elapsed,
+            "cpu_seconds_per_key": cpu / (done_tasks * len(creds))}
 
 
 def _client_loop(base_url: str, token: str, settings: BenchSettings, deadline: float,
@@ -108,6 +132,7 @@ def measure_http(settings: BenchSettings, data_dir: Path) -> dict[str, Any]:
         latencies: list[float] = []
         keys: list[int] = []
         lock = threading.Lock()
+        cpu_start = tree_cpu_seconds(process.pid) + time.process_time()
         start = time.perf_counter()
         threads = [threading.Thread(target=_client_loop, args=(
             base_url, t, settings, start + settings.seconds, latencies, keys, lock))
@@ -117,11 +142,13 @@ def measure_http(settings: BenchSettings, data_dir: Path) -> dict[str, Any]:
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
+        cpu = tree_cpu_seconds(process.pid) + time.process_time() - cpu_start
     finally:
         stop(process)
     ordered = sorted(latencies)
     return {"enrolments": len(ordered), "seconds": elapsed, "clients": settings.clients,
-            "keys_per_second": sum(keys) / elapsed,
+            "keys_per_second": sum(keys) / elapsed, "cpu_seconds": cpu,
+            "cpu_seconds_per_key": cpu / sum(keys),
             "latency_p50": statistics.median(ordered),
             "latency_p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
             "latencies": ordered}
@@ -150,21 +177,37 @@ def _plot(result: dict[str, Any], path: Path) -> None:
 
 def run_bench(settings: BenchSettings, json_path: Path, plot_path: Path | None
               ) -> dict[str, Any]:
+    """Floor for half the time, HTTP, floor again for half the time: the floor is the mean
+    of the two, so a change in background load during the run shows up in both phases."""
     with tempfile.TemporaryDirectory(prefix="ibe-bench-ks-") as tmp:
-        _progress(f"floor: issuer pool alone for {settings.seconds:.0f} s")
-        floor = measure_floor(settings, Path(tmp) / "floor")
-        _progress(f"floor: {floor['keys_per_second']:.1f} credential keys/s")
-        _progress(f"http: {settings.clients} clients for {settings.seconds:.0f} s")
-        http = measure_http(settings, Path(tmp) / "server")
-        _progress(f"http: {http['keys_per_second']:.1f} credential keys/s")
+        pool, creds, fine = open_floor_pool(settings, Path(tmp) / "floor")
+        try:
+            _progress(f"floor: issuer pool alone ({pool.workers} workers), "
+                      f"{settings.seconds / 2:.0f} s")
+            before = measure_floor(pool, creds, fine, settings.seconds / 2)
+            _progress(f"http: {settings.clients} clients for {settings.seconds:.0f} s")
+            http = measure_http(settings, Path(tmp) / "server")
+            _progress(f"floor again, {settings.seconds / 2:.0f} s")
+            after = measure_floor(pool, creds, fine, settings.seconds / 2)
+        finally:
+            pool.shutdown()
+    floor = {"keys_per_second": (before["keys_per_second"] + after["keys_per_second"]) / 2,
+             "cpu_seconds_per_key": (before["cpu_seconds"] + after["cpu_seconds"]) / (
+                 (before["enrolments"] + after["enrolments"]) * len(creds)),
+             "before": before, "after": after, "workers": pool.workers,
+             "credentials_per_enrolment": len(creds), "fine_per_enrolment": len(fine)}
+    _progress(f"floor {floor['keys_per_second']:.1f}, http {http['keys_per_second']:.1f} "
+              "credential keys/s")
     summary = {"floor_keys_per_second": round(floor["keys_per_second"], 2),
                "http_keys_per_second": round(http["keys_per_second"], 2),
                "ratio": round(http["keys_per_second"] / floor["keys_per_second"], 3),
+               "cpu_efficiency": round(floor["cpu_seconds_per_key"]
+                                       / http["cpu_seconds_per_key"], 3),
                "latency_p50_s": round(http["latency_p50"], 4),
                "latency_p99_s": round(http["latency_p99"], 4),
-               "clients": settings.clients, "workers": floor["workers"],
+               "clients": settings.clients, "workers": pool.workers,
                "cores": os.cpu_count(), "enrolments_http": http["enrolments"],
-               "credentials_per_enrolment": floor["credentials_per_enrolment"]}
+               "credentials_per_enrolment": len(creds)}
     result = {"benchmark": "keyserver", "settings": asdict(settings), "summary": summary,
               "floor": floor, "http": http}
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 import subprocess
 import time
@@ -121,3 +122,14 @@ def test_identity_cli_adds_lists_and_revokes(keyserver):
     dup = _run("identity", "add", *common, "--name", "cli-user", "--role", "subscriber")
     assert dup.returncode == 2 and "409" in dup.stderr
     assert _run("identity", "revoke", *common, "--name", "nobody").returncode == 2
+
+
+def test_bench_keyserver_smoke(tmp_path):
+    out = tmp_path / "ks.json"
+    done = _run("bench", "keyserver", "--json", str(out), "--seconds", "1", "--clients", "2",
+                "--workers", "1", "--max-credentials", "1", "--no-plot")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["enrolments_http"] >= 1 and summary["floor_keys_per_second"] > 0
+    assert summary["ratio"] == pytest.approx(
+        summary["http_keys_per_second"] / summary["floor_keys_per_second"], rel=0.01)
