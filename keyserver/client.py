@@ -7,6 +7,7 @@ Retries (with exponential back-off) only on connection errors and 5xx answers; e
 
 from __future__ import annotations
 
+import ssl
 import time
 from typing import Any
 
@@ -36,8 +37,12 @@ class KeyServerClient:
     """One method per endpoint; ``token`` is an identity's or the admin's bearer token."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 60.0,
-                 retries: int = 3, backoff: float = 0.25, verify: bool | str = True) -> None:
+                 retries: int = 3, backoff: float = 0.25,
+                 verify: bool | str | ssl.SSLContext = True) -> None:
+        """``verify``: True (system CAs), a CA/certificate file to trust, or an SSL context."""
         self.retries, self.backoff = retries, backoff
+        if isinstance(verify, str):
+            verify = ssl.create_default_context(cafile=verify)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
                                   timeout=timeout, verify=verify)

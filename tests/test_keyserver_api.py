@@ -28,6 +28,7 @@ from keyserver.bundles import (
     decode_subscriber_bundle,
 )
 from keyserver.client import KeyServerClient, KeyServerError
+from keyserver.launcher import free_port
 
 SUBSCRIPTION = 'symbol prefix "IB" and price in [10, 20]'
 _names = itertools.count()
@@ -308,3 +309,22 @@ def test_health_metrics_openapi_and_error_shape(keyserver):
     for method, path, status in (("GET", "/v1/nowhere", 404), ("DELETE", "/v1/params", 405)):
         r = httpx.request(method, keyserver.base_url + path)
         assert r.status_code == status and r.json()["error"]["status"] == status
+
+
+def _count(metrics: str, line_prefix: str) -> int:
+    return sum(int(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(line_prefix))
+
+
+def test_client_retries_connection_errors_but_not_4xx(keyserver):
+    down = KeyServerClient(f"http://127.0.0.1:{free_port()}", retries=2, backoff=0.01)
+    with pytest.raises(KeyServerError) as info:
+        down.health()
+    assert info.value.status == 0 and "unreachable" in str(info.value)
+    public = KeyServerClient(keyserver.base_url)
+    prefix = ('ibe_keyserver_requests_total{method="GET",route="/v1/admin/identities",'
+              'status="401"}')
+    before = _count(public.metrics(), prefix)
+    with pytest.raises(KeyServerError):
+        KeyServerClient(keyserver.base_url, "wrong", retries=3).list_identities()
+    assert _count(public.metrics(), prefix) == before + 1
