@@ -34,7 +34,8 @@ def _run(args: argparse.Namespace) -> int:
             routing_peers=tuple(args.routing_peers), subscribers=tuple(args.subscribers),
             encryption_events=args.encryption_events,
             calibration_peers=args.calibration_peers,
-            calibration_events=args.calibration_events)
+            calibration_events=args.calibration_events,
+            loopback_peers=args.loopback_peers, loopback_events=args.loopback_events)
         if args.latency_median_ms <= 0 or args.latency_sigma < 0 or args.workers < 1:
             raise ValueError("latency median must be > 0, sigma >= 0 and workers >= 1")
     except ValueError as exc:
@@ -47,6 +48,9 @@ def _run(args: argparse.Namespace) -> int:
     for name, values in summary.get("overhead_ms", {}).items():
         shown = ", ".join("-" if v is None else f"{v:.0f}" for v in values)
         print(f"security overhead, {name}: {shown} ms")
+    if summary.get("loopback_ratio"):
+        print(f"loopback: real processes / simulator mean dissemination delay = "
+              f"{summary['loopback_ratio']:.2f}")
     if "ours_ops_per_event" in summary:
         print(f"our encryption: {summary['ours_ops_per_event']:.0f} operations per event "
               "whatever the number of subscribers")
@@ -65,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="bench/overlay", help="output directory")
     p.add_argument("--experiments", type=_names, default=None,
                    help="comma-separated subset of connection,degree,dissemination,routing,"
-                   "encryption (default: all)")
+                   "encryption,loopback (default: all)")
     p.add_argument("--peers", type=_int_list, default=[100, 200, 400, 800],
                    help="peer counts of the connection experiment (default 100,200,400,800)")
     p.add_argument("--max-children", type=int, default=4,
@@ -90,6 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="peers of the real-cryptography run that measures costs (default 20)")
     p.add_argument("--calibration-events", type=int, default=10,
                    help="events of that run (default 10)")
+    p.add_argument("--loopback-peers", type=int, default=20,
+                   help="subscriber processes of the loopback cross-check, at most 50 "
+                   "(default 20)")
+    p.add_argument("--loopback-events", type=int, default=20,
+                   help="events of the loopback cross-check (default 20)")
     p.add_argument("--latency-median-ms", type=float, default=40.0,
                    help="median one-way link delay, log-normal per link (default 40)")
     p.add_argument("--latency-sigma", type=float, default=0.5,

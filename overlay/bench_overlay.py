@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from credentials.backends import load_group
-from overlay import evaluation_encryption, evaluation_plots
+from overlay import evaluation_encryption, evaluation_loopback, evaluation_plots
 from overlay.crypto_model import CostTable
 from overlay.evaluation_costs import calibrate
 from overlay.evaluation_delays import (
@@ -36,7 +36,9 @@ from overlay.evaluation_delays import (
 )
 from overlay.simulator import LatencyModel
 
-EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "encryption")
+EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "encryption", "loopback")
+#: Experiments on the simulator, which need the measured crypto costs.
+SIMULATED = ("connection", "degree", "dissemination", "routing")
 #: The report's security overheads (ms), read off its Figs. 8.1 and 8.3.
 REPORT_OVERHEAD_MS = {"connection": (230, 300), "dissemination": (150, 250)}
 
@@ -59,6 +61,8 @@ class Sizes:
     encryption_events: int = 50
     calibration_peers: int = 20
     calibration_events: int = 10
+    loopback_peers: int = 20
+    loopback_events: int = 20
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -67,6 +71,8 @@ class Sizes:
             if not values or any(v < floor for v in values):
                 raise ValueError(f"{name.replace('_', '-')} must be at least {floor}, "
                                  f"got {value!r}")
+        if self.loopback_peers > evaluation_loopback.MAX_PEERS:
+            raise ValueError(f"loopback-peers must be at most {evaluation_loopback.MAX_PEERS}")
 
 
 @dataclass
@@ -110,8 +116,7 @@ class Bench:
         started = time.monotonic()
         summary: dict[str, Any] = {"seed": self.seed, "sizes": asdict(s),
                                    "latency_model": asdict(self.latency), "workers": self.workers}
-        delay_experiments = [e for e in self.experiments if e != "encryption"]
-        if delay_experiments:
+        if any(e in SIMULATED for e in self.experiments):
             base = Setting(tree_schema(), CostTable.default(), self.latency, self.seed)
             table, check = calibrate(base, s.calibration_peers, s.max_children,
                                      s.calibration_events, self.progress)
@@ -130,6 +135,11 @@ class Bench:
             self.write("encryption", report, evaluation_encryption.plot)
             summary["ours_ops_per_event"] = statistics.fmean(
                 r["ops_per_event"]["ours"] for r in report["rows"])
+        if "loopback" in self.experiments:
+            report = evaluation_loopback.run(s.loopback_peers, s.loopback_events,
+                                             s.max_children, self.seed, self.progress)
+            self.write("loopback", report, evaluation_plots.loopback)
+            summary["loopback_ratio"] = report["mean_ratio_processes_to_simulator"]
         summary["report_overhead_ms"] = REPORT_OVERHEAD_MS
         summary["seconds"] = round(time.monotonic() - started, 1)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

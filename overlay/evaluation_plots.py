@@ -109,3 +109,19 @@ def calibration(report: dict[str, Any], path: Path) -> None:
                          [_mean_ms(report[label], k) or 0 for k in kinds], width=0.4,
                          label=f"{label} crypto")
         check_ax.set_xticks([k + 0.2 for k in range(len(kinds))], ["connection", "dissemination"])
+
+
+def loopback(report: dict[str, Any], path: Path) -> None:
+    stats = ("mean", "median", "p95")
+    panels = [("dissemination delay (ms)", "delay"), ("delivery ratio", "ratio")]
+    with figure(path, f"Simulator vs. {report['peers']} real peer processes on loopback",
+                "", panels) as axes:
+        (delay_ax, _), (ratio_ax, _) = axes
+        for i, label in enumerate(("processes", "simulator")):
+            run = report[label]["dissemination_s"]
+            delay_ax.bar([k + i * 0.4 for k in range(len(stats))],
+                         [run.get(s, 0) * 1e3 for s in stats], width=0.4, label=label)
+            ratio_ax.bar([i], [report[label]["delivery_ratio"]], label=label)
+        delay_ax.set_xticks([k + 0.2 for k in range(len(stats))], list(stats))
+        ratio_ax.set_xticks([0, 1], ["processes", "simulator"])
+        ratio_ax.set_ylim(0, 1.05)
