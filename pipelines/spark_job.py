@@ -78,8 +78,9 @@ def read_requests(spark: SparkSession, path: Path) -> DataFrame:
     if fmt == "json":
         schema = ", ".join(f"{c} string" for c in REQUEST_COLUMNS)
         return spark.read.schema(schema).json(str(path))
-    if fmt == "csv":  # RFC 4180 quoting: a quote inside a field is doubled
-        frame = spark.read.option("header", True).option("escape", '"').csv(str(path))
+    if fmt == "csv":  # RFC 4180 quoting ("" inside a field); empty is null, quoted "" is ""
+        frame = (spark.read.option("header", True).option("escape", '"')
+                 .option("nullValue", "\u0000").csv(str(path)))
     else:
         frame = spark.read.parquet(str(path))
     missing = [c for c in REQUEST_COLUMNS if c not in frame.columns]
