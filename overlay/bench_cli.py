@@ -58,54 +58,57 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv(values: tuple[int, ...]) -> str:
+    return ",".join(map(str, values))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from overlay.bench_overlay import Sizes
+
+    d = Sizes()
     p = bench_group(subparsers).add_parser(
         "overlay", help="connection and dissemination delays, OHF vs MCR, encryption "
         "operations per event (the report's section 8, and more)",
         description="Run the evaluation: crypto costs measured on real cryptography, then "
         "the simulator (secure vs plaintext) for connection delay vs peers and vs out-degree, "
-        "dissemination delay vs peers, OHF vs MCR, and encryption operations per event vs "
-        "subscribers for four schemes. Writes JSON and a PNG plot per experiment into --out.")
+        "dissemination delay vs peers, OHF vs MCR, encryption operations per event vs "
+        "subscribers for four schemes, and a cross-check against real peer processes on "
+        "loopback. Writes JSON and a PNG plot per experiment into --out.")
     p.add_argument("--out", default="bench/overlay", help="output directory")
     p.add_argument("--experiments", type=_names, default=None,
                    help="comma-separated subset of connection,degree,dissemination,routing,"
                    "encryption,loopback (default: all)")
-    p.add_argument("--peers", type=_int_list, default=[100, 200, 400, 800],
-                   help="peer counts of the connection experiment (default 100,200,400,800)")
-    p.add_argument("--max-children", type=int, default=4,
-                   help="out-degree of the experiments over peers (default 4)")
-    p.add_argument("--degree-peers", type=int, default=400,
-                   help="peers of the out-degree experiment (default 400)")
-    p.add_argument("--degrees", type=_int_list, default=[2, 3, 4, 6, 8],
-                   help="maximum out-degrees (default 2,3,4,6,8)")
-    p.add_argument("--dissemination-peers", type=_int_list, default=[100, 200, 400],
-                   help="peer counts of the dissemination experiment (default 100,200,400)")
-    p.add_argument("--publishers", type=int, default=160, help="publishers (default 160)")
-    p.add_argument("--events-per-publisher", type=int, default=10,
-                   help="events each publisher publishes (default 10)")
-    p.add_argument("--routing-peers", type=_int_list, default=[100, 200],
-                   help="peer counts of the OHF vs MCR experiment (default 100,200)")
-    p.add_argument("--subscribers", type=_int_list,
-                   default=[10, 20, 50, 100, 200, 500, 1000, 2000, 5000],
-                   help="subscriber counts of the encryption experiment")
-    p.add_argument("--encryption-events", type=int, default=50,
-                   help="events measured per subscriber count (default 50)")
-    p.add_argument("--calibration-peers", type=int, default=20,
-                   help="peers of the real-cryptography run that measures costs (default 20)")
-    p.add_argument("--calibration-events", type=int, default=10,
-                   help="events of that run (default 10)")
-    p.add_argument("--loopback-peers", type=int, default=20,
-                   help="subscriber processes of the loopback cross-check, at most 50 "
-                   "(default 20)")
-    p.add_argument("--loopback-events", type=int, default=20,
-                   help="events of the loopback cross-check (default 20)")
+    for flag, value, what in (
+            ("--peers", d.peers, "peer counts of the connection experiment"),
+            ("--degrees", d.degrees, "maximum out-degrees of the out-degree experiment"),
+            ("--dissemination-peers", d.dissemination_peers,
+             "peer counts of the dissemination experiment"),
+            ("--routing-peers", d.routing_peers, "peer counts of the OHF vs MCR experiment"),
+            ("--subscribers", d.subscribers, "subscriber counts of the encryption experiment")):
+        p.add_argument(flag, type=_int_list, default=list(value),
+                       help=f"{what}, comma-separated (default {_csv(value)})")
+    for flag, value, what in (
+            ("--max-children", d.max_children, "out-degree of the experiments over peers"),
+            ("--degree-peers", d.degree_peers, "peers of the out-degree experiment"),
+            ("--publishers", d.publishers, "publishers of the dissemination experiments"),
+            ("--events-per-publisher", d.events_per_publisher, "events each publisher sends"),
+            ("--encryption-events", d.encryption_events,
+             "events measured per subscriber count"),
+            ("--calibration-peers", d.calibration_peers,
+             "peers of the real-cryptography run that measures the costs"),
+            ("--calibration-events", d.calibration_events, "events of that run"),
+            ("--loopback-peers", d.loopback_peers,
+             "subscriber processes of the loopback cross-check, at most 50"),
+            ("--loopback-events", d.loopback_events, "events of the loopback cross-check"),
+            ("--seed", 1, "random seed"),
+            ("--workers", 2, "simulator processes run in parallel")):
+        p.add_argument(flag, type=int, default=value, help=f"{what} (default {value})")
     p.add_argument("--latency-median-ms", type=float, default=40.0,
-                   help="median one-way link delay, log-normal per link (default 40)")
+                   help="median one-way link delay; each link's is drawn log-normal once "
+                   "(default 40)")
     p.add_argument("--latency-sigma", type=float, default=0.5,
                    help="shape of the log-normal link delays (default 0.5)")
-    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    p.add_argument("--workers", type=int, default=2,
-                   help="simulator processes run in parallel (default 2)")
     p.add_argument("--min-seconds", type=float, default=0.1,
-                   help="measuring time per priced operation of the encryption experiment")
+                   help="measuring time per priced operation of the encryption experiment "
+                   "(default 0.1)")
     p.set_defaults(handler=_run)

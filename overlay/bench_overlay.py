@@ -10,6 +10,7 @@ the measured costs and the security overhead next to the report's.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -49,12 +50,12 @@ class Sizes:
 
     peers: tuple[int, ...] = (100, 200, 400, 800)
     max_children: int = 4
-    degree_peers: int = 400
+    degree_peers: int = 300
     degrees: tuple[int, ...] = (2, 3, 4, 6, 8)
-    dissemination_peers: tuple[int, ...] = (100, 200, 400)
+    dissemination_peers: tuple[int, ...] = (100, 200)
     publishers: int = 160
     events_per_publisher: int = 10
-    routing_peers: tuple[int, ...] = (100, 200)
+    routing_peers: tuple[int, ...] = (100,)
     routing_credentials: int = 4
     routing_fine_depth: int = 2
     subscribers: tuple[int, ...] = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -115,7 +116,8 @@ class Bench:
         s = self.sizes
         started = time.monotonic()
         summary: dict[str, Any] = {"seed": self.seed, "sizes": asdict(s),
-                                   "latency_model": asdict(self.latency), "workers": self.workers}
+                                   "latency_model": asdict(self.latency), "workers": self.workers,
+                                   "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}
         if any(e in SIMULATED for e in self.experiments):
             base = Setting(tree_schema(), CostTable.default(), self.latency, self.seed)
             table, check = calibrate(base, s.calibration_peers, s.max_children,
@@ -142,6 +144,7 @@ class Bench:
             summary["loopback_ratio"] = report["mean_ratio_processes_to_simulator"]
         summary["report_overhead_ms"] = REPORT_OVERHEAD_MS
         summary["seconds"] = round(time.monotonic() - started, 1)
+        summary["load_average_at_end"] = os.getloadavg()
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         self.progress(f"done in {summary['seconds']} s")
         return summary

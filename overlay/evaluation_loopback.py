@@ -12,6 +12,7 @@ optimism rather than matching it exactly.
 
 from __future__ import annotations
 
+import os
 import random
 import secrets
 import tempfile
@@ -24,9 +25,9 @@ from credentials.schema import default_schema
 from credentials.scheme import Event
 from keyserver.launcher import free_port, init_keyserver, start_keyserver, stop, wait_ready
 from overlay.config import OverlayConfig
-from overlay.evaluation_delays import JOIN_SPACING, Progress
+from overlay.evaluation_delays import JOIN_SPACING, JoinRecorder, Progress
 from overlay.evaluation_workload import event_values, subscription_text
-from overlay.simulator import LatencyModel, Simulator, summary
+from overlay.simulator import LatencyModel, summary
 from peer.cluster import Cluster
 
 MAX_PEERS = 50
@@ -97,8 +98,8 @@ def run_simulated(subs: list[tuple[str, str]], stream: list[Event], max_children
                   seed: int) -> dict[str, Any]:
     """The same scenario in the simulator, on real cryptography."""
     schema = default_schema()
-    sim = Simulator(schema, OverlayConfig(max_children=max_children), mode="real",
-                    latency=LOOPBACK, seed=seed)
+    sim = JoinRecorder(schema, OverlayConfig(max_children=max_children), mode="real",
+                       latency=LOOPBACK, seed=seed)
     sim.add_roots()
     for i, (_, text) in enumerate(subs):
         sim.add_subscriber(parse_predicate(schema, text), at=i * JOIN_SPACING)
@@ -121,8 +122,10 @@ def run(peers: int, events: int, max_children: int, seed: int, progress: Progres
         raise ValueError(f"loopback peers must be between 1 and {MAX_PEERS}, got {peers}")
     subs, stream = scenario(peers, events, seed)
     progress(f"loopback: {peers} subscriber processes, {events} events")
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ibe-pubsub-bench-") as tmp:
         real = run_processes(subs, stream, max_children, Path(tmp), progress)
+    real["load_average"] = (load, os.getloadavg()[0])
     progress("loopback: the same scenario in the simulator (real cryptography)")
     simulated = run_simulated(subs, stream, max_children, seed)
     means = [r["dissemination_s"].get("mean") for r in (real, simulated)]
