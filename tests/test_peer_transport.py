@@ -220,3 +220,15 @@ def test_tls(tmp_path):
             await t.close()
     asyncio.run(main())
     assert isinstance(client_context(cert), ssl.SSLContext)
+
+
+def test_a_message_to_itself_is_handed_back_without_a_socket():
+    async def main():
+        inbox = Inbox()
+        t = Transport(inbox)
+        await t.listen("127.0.0.1", 0)
+        t.send(t.address, b"self")
+        assert await inbox.wait_for(1) == [(t.address, b"self")]
+        assert t.address not in t._links
+        await t.close()
+    asyncio.run(main())
