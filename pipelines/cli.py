@@ -89,6 +89,9 @@ def _issue(args: argparse.Namespace) -> int:
     from pipelines.keydir import KeyDirError
     from pipelines.layout import LayoutError
 
+    if not args.admin_token:
+        raise CommandError("the admin token is required: --admin-token or "
+                           "$IBE_PUBSUB_ADMIN_TOKEN")
     if args.chunk_size > MAX_CHUNK_SIZE:
         raise CommandError(f"--chunk-size is at most {MAX_CHUNK_SIZE}")
     options = IssueOptions(args.chunk_size, args.chunk_rows, "next" if args.next_epoch else None)
@@ -178,8 +181,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "write KEYDIR/<identity>.json per identity (secret keys; mode 0600). Resumable: "
         "run the same command again after an interruption and it issues nothing twice.")
     issue.add_argument("--server", required=True, help="key server base URL")
-    issue.add_argument("--admin-token", required=True,
-                       help="the key server's admin token (better: $IBE_PUBSUB_ADMIN_TOKEN)")
+    # Not required=True: the dispatcher's first parse would then refuse a token that
+    # only comes from the environment or the TOML file.
+    issue.add_argument("--admin-token", default=None,
+                       help="the key server's admin token (required; better given as "
+                       "$IBE_PUBSUB_ADMIN_TOKEN than on the command line)")
     issue.add_argument("--input", required=True, help="the output DIR of `bulk decompose`")
     issue.add_argument("--output", required=True, help="directory KEYDIR for the bundles")
     issue.add_argument("--chunk-size", type=_positive, default=50,
