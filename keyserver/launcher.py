@@ -23,12 +23,8 @@ def free_port() -> int:
 
 
 def cli_command(*args: str) -> list[str]:
-    """``ibe-pubsub ARGS`` run by this interpreter (works from a source checkout too).
-
-    Not ``-m peer.cli``: that would load the dispatcher twice (as ``__main__`` and as
-    ``peer.cli``), with two distinct ``CommandError`` classes."""
-    return [sys.executable, "-c", "import sys; from peer.cli import main; sys.exit(main())",
-            *args]
+    """``ibe-pubsub ARGS`` run by this interpreter (works from a source checkout too)."""
+    return [sys.executable, "-m", "peer", *args]
 
 
 def child_env(passphrase: str | None = None) -> dict[str, str]:

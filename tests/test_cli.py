@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-CLI = [sys.executable, "-m", "peer.cli"]
+CLI = [sys.executable, "-m", "peer"]
 
 
 def run(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
