@@ -24,6 +24,7 @@ class CharmGroup(PairingGroup):
         from charm.toolbox.pairinggroup import PairingGroup as CharmPairingGroup
 
         self._charm = CharmPairingGroup(curve)
+        self.curve = curve
         self._zr = ZR
         self._kinds = {G1: C_G1, G2: C_G2, GT: C_GT}
         self.order = int(self._charm.order())

@@ -60,6 +60,7 @@ class MclNativeGroup(PairingGroup):
     """BLS12-381 through mcl's C API: native multi-pairings and multi-exponentiations."""
 
     name = "mcl-native"
+    curve = "BLS12-381"
     order = pymcl.r
     sizes = BLS12_381_SIZES
     scalar_size = FR_BYTES

@@ -20,6 +20,7 @@ BLS12_381_SIZES = MappingProxyType({G1: 48, G2: 96, GT: 576})
 
 class PymclGroup(PairingGroup):
     name = "pymcl"
+    curve = "BLS12-381"
     order = pymcl.r
     sizes = BLS12_381_SIZES
     scalar_size = 32

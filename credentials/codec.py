@@ -171,6 +171,8 @@ def encode_mpk(k: MasterPublicKey) -> bytes:
 def decode_mpk(group: PairingGroup, data: bytes) -> MasterPublicKey:
     r = Reader(group, data, TAG_MPK, "master public key")
     curve, version = r.text(), r.u8()
+    if curve != group.curve:
+        raise CodecError(f"master public key is for curve {curve}, this backend is {group.curve}")
     k = MasterPublicKey(curve=curve, version=version, g=r.element(G1), g_hat=r.element(G2),
                         g2=r.element(G1), h=r.element(G2), Y=r.element(GT))
     r.end()

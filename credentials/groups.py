@@ -102,6 +102,8 @@ class PairingGroup(ABC):
     """A type-3 pairing e: G1 x G2 -> GT of prime order."""
 
     name: str
+    #: The curve, as named in the master public key (several backends share one curve).
+    curve: str
     order: int
     #: Byte sizes of serialized G1, G2, GT elements and scalars.
     sizes: Mapping[GroupKind, int]

@@ -141,7 +141,7 @@ def setup(group: PairingGroup) -> tuple[MasterPublicKey, MasterSecretKey]:
     alpha, phi, y = (group.random_scalar() for _ in range(3))
     g, g_hat = group.generator(G1), group.generator(G2)
     g2 = g ** y
-    mpk = MasterPublicKey(curve=group.name, g=g, g_hat=g_hat, g2=g2, h=g_hat ** phi,
+    mpk = MasterPublicKey(curve=group.curve, g=g, g_hat=g_hat, g2=g2, h=g_hat ** phi,
                           Y=group.pair(g2, g_hat) ** alpha)
     return mpk, MasterSecretKey(alpha=alpha, phi=phi)
 
