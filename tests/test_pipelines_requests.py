@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,6 +16,7 @@ from credentials.credential import Credential
 from credentials.decompose import decompose, fine_credentials
 from credentials.predicates import parse_predicate
 from credentials.schema import default_schema
+from keyserver.launcher import child_env, cli_command
 from pipelines.chunks import chunked, read_items
 from pipelines.keydir import ChunkRecord, KeyDir, KeyDirError
 from pipelines.local_job import run_local
@@ -119,3 +123,31 @@ def test_keydir_refuses_a_different_run_and_recovers_a_torn_log(tmp_path):
     assert json.loads(path.read_text())["identity"] == "alice"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in (tmp_path / "keys").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command(*args), env=env or child_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_commands_have_help_and_the_python_engine_runs_without_a_jvm(tmp_path):
+    for command in (("bulk", "decompose"), ("bulk", "issue"), ("bench", "bulk")):
+        shown = _cli(*command, "--help")
+        assert shown.returncode == 0 and "--" in shown.stdout, command
+    schema = Path(sys.modules["credentials"].__file__).parent / "stocks.toml"
+    (tmp_path / "in.csv").write_text('identity,role,predicate\nann,publisher,"price < 3"\n'
+                                     "bea,subscriber,price <\n")
+    args = ("bulk", "decompose", "--schema", str(schema), "--input", str(tmp_path / "in.csv"),
+            "--output", str(tmp_path / "out"), "--engine", "python")
+    done = _cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert "2 requests: 1 accepted" in done.stdout and "1 rejected" in done.stdout
+    again = _cli(*args)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert _cli(*args, "--overwrite").returncode == 0
+    no_token = _cli("bulk", "issue", "--server", "http://127.0.0.1:9", "--input",
+                    str(tmp_path / "out"), "--output", str(tmp_path / "keys"))
+    assert no_token.returncode == 2 and "admin token is required" in no_token.stderr
+    bad_schema = _cli("bulk", "decompose", "--schema", str(tmp_path / "in.csv"), "--input",
+                      str(tmp_path / "in.csv"), "--output", str(tmp_path / "o2"))
+    assert bad_schema.returncode == 2 and "schema" in bad_schema.stderr

@@ -135,3 +135,17 @@ def test_bulk_decompose_command_runs_spark_and_reports(tmp_path):
         "--output", str(tmp_path / "out2"), "--engine", "python"),
         env=child_env(), capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "does not exist" in again.stderr
+
+
+@pytest.mark.slow
+def test_bench_bulk_smoke(tmp_path):
+    out = tmp_path / "bulk.json"
+    done = subprocess.run(cli_command("bench", "bulk", "--json", str(out), "--requests", "40",
+                                      "--master", "local[1]", "--partitions", "1"),
+                          env=child_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["requests"] == 40 and report["python"]["rows_per_s"] > 0
+    assert report["ratio"] == report["spark"]["rows_per_s"] / report["python"]["rows_per_s"]
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert "ratio Spark/Python" in done.stdout
