@@ -41,9 +41,9 @@ def decompose_batch(settings: Settings, batch: pa.RecordBatch) -> pa.RecordBatch
         try:
             creds = decompose_request(settings, identity, role, predicate, copies)
         except Rejected as exc:
-            for name, value in (("identity", identity), ("role", role), ("attribute", None),
-                                ("credential", None), ("fine", None), ("position", None),
-                                ("predicate", predicate), ("reason", str(exc))):
+            rejection = dict.fromkeys(DECOMPOSED.names) | {
+                "identity": identity, "role": role, "predicate": predicate, "reason": str(exc)}
+            for name, value in rejection.items():
                 columns[name].append(value)
             continue
         n = len(creds)

@@ -34,8 +34,6 @@ def input_format(path: Path) -> str:
         raise LayoutError(f"input {path} does not exist")
     suffixes = {p.suffix.lower() for p in data_files(path)} if path.is_dir() else \
         {path.suffix.lower()}
-    if path.is_dir() and "" in suffixes and len(suffixes) > 1:
-        suffixes.discard("")
     if len(suffixes) != 1 or next(iter(suffixes)) not in FORMATS:
         raise LayoutError(f"cannot tell the format of {path} from its extension "
                           f"({', '.join(sorted(suffixes)) or 'no files'}); "
