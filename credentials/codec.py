@@ -16,6 +16,7 @@ from typing import TypeVar
 from credentials.credential import Credential
 from credentials.groups import G1, G2, GT, Element, GroupError, GroupKind, PairingGroup
 from credentials.keys import (
+    BlindedToken,
     MasterPublicKey,
     MasterSecretKey,
     PublisherKey,
@@ -160,7 +161,7 @@ class Reader:
 # -- one encoder and one decoder per object -------------------------------------------------
 
 TAG_MPK, TAG_MSK, TAG_PUB, TAG_SUBCRED, TAG_TOKEN, TAG_SUB, TAG_EVENT, TAG_HEADER = range(1, 9)
-TAG_REQUEST, TAG_REQUEST_BODY = 9, 10
+TAG_REQUEST, TAG_REQUEST_BODY, TAG_BLINDED = 9, 10, 11
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:
@@ -230,6 +231,17 @@ def encode_routing_token(t: RoutingToken) -> bytes:
 def decode_routing_token(group: PairingGroup, data: bytes) -> RoutingToken:
     r = Reader(group, data, TAG_TOKEN, "routing token")
     t = _read_token(r)
+    r.end()
+    return t
+
+
+def encode_blinded_token(t: BlindedToken) -> bytes:
+    return Writer(TAG_BLINDED).text(t.attribute).u8(t.position).u64(t.epoch).element(t.T).done()
+
+
+def decode_blinded_token(group: PairingGroup, data: bytes) -> BlindedToken:
+    r = Reader(group, data, TAG_BLINDED, "blinded routing token")
+    t = BlindedToken(attribute=r.text(), position=r.u8(), epoch=r.u64(), T=r.element(G1))
     r.end()
     return t
 

@@ -42,12 +42,36 @@ class PublisherKey:
 
 
 @dataclass(frozen=True)
+class BlindedToken:
+    """What a parent receives: T with its attribute and position, not the credential itself.
+
+    The route test needs only the position; the bits stay with the subscriber (a parent can
+    still guess them, see the known limits in docs/scheme-notes.md)."""
+
+    attribute: str
+    position: int
+    epoch: int
+    T: Element
+
+
+@dataclass(frozen=True)
 class RoutingToken:
     """Pr^s[3]: T = F(Pu_SUB)^phi, handed to a parent to route on a (fine) credential."""
 
     credential: Credential
     epoch: int
     T: Element
+
+    @property
+    def attribute(self) -> str:
+        return self.credential.attribute
+
+    @property
+    def position(self) -> int:
+        return self.credential.position
+
+    def blinded(self) -> BlindedToken:
+        return BlindedToken(self.attribute, self.position, self.epoch, self.T)
 
 
 @dataclass(frozen=True)

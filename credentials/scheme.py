@@ -25,6 +25,7 @@ from credentials.credential import Credential
 from credentials.decompose import enclosing_path, value_credential
 from credentials.groups import G1, G2, Element, PairingGroup, PreparedG2
 from credentials.keys import (
+    BlindedToken,
     MasterPublicKey,
     MasterSecretKey,
     PublisherKey,
@@ -254,16 +255,17 @@ def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Even
 
 # -- Route test, decrypt, verify (report 6.3, eq. 7.1) -----------------------------------------
 
-def route_test(pp: PublicParams, token: RoutingToken, event: EncryptedEvent) -> bool:
+def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: EncryptedEvent
+               ) -> bool:
     """Forward iff H4(e(T, C1_i)) == R_ij, j = position of the token's credential."""
     try:
-        i = pp.schema.index(token.credential.attribute)
+        i = pp.schema.index(token.attribute)
     except SchemaError:
         return False
     if i >= len(event.attributes):
         return False
     ct = event.attributes[i]
-    j = token.credential.position
+    j = token.position
     if j >= len(ct.R):
         return False
     return mac_equal(H4(pp.group.pair(token.T, ct.C1)), ct.R[j])

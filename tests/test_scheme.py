@@ -97,7 +97,11 @@ def test_route_test_follows_the_value_path(world):
     ct = S.encrypt_and_sign(pp, publisher, event(price=42.0))
     on_path = enclosing_path(SCHEMA, "price", 42.0)
     for c in on_path:
-        assert S.route_test(pp, S.keygen_routing_token(pp, msk, c, EPOCH), ct)
+        token = S.keygen_routing_token(pp, msk, c, EPOCH)
+        assert S.route_test(pp, token, ct)
+        blinded = codec.decode_blinded_token(pp.group, codec.encode_blinded_token(
+            token.blinded()))
+        assert S.route_test(pp, blinded, ct)
     sibling = Credential("price", "num", on_path[3].path[:-1] + (
         "1" if on_path[3].path[-1] == "0" else "0"))
     assert not S.route_test(pp, S.keygen_routing_token(pp, msk, sibling, EPOCH), ct)
@@ -248,6 +252,8 @@ def test_codec_round_trips_and_rejects_garbage(world):
         (codec.encode_publisher_key(publisher[0]), codec.decode_publisher_key),
         (codec.encode_subscriber_key(key), codec.decode_subscriber_key),
         (codec.encode_routing_token(key.credentials[0].token), codec.decode_routing_token),
+        (codec.encode_blinded_token(key.credentials[0].token.blinded()),
+         codec.decode_blinded_token),
         (codec.encode_event(ct), codec.decode_event),
         (codec.encode_request(request), codec.decode_request),
     ]
