@@ -162,16 +162,24 @@ class Cluster:
                 and (not alive_only or p.process.poll() is None)]
 
     def wait_deliveries(self, expected: dict[str, set[str]], timeout: float = 30.0,
-                        settle: float = 1.0) -> None:
+                        settle: float = 1.0, idle: float = 10.0) -> None:
         """Until each named subscriber delivered at least its expected ids (then ``settle``
-        more seconds for stragglers that should not come), or ``timeout``."""
+        more seconds for stragglers that should not come). Gives up after ``timeout``, or
+        later while deliveries are still coming in (busy peers work through a backlog)
+        until none came for ``idle`` seconds."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(ids <= {d["id"] for d in self.peers[n].delivered()}
-                   for n, ids in expected.items()):
+        seen = -1
+        while True:
+            got = {n: {d["id"] for d in self.peers[n].delivered()} for n in expected}
+            if all(ids <= got[n] for n, ids in expected.items()):
                 time.sleep(settle)
                 return
-            time.sleep(0.1)
+            total = sum(map(len, got.values()))
+            if total != seen:
+                seen, deadline = total, max(deadline, time.monotonic() + idle)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
 
     def kill(self, name: str) -> None:
         """Crash a peer (SIGKILL: no goodbye to its neighbours)."""
