@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TextIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -34,6 +35,7 @@ from pipelines.layout import (
     input_format,
     prepare_output,
 )
+from pipelines.progress import Progress
 from pipelines.requests import Settings
 
 BATCH_ROWS = 10_000
@@ -75,8 +77,11 @@ def with_copies(table: pa.Table) -> pa.Table:
     return table.append_column(COPIES, pa.array([counts[i] for i in identities], pa.int64()))
 
 
-def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool = False) -> Summary:
-    """Decompose ``input_path`` into the bulk output layout under ``out``, in this process."""
+def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool = False,
+              stream: TextIO | None = None) -> Summary:
+    """Decompose ``input_path`` into the bulk output layout under ``out``, in this process.
+
+    Progress goes to ``stream`` (default stderr)."""
     started = time.perf_counter()
     requests = with_copies(read_requests(input_path))
     prepare_output(out, overwrite)
@@ -86,6 +91,7 @@ def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool =
         (out / name).mkdir()
         schema = pa.schema([DECOMPOSED.field(c) for c in columns])
         writers[name] = pq.ParquetWriter(out / name / PART_FILE, schema)
+    progress = Progress(requests.num_rows, "requests", stream)
     try:
         for batch in requests.to_batches(max_chunksize=BATCH_ROWS):
             accepted, rejected = split(decompose_batch(settings, batch))
@@ -94,7 +100,9 @@ def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool =
             counts["rows"] += accepted.num_rows
             counts["fine"] += accepted.column("fine").to_pylist().count(True)
             counts["rejected"] += rejected.num_rows
+            progress.advance(batch.num_rows)
     finally:
+        progress.close()
         for writer in writers.values():
             writer.close()
     summary = Summary("python", settings.schema.id, requests.num_rows,
