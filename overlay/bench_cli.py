@@ -31,7 +31,9 @@ def _run(args: argparse.Namespace) -> int:
             degree_peers=args.degree_peers, degrees=tuple(args.degrees),
             dissemination_peers=tuple(args.dissemination_peers), publishers=args.publishers,
             events_per_publisher=args.events_per_publisher,
-            routing_peers=tuple(args.routing_peers), subscribers=tuple(args.subscribers),
+            routing_peers=tuple(args.routing_peers),
+            routing_credentials=args.routing_credentials,
+            routing_fine_depth=args.routing_fine_depth, subscribers=tuple(args.subscribers),
             encryption_events=args.encryption_events,
             calibration_peers=args.calibration_peers,
             calibration_events=args.calibration_events,
@@ -45,9 +47,10 @@ def _run(args: argparse.Namespace) -> int:
                   seed=args.seed, workers=args.workers, min_seconds=args.min_seconds,
                   experiments=args.experiments or EXPERIMENTS)
     summary = bench.run()
-    for name, values in summary.get("overhead_ms", {}).items():
-        shown = ", ".join("-" if v is None else f"{v:.0f}" for v in values)
-        print(f"security overhead, {name}: {shown} ms")
+    for name, by_stat in summary.get("overhead_ms", {}).items():
+        for stat, values in by_stat.items():
+            shown = ", ".join("-" if v is None else f"{v:.0f}" for v in values)
+            print(f"security overhead, {name} ({stat}): {shown} ms")
     if summary.get("loopback_ratio"):
         print(f"loopback: real processes / simulator mean dissemination delay = "
               f"{summary['loopback_ratio']:.2f}")
@@ -100,6 +103,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             ("--loopback-peers", d.loopback_peers,
              "subscriber processes of the loopback cross-check, at most 50"),
             ("--loopback-events", d.loopback_events, "events of the loopback cross-check"),
+            ("--routing-credentials", d.routing_credentials,
+             "credentials (virtual peers) per subscriber in the OHF vs MCR experiment"),
+            ("--routing-fine-depth", d.routing_fine_depth,
+             "levels of fine credentials MCR routes with"),
             ("--seed", 1, "random seed"),
             ("--workers", 2, "simulator processes run in parallel")):
         p.add_argument(flag, type=int, default=value, help=f"{what} (default {value})")

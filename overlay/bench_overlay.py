@@ -56,8 +56,8 @@ class Sizes:
     publishers: int = 160
     events_per_publisher: int = 10
     routing_peers: tuple[int, ...] = (100,)
-    routing_credentials: int = 4
-    routing_fine_depth: int = 2
+    routing_credentials: int = 1
+    routing_fine_depth: int = 1
     subscribers: tuple[int, ...] = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
     encryption_events: int = 50
     calibration_peers: int = 20
@@ -154,18 +154,19 @@ class Bench:
         if "connection" in self.experiments:
             report = connection_vs_peers(setting, s.peers, s.max_children, run)
             self.write("connection_vs_peers", report, evaluation_plots.connection_vs_peers)
-            overhead["connection"] = evaluation_plots.overheads(report, "connection_s")
+            overhead["connection"] = evaluation_plots.overhead_stats(report, "connection_s")
         if "degree" in self.experiments:
             report = connection_vs_degree(setting, s.degree_peers, s.degrees, run)
             self.write("connection_vs_degree", report, evaluation_plots.connection_vs_degree)
-            overhead["connection_by_degree"] = evaluation_plots.overheads(report,
-                                                                          "connection_s")
+            overhead["connection_by_degree"] = evaluation_plots.overhead_stats(
+                report, "connection_s")
         if "dissemination" in self.experiments:
             report = dissemination_vs_peers(setting, s.dissemination_peers, s.max_children,
                                             s.publishers, s.events_per_publisher, run)
             self.write("dissemination_vs_peers", report,
                        evaluation_plots.dissemination_vs_peers)
-            overhead["dissemination"] = evaluation_plots.overheads(report, "dissemination_s")
+            overhead["dissemination"] = evaluation_plots.overhead_stats(report,
+                                                                        "dissemination_s")
         if "routing" in self.experiments:
             report = routing_comparison(setting, s.routing_peers, s.max_children, s.publishers,
                                         s.events_per_publisher, s.routing_credentials,

@@ -32,7 +32,7 @@ JOIN_SPACING = 0.02
 #: Seconds of simulated time allowed for the tree to settle after the last join.
 SETTLE = 10.0
 #: Publishing window of the dissemination experiment, and time allowed to deliver.
-PUBLISH_WINDOW = 20.0
+PUBLISH_WINDOW = 160.0
 DELIVER = 15.0
 #: No peer fails in these experiments, so heartbeats only cost simulation time.
 HEARTBEAT = 5.0

@@ -36,34 +36,42 @@ def figure(path: str | Path, title: str, xlabel: str, panels: Sequence[tuple[str
         plt.close(fig)
 
 
-def _mean_ms(run: dict[str, Any], key: str) -> float | None:
+def _mean_ms(run: dict[str, Any], key: str, stat: str = "mean") -> float | None:
     s = run[key]
-    return s["mean"] * 1e3 if s.get("count") else None
+    return s[stat] * 1e3 if s.get("count") else None
 
 
-def overheads(report: dict[str, Any], key: str) -> list[float | None]:
-    """Secure minus plaintext mean delay (ms), row by row."""
+def overheads(report: dict[str, Any], key: str, stat: str = "mean") -> list[float | None]:
+    """Secure minus plaintext delay (ms) by the statistic ``stat``, row by row."""
     out = []
     for row in report["rows"]:
-        secure, plain = _mean_ms(row["secure"], key), _mean_ms(row["plaintext"], key)
+        secure, plain = (_mean_ms(row[m], key, stat) for m in ("secure", "plaintext"))
         out.append(None if secure is None or plain is None else secure - plain)
     return out
+
+
+def overhead_stats(report: dict[str, Any], key: str) -> dict[str, list[float | None]]:
+    """Overheads of the mean and of the median: joins that time out and retry weigh on
+    the mean far more than on the median."""
+    return {stat: overheads(report, key, stat) for stat in ("mean", "median")}
 
 
 def _delays(report: dict[str, Any], path: Path, x_key: str, xlabel: str, key: str,
             title: str, band: tuple[float, float]) -> None:
     x = [r[x_key] for r in report["rows"]]
-    with figure(path, title, xlabel, [("mean delay (ms)", "delay"),
+    with figure(path, title, xlabel, [("delay (ms)", "delay"),
                                       ("security overhead (ms)", "overhead")]) as axes:
         (delay_ax, _), (over_ax, _) = axes
-        for label in ("secure", "plaintext"):
-            delay_ax.plot(x, [_mean_ms(r[label], key) for r in report["rows"]], marker="o",
-                          label=label)
-        over_ax.plot(x, overheads(report, key), marker="o", color="tab:red",
-                     label="this run: secure - plaintext")
+        for label, color in (("secure", "tab:blue"), ("plaintext", "tab:orange")):
+            for stat, style in (("mean", "-"), ("median", "--")):
+                delay_ax.plot(x, [_mean_ms(r[label], key, stat) for r in report["rows"]],
+                              marker="o", linestyle=style, color=color,
+                              label=f"{label} ({stat})")
+        for stat, style in (("mean", "-"), ("median", "--")):
+            over_ax.plot(x, overheads(report, key, stat), marker="o", color="tab:red",
+                         linestyle=style, label=f"this run: secure - plaintext ({stat})")
         over_ax.axhspan(*band, color="tab:gray", alpha=0.25, label="the report's overhead")
-        for ax in (delay_ax, over_ax):
-            ax.set_ylim(bottom=0)
+        delay_ax.set_ylim(bottom=0)
 
 
 def connection_vs_peers(report: dict[str, Any], path: Path) -> None:

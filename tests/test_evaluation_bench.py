@@ -133,3 +133,15 @@ def test_unknown_experiment_is_a_usage_error(capsys: pytest.CaptureFixture[str])
         bench("--experiments", "connection,bogus")
     assert exc.value.code == 2
     assert "unknown experiment(s) bogus" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_loopback_cross_check_runs_real_processes_and_the_simulator(tmp_path: Path) -> None:
+    assert bench("--out", str(tmp_path), "--experiments", "loopback", "--loopback-peers", "3",
+                 "--loopback-events", "6", "--seed", "4") == 0
+    report = load(tmp_path, "loopback")
+    processes, simulator = report["processes"], report["simulator"]
+    assert processes["delivery_ratio"] == simulator["delivery_ratio"] == 1.0
+    assert processes["dissemination_s"]["count"] == simulator["dissemination_s"]["count"] > 0
+    assert report["mean_ratio_processes_to_simulator"] > 0
+    assert 0 < processes["all_joined_s"] < 180
