@@ -68,6 +68,19 @@ def _send(client: KeyServerClient, chunk: Chunk, chunk_id: str,
     return answer
 
 
+def _issue_chunk(client: KeyServerClient, keydir: KeyDir, chunk: Chunk, chunk_id: str,
+                 epoch: str | None) -> ChunkRecord:
+    """Send one chunk, write its bundles, then log it as finished."""
+    answer = _send(client, chunk, chunk_id, epoch)
+    errors = tuple({**b, "chunk": chunk.index} for b in answer["bundles"] if "error" in b)
+    for bundle in answer["bundles"]:
+        if "error" not in bundle:
+            keydir.write_bundle(bundle)
+    record = ChunkRecord(chunk.index, chunk_id, int(answer["epoch"]), errors)
+    keydir.record(record)
+    return record
+
+
 def issue_bulk(client: KeyServerClient, directory: Path, output: Path,
                options: IssueOptions, stream: TextIO | None = None) -> IssueReport:
     """Issue every identity of the decomposition in ``directory`` into ``output``."""
@@ -95,15 +108,8 @@ def issue_bulk(client: KeyServerClient, directory: Path, output: Path,
             if record is not None and _already_done(keydir, chunk, record, chunk_id):
                 report.resumed += len(chunk.items)
             else:
-                answer = _send(client, chunk, chunk_id, options.epoch)
-                errors = tuple({**b, "chunk": chunk.index} for b in answer["bundles"]
-                               if "error" in b)
-                for bundle in answer["bundles"]:
-                    if "error" not in bundle:
-                        keydir.write_bundle(bundle)
-                        report.written += 1
-                record = ChunkRecord(chunk.index, chunk_id, int(answer["epoch"]), errors)
-                keydir.record(record)
+                record = _issue_chunk(client, keydir, chunk, chunk_id, options.epoch)
+                report.written += len(chunk.items) - len(record.errors)
                 report.chunks_sent += 1
             report.errors.extend(record.errors)
             report.epochs.add(record.epoch)
