@@ -85,6 +85,7 @@ class PeerNode:
         self._stopping = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
         self._refresh_at = 0.0
+        self._next_tick = 0.0
         self._register_at = 0.0
         self._background: asyncio.Task[None] | None = None
 
@@ -283,7 +284,8 @@ class PeerNode:
                 for _ in range(8):
                     await asyncio.sleep(0)
             now = time.time()
-            self._perform(self.machine.tick(now))
+            if now >= self._next_tick:
+                self._tick(now)
             if not self.ready.is_set() and all(vp.attached for vp in
                                                 self.machine.vpeers.values()):
                 self.ready.set()
@@ -295,7 +297,17 @@ class PeerNode:
     def _received(self, sender: str, payload: bytes) -> None:
         if self.machine is None or self._stopping.is_set():
             return
-        self._perform(self.machine.receive(sender, payload, time.time()))
+        now = time.time()
+        self._perform(self.machine.receive(sender, payload, now))
+        if now >= self._next_tick:
+            # A long burst of messages must not starve heartbeats (incl. between this
+            # peer's own virtual peers), or links are taken for failed after it.
+            self._tick(now)
+
+    def _tick(self, now: float) -> None:
+        assert self.machine is not None
+        self._next_tick = now + self.options.tick
+        self._perform(self.machine.tick(now))
 
     def _perform(self, actions: list[Action]) -> None:
         for action in actions:
