@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ibe-pubsub demo
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check .
+test: lint
 	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(VENV)/bin/ibe-pubsub bench crypto --json bench/crypto.json
