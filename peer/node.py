@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -27,12 +28,15 @@ from overlay.actions import Action, Connected, Deliver, Log, Send
 from overlay.config import OverlayConfig, Routing
 from overlay.crypto import RootKit, SubscriberKit
 from overlay.machine import PeerMachine
+from overlay.wire import Message, Publish, WireError, decode
 from peer import enrolment
 from peer.transport import Transport, split_address
 
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[Event], None]
+#: Events waiting for processing beyond this are dropped (the peer is overloaded).
+MAX_EVENT_BACKLOG = 10_000
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
@@ -86,6 +90,8 @@ class PeerNode:
         self._timer: asyncio.Task[None] | None = None
         self._refresh_at = 0.0
         self._next_tick = 0.0
+        self._events: deque[tuple[str, Publish]] = deque()
+        self._drainer: asyncio.Task[None] | None = None
         self._register_at = 0.0
         self._background: asyncio.Task[None] | None = None
 
@@ -156,8 +162,9 @@ class PeerNode:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        if self._timer is not None:
-            self._timer.cancel()
+        for task in (self._timer, self._drainer):
+            if task is not None:
+                task.cancel()
         if self.machine is not None:
             self._perform(self.machine.leave(time.time()))
         await self.transport.close(flush_timeout=2.0)
@@ -295,14 +302,41 @@ class PeerNode:
                     self._background_work(now))
 
     def _received(self, sender: str, payload: bytes) -> None:
+        """Control messages at once; events queued behind them. Event processing costs
+        pairings, and a backlog of events must not delay heartbeats and joins, or links
+        are taken for failed while their answers wait in the queue."""
         if self.machine is None or self._stopping.is_set():
             return
+        try:
+            message = decode(payload)
+        except WireError as exc:
+            log.warning("dropped a malformed message from %s: %s", sender, exc)
+            return
+        if isinstance(message, Publish):
+            if len(self._events) >= MAX_EVENT_BACKLOG:
+                log.warning("event backlog full: dropped an event from %s", sender)
+                return
+            self._events.append((sender, message))
+            if self._drainer is None or self._drainer.done():
+                self._drainer = asyncio.get_running_loop().create_task(self._drain_events())
+            return
+        self._handle(sender, message)
+
+    def _handle(self, sender: str, message: Message) -> None:
+        assert self.machine is not None
         now = time.time()
-        self._perform(self.machine.receive(sender, payload, now))
+        self._perform(self.machine.receive(sender, message, now))
         if now >= self._next_tick:
-            # A long burst of messages must not starve heartbeats (incl. between this
-            # peer's own virtual peers), or links are taken for failed after it.
             self._tick(now)
+
+    async def _drain_events(self) -> None:
+        while self._events and not self._stopping.is_set():
+            sender, message = self._events.popleft()
+            try:
+                self._handle(sender, message)
+            except Exception:
+                log.exception("processing an event from %s failed", sender)
+            await asyncio.sleep(0)  # let control messages in between
 
     def _tick(self, now: float) -> None:
         assert self.machine is not None
