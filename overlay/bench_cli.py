@@ -58,6 +58,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"our encryption: {summary['ours_ops_per_event']:.0f} operations per event "
               "whatever the number of subscribers")
     print(f"wrote {args.out}/*.json and *.png in {summary['seconds']} s")
+    if "loopback_error" in summary:
+        raise CommandError(f"the loopback cross-check failed: {summary['loopback_error']}")
     return 0
 
 

@@ -91,16 +91,17 @@ def dissemination_vs_peers(report: dict[str, Any], path: Path) -> None:
 
 
 def routing(report: dict[str, Any], path: Path) -> None:
-    x = [r["peers"] for r in report["rows"]]
+    peers = [r["peers"] for r in report["rows"]]
     panels = [("false positives per subscriber", "false_positives_per_subscriber"),
               ("messages per event", "messages_per_event")]
     with figure(path, "One-hop flooding vs. multi-credential routing", "peers",
                 panels) as axes:
         for ax, key in axes:
-            for strategy in ("ohf", "mcr"):
-                ax.plot(x, [r[strategy][key] for r in report["rows"]], marker="o",
-                        label=strategy.upper())
-            ax.set_ylim(bottom=0)
+            for i, strategy in enumerate(("ohf", "mcr")):
+                ax.bar([k + i * 0.4 for k in range(len(peers))],
+                       [r[strategy][key] for r in report["rows"]], width=0.4,
+                       label=strategy.upper())
+            ax.set_xticks([k + 0.2 for k in range(len(peers))], [str(p) for p in peers])
 
 
 def calibration(report: dict[str, Any], path: Path) -> None:
