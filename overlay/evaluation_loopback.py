@@ -33,7 +33,8 @@ from peer.cluster import Cluster
 MAX_PEERS = 50
 #: One-way delay of a loopback hop with asyncio framing, seconds.
 LOOPBACK = LatencyModel(median=0.0003, sigma=0.0, jitter=0.5)
-INTERVAL = 0.05
+#: Seconds between events: the processes share two cores, so events must not queue up.
+INTERVAL = 1.0
 
 
 def scenario(peers: int, events: int, seed: int) -> tuple[list[tuple[str, str]], list[Event]]:
