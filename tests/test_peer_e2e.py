@@ -22,7 +22,7 @@ from peer.cluster import Cluster
 from peer.demo import ground_truth, quotes, subscriptions
 from peer.transport import split_address
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 
 def _split(events: list[Event]) -> tuple[list[Event], list[Event]]:
