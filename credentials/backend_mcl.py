@@ -27,9 +27,10 @@ REQUIRED_SYMBOLS = (
     "mclBn_precomputedMillerLoop", "mclBn_verifyOrderG1", "mclBn_verifyOrderG2",
     "mclBnFr_setLittleEndianMod", "mclBnG1_hashAndMapTo", "mclBnG1_mulVec",
     "mclBnG2_mulVec", "mclBnGT_pow", "mclBnGT_mul", "mclBnGT_div", "mclBnGT_inv",
-    "mclBnGT_isEqual", "mclBnGT_serialize", "mclBnGT_deserialize", "mclBnGT_setInt32",
+    "mclBnGT_isEqual", "mclBnGT_isValid", "mclBnGT_serialize", "mclBnGT_deserialize",
+    "mclBnGT_setInt32",
     *(f"{PREFIX[k]}_{op}" for k in (G1, G2) for op in (
-        "add", "sub", "mul", "neg", "isEqual", "serialize", "deserialize", "isValid", "clear")),
+        "add", "sub", "mul", "neg", "isEqual", "serialize", "deserialize", "clear")),
 )
 MCL_BLS12_381 = 5
 
@@ -165,10 +166,12 @@ class MclNativeGroup(PairingGroup):
         return bytes(buf)
 
     def _deserialize(self, kind: GroupKind, data: bytes) -> Any | None:
+        """With verifyOrder set (at load), mcl's deserializer itself rejects points off the
+        curve or outside the prime-order subgroup; GT elements are checked explicitly."""
         out = _raw(kind)
         n = getattr(self.lib, f"{PREFIX[kind]}_deserialize")(out, data, len(data))
         if n != len(data):
             return None
-        if kind is not GT and not getattr(self.lib, f"{PREFIX[kind]}_isValid")(out):
+        if kind is GT and not self.lib.mclBnGT_isValid(out):
             return None
         return out

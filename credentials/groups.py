@@ -11,6 +11,7 @@ how the benchmark prices an algorithm at the floor of this library.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -112,6 +113,10 @@ class PairingGroup(ABC):
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
 
+    @functools.cached_property
+    def _identities(self) -> dict[GroupKind, Element]:
+        return {kind: self.identity(kind) for kind in (G1, G2)}
+
     # -- operations the scheme uses ------------------------------------------------------
 
     def random_scalar(self) -> int:
@@ -179,10 +184,9 @@ class PairingGroup(ABC):
         raw = self._deserialize(kind, bytes(data))
         if raw is None:
             raise GroupError(f"bytes are not a valid {kind.value} element")
-        element = Element(self, kind, raw, encoded=bytes(data))
-        if kind is not GT and element == self.identity(kind):
+        if kind is not GT and data == bytes(self._identities[kind]):
             raise GroupError(f"the identity of {kind.value} is not accepted")
-        return element
+        return Element(self, kind, raw, encoded=bytes(data))
 
     # -- primitives a backend implements ---------------------------------------------------
 
