@@ -18,7 +18,7 @@ from peer.config import ConfigError, apply_layers, load_config_file
 COMMAND_MODULES = (
     "credentials.cli",
     "keyserver.cli",
-    "overlay.cli",
+    "overlay.bench_cli",
     "pipelines.cli",
     "peer.commands",
 )
