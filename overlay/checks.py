@@ -45,3 +45,22 @@ def delivery_errors(sim: Simulator, events: dict[str, dict[str, Any]]) -> list[s
 def delivery_counts(sim: Simulator) -> int:
     """Total Deliver actions (to compare with the distinct (event, subscriber) pairs)."""
     return sum(m.stats.delivered for m in sim.machines.values())
+
+
+def link_cycles(sim: Simulator) -> list[str]:
+    """Live virtual peers on (or below) a cycle of links (both ends agreeing): what is left
+    after peeling off, again and again, every node that has no such parent left."""
+    live = {(a, vp.vp): vp for a, m in sim.machines.items() if a not in sim.dead
+            for vp in m.vpeers.values()}
+    parents = {n: {p for p in vp.parents if p in live and n in live[p].children}
+               for n, vp in live.items()}
+    free = [n for n, ps in parents.items() if not ps]
+    while free:
+        node = free.pop()
+        for child in live[node].children:
+            if child in parents and node in parents[child]:
+                parents[child].discard(node)
+                if not parents[child]:
+                    free.append(child)
+        del parents[node]
+    return sorted(f"{a}/{vp}" for a, vp in parents)

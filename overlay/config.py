@@ -16,7 +16,7 @@ class OverlayConfig:
     max_children: int = 4
     #: One-hop flooding or multi-credential routing (report 7.4).
     routing: Routing = "ohf"
-    #: How many more peers a connection request may visit.
+    #: How many more peers a connection request may visit on its way.
     hop_limit: int = 24
     heartbeat_interval: float = 1.0
     #: A parent or child silent for this long is considered gone.
@@ -29,8 +29,10 @@ class OverlayConfig:
     verify_before_forward: bool = False
     #: Capacity of every duplicate-suppression memory.
     dedup_capacity: int = 8192
-    #: A virtual peer deeper than this assumes a loop and rejoins.
-    max_depth: int = 256
+    #: Relays a subscriber's virtual peer may split off (each adds up to ``max_children - 1``
+    #: children to its physical peer's load); a root, which alone covers every newcomer,
+    #: has no such limit.
+    max_relays: int = 4
     #: How long keys of the previous epoch stay valid after a rollover.
     grace: float = 60.0
 
@@ -39,5 +41,5 @@ class OverlayConfig:
             raise ValueError("max_children must be at least 1")
         if self.routing not in ("ohf", "mcr"):
             raise ValueError(f"routing must be 'ohf' or 'mcr', not {self.routing!r}")
-        if self.hop_limit < 1 or self.dedup_capacity < 16:
-            raise ValueError("hop_limit must be >= 1 and dedup_capacity >= 16")
+        if self.hop_limit < 1 or self.dedup_capacity < 16 or self.max_relays < 0:
+            raise ValueError("hop_limit must be >= 1, dedup_capacity >= 16, max_relays >= 0")

@@ -161,6 +161,9 @@ class ModeledCrypto:
     def request_attribute(self, request: ModelRequest) -> str:
         return request.attribute
 
+    def request_position(self, request: ModelRequest) -> int:
+        return request.credential.position
+
     def check_request(self, request: ModelRequest, now: float, epochs: Collection[int]) -> None:
         self._charge("check_request")
         r = request

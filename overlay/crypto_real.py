@@ -42,6 +42,9 @@ class RealCrypto:
     def request_attribute(self, request: ConnectionRequest) -> str:
         return request.attribute
 
+    def request_position(self, request: ConnectionRequest) -> int:
+        return request.position
+
     def check_request(self, request: ConnectionRequest, now: float,
                       epochs: Collection[int]) -> None:
         with self.meter.timed("check_request"):

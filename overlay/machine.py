@@ -101,9 +101,14 @@ class PeerMachine:
         self._processed: Bounded[bytes, None] = Bounded(cap)
         self._delivered: Bounded[str, None] = Bounded(cap)
         self._verified: Bounded[bytes, None] = Bounded(cap)
+        # One decode per event and one route test per (event, token) on this peer, however
+        # many of its virtual peers and children see them.
+        self._events: Bounded[bytes, Any] = Bounded(64)
+        self._routes: Bounded[tuple[bytes, bytes], bool] = Bounded(cap)
         self._tokens: dict[tuple[str, int], Any] = {}
         for root in roots:
-            vp = self._new_vpeer(root.attribute, root.credential)
+            vp = self._new_vpeer(root.attribute, root.credential,
+                                 "." + self.rng.randbytes(6).hex())  # first in the order
             vp.roots[root.epoch] = root
         if kit is not None:
             self._install_kit(kit)
@@ -115,8 +120,9 @@ class PeerMachine:
 
     # -- set-up and user operations -----------------------------------------------------------
 
-    def _new_vpeer(self, attribute: str, credential: Any) -> VirtualPeer:
-        vp = VirtualPeer(vp=self.rng.randbytes(6).hex(), attribute=attribute,
+    def _new_vpeer(self, attribute: str, credential: Any, vp_id: str | None = None
+                   ) -> VirtualPeer:
+        vp = VirtualPeer(vp=vp_id or self.rng.randbytes(6).hex(), attribute=attribute,
                          credential=credential)
         self.vpeers[vp.vp] = vp
         return vp
@@ -166,7 +172,7 @@ class PeerMachine:
         """Leave gracefully: hand the children to a parent, drop the parent links."""
         out: list[Action] = []
         for vp in self.vpeers.values():
-            heir = next(iter(vp.parents), ("", ""))
+            heir = next(iter(self._creator(vp).parents), ("", ""))  # a peer that stays
             for child in vp.children:
                 out.append(Send(child[0], Handover(vp.vp, child[1], heir[0], heir[1])))
             for parent in vp.parents:
@@ -229,8 +235,14 @@ class PeerMachine:
             if joining and len(vp.parents) < self._wanted_links(vp) and now >= vp.next_join_at:
                 if vp.parents and vp.link_attempts >= cfg.mcr_link_attempts:
                     continue
+                # A retry asks the full peer where its search ends to split; one that keeps
+                # failing asks the full peer a swap offer named to split right away.
                 hint, vp.split_hint = vp.split_hint, None
-                out += self._send_join(vp, now, hint if not vp.parents else None, bool(hint))
+                retry = any(p.sent_at < now for p in vp.joins.values())
+                stuck = (vp.join_started is not None
+                         and now - vp.join_started > 2 * cfg.join_timeout)
+                target = hint[1] if hint and stuck and not vp.parents else None
+                out += self._send_join(vp, now, target, retry)
         return out
 
     def _drop_epoch(self, epoch: int) -> None:
@@ -319,72 +331,116 @@ class PeerMachine:
             return [Log("warning", f"join from {frm[0]} dropped: {error}")]
         self._seen_joins.put((vp.vp, m.join_id), None)
         newcomer = (m.origin, m.origin_vp)
+        position = self.crypto.request_position(request)
         opened, sw = self._open(vp, request)
-        forward = Join(vp.vp, "", m.attribute, m.join_id, m.origin, m.origin_vp, m.hops - 1,
-                       m.request, False, m.depth)
-        if opened:
-            self._opened.put(m.join_id, _Opened(vp.vp, newcomer, sw, request))
-            # An attached newcomer looks for a further parent (MCR): only strictly shallower
-            # peers qualify, which rules out its own descendants and so any cycle.
-            fresh = (vp.attached and newcomer not in vp.children and newcomer not in vp.parents
-                     and (m.depth < 0 or _depth(vp) in range(m.depth)))
-            if fresh and len(vp.children) < self.config.max_children:
-                return self._adopt(vp, newcomer, m.join_id, sw, request, now)
-            relay = self._free_relay(vp) if fresh else None
-            if relay is not None:
-                return self._adopt(relay, newcomer, m.join_id, sw, request, now)
-            if fresh and m.split and self.config.max_children >= 2:
-                return self._split(vp, newcomer, m.join_id, sw, request, now)
-            # A further-parent search only looks at peers shallower than the newcomer.
-            below = m.depth < 0 or _depth(vp) + 1 < m.depth
-            targets = [n for n in (*(vp.children if below else ()), *vp.parents) if n != frm]
-        elif m.depth >= 0:
-            targets = [] if frm in vp.parents else list(vp.parents)
-        elif frm in vp.parents:
+        if not opened:
+            if frm not in vp.parents:
+                return self._forward(vp, m, list(vp.parents), [])
+            # From the parent (a full peer that covers the newcomer): offer a swap, which
+            # only a coarser newcomer (on its first join) can take; on a retry the offer
+            # also tells the newcomer where a split may take it (the parent).
             keys = vp.keys.get(getattr(request, "epoch", -1))
-            if keys is None:
+            if keys is None or m.depth >= 0 or (vp.credential.position <= position
+                                                 and not m.split):
                 return []
             vp.swaps[m.join_id] = SwapOffered(frm, newcomer, request.epoch)
             return [Send(m.origin, SwapOffer(vp.vp, m.origin_vp, m.join_id, keys.request, *frm))]
-        else:
-            targets = list(vp.parents)
-        return [Send(n[0], _retarget(forward, n[1])) for n in targets]
+        self._opened.put(m.join_id, _Opened(vp.vp, newcomer, sw, request))
+        ups = [p for p in vp.parents if p != frm]
+        if not vp.attached or not self._precedes(vp, position, m.origin_vp):
+            return self._forward(vp, m, ups, [])  # nobody below this peer may take it either
+        relays = self._relays(self._creator(vp))
+        if newcomer not in vp.parents and all(newcomer not in r.children
+                                              for r in (vp, *relays)):
+            if len(vp.children) < self.config.max_children:
+                return self._adopt(vp, newcomer, m.join_id, sw, request, now)
+            relay = next((r for r in relays if len(r.children) < self.config.max_children),
+                         None)
+            if relay is not None:
+                return self._adopt(relay, newcomer, m.join_id, sw, request, now)
+        # Full: search the children that may cover the newcomer and precede it (coarser, or
+        # as fine with a smaller id); on a first join ask the finer ones for a swap.
+        downs, others = [], []
+        for child, link in vp.children.items():
+            if child not in (frm, newcomer):
+                p = link.position
+                (downs if p < position or (p == position and child[1] < m.origin_vp)
+                 else others).append(child)
+        fresh = newcomer not in vp.children and newcomer not in vp.parents
+        # A retry splits where its search ends, or right here if the newcomer was sent
+        # here by a swap offer's hint; where no relay may be split off, it climbs on.
+        if (m.split and fresh and m.depth < 0
+                and (not downs or (frm == newcomer and m.dst_vp == vp.vp))):
+            return (self._split(vp, newcomer, m.join_id, sw, request, now)
+                    or self._forward(vp, m, ups, []))
+        # The search stays below the first peer that may take the newcomer, so it costs
+        # the covering part of that subtree, not of the whole tree.
+        return self._forward(vp, m, downs, others if m.depth < 0 else [])
+
+    def _forward(self, vp: VirtualPeer, m: Join, targets: list[Node], swap_probes: list[Node]
+                 ) -> list[Action]:
+        """Pass a join on to ``targets`` with one hop less; ``swap_probes`` may only answer
+        with a swap offer, so they get a single hop."""
+        if m.hops <= 1:
+            targets = []
+        return [Send(n[0], _retarget(m, vp.vp, n[1], m.hops - 1)) for n in targets] + [
+            Send(n[0], _retarget(m, vp.vp, n[1], 1)) for n in swap_probes]
+
+    def _precedes(self, vp: VirtualPeer, position: int, newcomer_vp: str) -> bool:
+        """May ``vp``, which covers the newcomer, be its parent? Links only ever go down
+        the order (coarser credential first, then smaller virtual peer id), so they can
+        never close a cycle, however stale what a peer knows of the tree. A relay's id
+        extends its creator's, a root's starts with '.' (below every hex digit)."""
+        if vp.is_top:
+            return True
+        mine = vp.credential.position
+        return mine < position or (mine == position and vp.vp < newcomer_vp)
 
     def _adopt(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
                request: Any, now: float) -> list[Action]:
-        vp.children[newcomer] = ChildLink(now)
+        vp.children[newcomer] = ChildLink(now, self.crypto.request_position(request))
         proof, cert = self._prove(vp, sw, request, context("join", (self.address, vp.vp),
                                                            newcomer))
         return [Send(newcomer[0], Accept(vp.vp, newcomer[1], join_id, proof, cert))]
 
-    def _free_relay(self, vp: VirtualPeer) -> VirtualPeer | None:
-        """A relay below ``vp`` (breadth first, local only) with a free child slot."""
+    def _creator(self, vp: VirtualPeer) -> VirtualPeer:
+        """The virtual peer a relay is a copy of (itself if it is no relay)."""
+        parent = next(iter(vp.parents), ("", ""))
+        while vp.relay and parent[0] == self.address:
+            vp = self.vpeers[parent[1]]
+            parent = next(iter(vp.parents), ("", ""))
+        return vp
+
+    def _relays(self, vp: VirtualPeer) -> list[VirtualPeer]:
+        """The relays below ``vp``, breadth first (they are all local)."""
         queue = [self.vpeers[c[1]] for c in vp.children if self._is_relay(c)]
         for relay in queue:
-            if len(relay.children) < self.config.max_children:
-                return relay
             queue += [self.vpeers[c[1]] for c in relay.children if self._is_relay(c)]
-        return None
+        return queue
 
     def _split(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
                request: Any, now: float) -> list[Action]:
-        """A full peer that covers the newcomer but none of whose children does: a relay
-        copy of this virtual peer takes one child's slot, that child and the newcomer."""
-        relay = self._new_vpeer(vp.attribute, vp.credential)
+        """A full peer that covers the newcomer but none of whose children may: a relay
+        copy of this virtual peer takes the slot of one child (of the peer it copies or of
+        its shallowest relay that has one), that child and the newcomer."""
+        vp = self._creator(vp)
+        relays = self._relays(vp)
+        # The root takes whoever nobody else covers, so only its relays are unbounded; they
+        # fill breadth first, which keeps relay chains logarithmic.
+        if ((not vp.is_top and len(relays) >= self.config.max_relays)
+                or self.config.max_children < 2):
+            return []
+        host = next(h for h in (vp, *relays) if any(not self._is_relay(c) for c in h.children))
+        relay = self._new_vpeer(vp.attribute, vp.credential,
+                                f"{host.vp}.{self.rng.randbytes(3).hex()}")
         relay.keys, relay.roots, relay.relay = dict(vp.keys), dict(vp.roots), True
-        relay.parents[(self.address, vp.vp)] = ParentLink(now, vp.depth)
-        peers = sorted(c for c in vp.children if not self._is_relay(c))
-        moved = self.rng.choice(peers or sorted(vp.children))
-        del vp.children[moved]
-        vp.children[(self.address, relay.vp)] = ChildLink(now)
-        out: list[Action] = [Log("info", f"{vp.vp}: full, split off relay {relay.vp}")]
-        if self._is_relay(moved):  # a local relay moves down without any message
-            below = self.vpeers[moved[1]]
-            below.parents = {(self.address, relay.vp): ParentLink(now)}
-            relay.children[moved] = ChildLink(now)
-        else:
-            out.append(Send(moved[0], Handover(vp.vp, moved[1], self.address, relay.vp)))
-        return out + self._adopt(relay, newcomer, join_id, sw, request, now)
+        relay.parents[(self.address, host.vp)] = ParentLink(now, host.depth)
+        moved = self.rng.choice(sorted(c for c in host.children if not self._is_relay(c)))
+        relay.children[moved] = host.children.pop(moved)
+        host.children[(self.address, relay.vp)] = ChildLink(now, vp.credential.position)
+        return [Log("info", f"{vp.vp}: full, split off relay {relay.vp}"),
+                Send(moved[0], Handover(host.vp, moved[1], self.address, relay.vp)),
+                *self._adopt(relay, newcomer, join_id, sw, request, now)]
 
     def _on_accept(self, vp: VirtualPeer, frm: Node, m: Accept, now: float) -> list[Action]:
         pending = vp.joins.get(m.join_id)
@@ -400,7 +456,9 @@ class PeerMachine:
             ok = self.crypto.check_acceptance(keys.sws, request, m.proof, ctx)
         if not ok:
             return [Log("warning", f"{vp.vp}: accept from {frm[0]} with a bad proof dropped")]
-        if (frm[0] == self.address or frm in vp.parents or frm in vp.children
+        if frm in vp.parents:  # the request reached this parent twice: already linked
+            return []
+        if (frm[0] == self.address or frm in vp.children
                 or len(vp.parents) >= self._wanted_links(vp)):
             return [Send(frm[0], Detach(vp.vp, frm[1]))]
         return self._add_parent(vp, frm, now)
@@ -442,11 +500,17 @@ class PeerMachine:
         request, error = self._check_request(m.request, vp.attribute, now)
         if error is not None:
             return [Log("warning", f"swap offer from {frm[0]} dropped: {error}")]
-        opened, sw = self._open(vp, request)
-        if not opened or sw is None or len(vp.children) >= self.config.max_children:
-            vp.split_hint = (m.parent, m.parent_vp)
+        position = self.crypto.request_position(request)
+        opened, sw = (self._open(vp, request) if position > vp.credential.position
+                      else (False, None))
+        if (not opened or sw is None or len(vp.children) >= self.config.max_children
+                or not self._precedes(vp, position, frm[1])):
+            # The offerer's parent covers this peer and is full: a retry may split there;
+            # the finest offerer's parent is likely the deepest such peer.
+            if vp.split_hint is None or position > vp.split_hint[0]:
+                vp.split_hint = (position, (m.parent, m.parent_vp))
             return [Log("debug", f"{vp.vp}: swap offer from {frm[0]} not taken")]
-        vp.children[frm] = ChildLink(now)
+        vp.children[frm] = ChildLink(now, position)
         proof = self.crypto.acceptance_proof(sw, request, context("swap", (self.address, vp.vp),
                                                                   frm))
         return [Send(frm[0], SwapAccept(vp.vp, frm[1], m.join_id, proof))]
@@ -480,7 +544,8 @@ class PeerMachine:
         del vp.children[frm]
         opened = self._opened.get(m.join_id)
         if (opened is None or opened.vp != vp.vp or opened.newcomer in vp.children
-                or not vp.attached):
+                or not vp.attached or not self._precedes(
+                    vp, self.crypto.request_position(opened.request), opened.newcomer[1])):
             return [Log("debug", f"{vp.vp}: {frm[0]} swapped away, its newcomer not taken")]
         return self._adopt(vp, opened.newcomer, m.join_id, opened.sw, opened.request, now)
 
@@ -496,7 +561,7 @@ class PeerMachine:
         if child is None:
             return [Log("info", f"{vp.vp}: tokens from non-child {frm[0]} ignored")]
         try:
-            tokens = tuple(self.crypto.decode_token(t) for t in m.tokens)
+            tokens = {t: self.crypto.decode_token(t) for t in m.tokens}
         except CryptoRejected as exc:
             return [Log("warning", f"{vp.vp}: tokens from {frm[0]} dropped: {exc}")]
         child.tokens = tokens
@@ -517,19 +582,20 @@ class PeerMachine:
                     *self._lose_parent(vp, frm, now)]
         link.last_heard = now
         link.depth = None if m.depth < 0 else m.depth
-        depth = vp.depth
-        if depth is not None and depth > self.config.max_depth:
-            out: list[Action] = [Log("warning", f"{vp.vp}: depth {depth}, assuming a loop")]
-            for parent in list(vp.parents):
-                out.append(Send(parent[0], Detach(vp.vp, parent[1])))
-                out += self._lose_parent(vp, parent, now)
-            return out
         return []
 
     def _on_handover(self, vp: VirtualPeer, frm: Node, m: Handover, now: float
                      ) -> list[Action]:
         if frm not in vp.parents:
             return [Log("info", f"{vp.vp}: handover from non-parent {frm[0]} ignored")]
+        if m.new_parent == frm[0] and m.new_parent_vp:
+            # A split moved this child to a relay of the same peer (a copy of the parent,
+            # already holding the link): take the new parent over, no rejoin, no gap.
+            parent = (m.new_parent, m.new_parent_vp)
+            vp.parents[parent] = vp.parents.pop(frm)
+            if frm in vp.assignment:
+                vp.assignment[parent] = vp.assignment.pop(frm)
+            return []
         out = self._lose_parent(vp, frm, now)
         target = (m.new_parent, m.new_parent_vp) if m.new_parent else None
         return out + self._send_join(vp, now, target)
@@ -537,37 +603,49 @@ class PeerMachine:
     # -- events ------------------------------------------------------------------------------
 
     def _on_publish(self, vp: VirtualPeer, frm: Node, m: Publish, now: float) -> list[Action]:
-        if (not vp.is_root and frm not in vp.parents) or m.attribute != vp.attribute:
+        # Any virtual peer of a parent's peer may send: a relay that a split just moved
+        # this child to forwards before the handover arrives.
+        from_parent = any(frm[0] == p[0] for p in vp.parents)
+        if (not vp.is_root and not from_parent) or m.attribute != vp.attribute:
             self.stats.dropped += 1
             return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} or tree dropped")]
         digest = hashlib.sha256(m.event).digest()[:16]
         if (vp.vp, digest) in self._seen_events:
             return []
-        try:
-            event = self.crypto.decode_event(m.event)
-        except CryptoRejected as exc:
-            self.stats.dropped += 1
-            return [Log("warning", f"{vp.vp}: event from {frm[0]} dropped: {exc}")]
+        event = self._events.get(digest)
+        if event is None:
+            try:
+                event = self.crypto.decode_event(m.event)
+            except CryptoRejected as exc:
+                self.stats.dropped += 1
+                return [Log("warning", f"{vp.vp}: event from {frm[0]} dropped: {exc}")]
+            self._events.put(digest, event)
         if self.config.verify_before_forward and not self._verify(digest, event):
             self.stats.dropped += 1
             return [Log("warning", f"{vp.vp}: event from {frm[0]} fails verification")]
         self._seen_events.put((vp.vp, digest), None)
         out: list[Action] = []
-        for child in self._route(vp, event):
+        for child in self._route(vp, digest, event):
             out.append(Send(child[0], Publish(vp.vp, child[1], vp.attribute, m.event)))
         self.stats.forwarded += len(out)
         if not vp.is_root:
             out += self._consume(digest, event, now)
         return out
 
-    def _route(self, vp: VirtualPeer, event: Any) -> Iterable[Node]:
+    def _route(self, vp: VirtualPeer, digest: bytes, event: Any) -> Iterable[Node]:
         """OHF: every child if this peer's own token matches (roots: always);
-        MCR: each child whose tokens match."""
+        MCR: each child one of whose tokens matches, and, like OHF, each child whose tokens
+        of the event's epoch have not arrived yet (just attached, or just re-keyed)."""
         epoch = self.crypto.event_epoch(event)
         if self.config.routing == "mcr":
-            return [c for c, link in vp.children.items() if self._is_relay(c) or any(
-                self.crypto.token_epoch(t) == epoch and self.crypto.route(t, event)
-                for t in link.tokens)]
+            out = []
+            for child, link in vp.children.items():
+                current = {r: t for r, t in link.tokens.items()
+                           if self.crypto.token_epoch(t) == epoch}
+                if self._is_relay(child) or not current or any(
+                        self._routes_to(digest, event, raw, t) for raw, t in current.items()):
+                    out.append(child)
+            return out
         if not vp.children:
             return []
         if vp.is_root:
@@ -576,6 +654,13 @@ class PeerMachine:
         if token is None or not self.crypto.route(token, event):
             return []
         return list(vp.children)
+
+    def _routes_to(self, digest: bytes, event: Any, raw: bytes, token: Any) -> bool:
+        known = self._routes.get((digest, raw))
+        if known is None:
+            known = self.crypto.route(token, event)
+            self._routes.put((digest, raw), known)
+        return known
 
     def _is_relay(self, node: Node) -> bool:
         """Relays are this peer's own copies: they get whatever their parent got."""
@@ -645,8 +730,8 @@ class PeerMachine:
         return None
 
 
-def _retarget(m: Join, dst_vp: str) -> Join:
-    return Join(m.src_vp, dst_vp, m.attribute, m.join_id, m.origin, m.origin_vp, m.hops,
+def _retarget(m: Join, src_vp: str, dst_vp: str, hops: int) -> Join:
+    return Join(src_vp, dst_vp, m.attribute, m.join_id, m.origin, m.origin_vp, hops,
                 m.request, m.split, m.depth)
 
 

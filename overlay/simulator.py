@@ -33,7 +33,7 @@ from overlay.config import OverlayConfig
 from overlay.crypto_model import CostTable
 from overlay.issuer import ModeledIssuer, RealIssuer
 from overlay.machine import PeerMachine
-from overlay.wire import Message, Publish
+from overlay.wire import Message, Ping, Pong, Publish
 
 Mode = Literal["modeled", "plaintext", "real"]
 EXPIRY = 2**40
@@ -135,8 +135,8 @@ class Simulator:
 
     def add_subscriber(self, predicate: Predicate, at: float | None = None,
                        max_credentials: int | None = 4, fine_depth: int = 1) -> str:
-        """A subscriber that starts joining at ``at`` (default: now) through a random
-        member of each tree it joins (and that tree's root as a fallback)."""
+        """A subscriber that starts joining at ``at`` (default: now) through random members
+        of each tree it joins (that tree's root while it has no other member)."""
         self._counter += 1
         address = f"sub-{self._counter}"
         kit = self.issuer.subscriber_kit(predicate, self.epoch, EXPIRY, max_credentials,
@@ -207,7 +207,7 @@ class Simulator:
                     m.event_messages[self._event_ids.get(msg.event, "?")] += 1
                 payload: Message | bytes = msg.to_bytes() if self.wire else msg
                 self._push(at + self._delay(address, action.to), "msg",
-                           (action.to, address, payload))
+                           (action.to, address, payload, isinstance(msg, Ping | Pong)))
             elif isinstance(action, Deliver):
                 m.deliveries[action.event.event_id][address] = at
             elif isinstance(action, Connected):
@@ -216,13 +216,17 @@ class Simulator:
             elif isinstance(action, Log):
                 m.logs[action.level] += 1
 
-    def _run_on(self, address: str, at: float, call: Any) -> None:
-        """Run one machine call when its peer is free; its actions leave when it is done."""
-        start = max(at, self._busy.get(address, 0.0))
+    def _run_on(self, address: str, at: float, call: Any, urgent: bool = False) -> None:
+        """Run one machine call when its peer is free; its actions leave when it is done.
+        ``urgent`` calls (heartbeats, timers) are the transport loop's own work: they run on
+        arrival, beside whatever cryptography the peer is busy with, so a backlog of joins
+        or events never makes a live peer miss its heartbeats."""
+        start = at if urgent else max(at, self._busy.get(address, 0.0))
         before = self.crypto.meter.total
         actions = call(start)
         done = start + (self.crypto.meter.total - before)
-        self._busy[address] = done
+        if not urgent:
+            self._busy[address] = done
         self._apply(address, actions, done)
 
     def step(self) -> bool:
@@ -232,16 +236,16 @@ class Simulator:
         at, _, what, payload = heapq.heappop(self._queue)
         self.now = at
         if what == "msg":
-            to, sender, message = payload
+            to, sender, message, urgent = payload
             if to in self.dead or to not in self.machines:
                 self.metrics.lost_messages += 1
                 return True
             machine = self.machines[to]
-            self._run_on(to, at, lambda t: machine.receive(sender, message, t))
+            self._run_on(to, at, lambda t: machine.receive(sender, message, t), urgent)
         elif what == "tick":
             if payload not in self.dead:
                 machine = self.machines[payload]
-                self._run_on(payload, at, machine.tick)
+                self._run_on(payload, at, machine.tick, urgent=True)
                 self._push(at + self.config.heartbeat_interval / 2, "tick", payload)
         elif what == "join":
             self._join(payload, at)
@@ -254,8 +258,10 @@ class Simulator:
         trees = sorted({vp.attribute for vp in machine.vpeers.values()})
         contacts = {}
         for a in trees:
-            members = self.members[a]
-            contacts[a] = [self.roots[a], self.rng.choice(members)] if members else []
+            # Random members: a request then climbs from somewhere in the tree to the nearest
+            # peer that covers it, instead of every request starting at the root.
+            members = self.members[a][1:] or self.members[a][:1]
+            contacts[a] = self.rng.sample(members, k=min(3, len(members)))
         self._run_on(address, at, lambda t: machine.join(contacts, t))
         for a in trees:
             self.members[a].append(address)

@@ -51,8 +51,11 @@ class ParentLink:
 @dataclass
 class ChildLink:
     last_heard: float
-    #: Decoded routing tokens the child handed over (multi-credential routing).
-    tokens: tuple[Any, ...] = ()
+    #: Position of the child's credential (from its connection request): a child can only
+    #: cover a newcomer at least as fine as itself, and only be covered by a coarser one.
+    position: int = 0
+    #: Routing tokens the child handed over (multi-credential routing): bytes -> decoded.
+    tokens: dict[bytes, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -92,8 +95,9 @@ class VirtualPeer:
     next_join_at: float = 0.0
     link_attempts: int = 0
     next_ping_at: float = 0.0
-    #: A full peer that covers this one, learnt from a swap offer: where to ask for a split.
-    split_hint: Node | None = None
+    #: A full peer that covers this one, learnt from a swap offer: where to ask for a split
+    #: (with the position of the offerer that named it, to keep the deepest).
+    split_hint: tuple[int, Node] | None = None
     #: A relay is a copy of its parent made by a split: same keys, one parent, own token.
     relay: bool = False
 
