@@ -81,8 +81,13 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class ModelToken:
-    credential: Credential
+    """Like a blinded token: attribute and position, and a keyed tag in place of the
+    credential, which only the route test (tag of the event's credential there) matches."""
+
+    attribute: str
+    position: int
     epoch: int
+    tag: bytes
 
 
 @dataclass(frozen=True)
@@ -128,9 +133,12 @@ class ModeledCrypto:
                              use_bin_type=True)
         return data, tuple(self.sw(nonce, j) for j in range(credential.position + 1))
 
+    def _tag(self, credential: Credential, epoch: int) -> bytes:
+        return self._mac("tag", credential.label(), epoch)
+
     def make_token(self, credential: Credential, epoch: int) -> bytes:
-        label = credential.label()
-        return msgpack.packb([label, epoch, self._mac("tok", label, epoch)], use_bin_type=True)
+        fields = [credential.attribute, credential.position, epoch, self._tag(credential, epoch)]
+        return msgpack.packb([*fields, self._mac("tok", *fields)], use_bin_type=True)
 
     def make_root_certificate(self, attribute: str, epoch: int, expires_at: int) -> bytes:
         return msgpack.packb([attribute, epoch, expires_at,
@@ -213,10 +221,11 @@ class ModeledCrypto:
     def decode_token(self, data: bytes) -> ModelToken:
         self._charge("decode_token")
         try:
-            label, epoch, mac = msgpack.unpackb(data, raw=False)
-            if not hmac.compare_digest(bytes(mac), self._mac("tok", label, epoch)):
+            attribute, position, epoch, tag, mac = msgpack.unpackb(data, raw=False)
+            if not hmac.compare_digest(bytes(mac), self._mac("tok", attribute, position, epoch,
+                                                              tag)):
                 raise ValueError("token is not authentic")
-            return ModelToken(Credential.from_label(label), int(epoch))
+            return ModelToken(str(attribute), int(position), int(epoch), bytes(tag))
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
             raise CryptoRejected(f"malformed routing token: {exc}") from None
 
@@ -246,9 +255,9 @@ class ModeledCrypto:
 
     def route(self, token: ModelToken, event: ModelEvent) -> bool:
         self._charge("route")
-        c = token.credential
-        path = event.paths.get(c.attribute, ())
-        return token.epoch == event.epoch and c.position < len(path) and path[c.position] == c
+        path = event.paths.get(token.attribute, ())
+        return (token.epoch == event.epoch and token.position < len(path)
+                and hmac.compare_digest(self._tag(path[token.position], event.epoch), token.tag))
 
     def verify(self, event: ModelEvent) -> bool:
         self._charge("verify")

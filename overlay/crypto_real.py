@@ -87,7 +87,7 @@ class RealCrypto:
     def decode_token(self, data: bytes) -> Any:
         with self.meter.timed("decode_token"):
             try:
-                return codec.decode_routing_token(self.pp.group, data)
+                return codec.decode_blinded_token(self.pp.group, data)
             except codec.CodecError as exc:
                 raise CryptoRejected(str(exc)) from None
 

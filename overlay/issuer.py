@@ -100,8 +100,8 @@ class RealIssuer:
                                                            expires_at)
             virtuals.append(VirtualKeys(
                 credential=cred, request=codec.encode_request(request), sws=sws,
-                token=codec.encode_routing_token(credkey.token),
-                fine_tokens=tuple(codec.encode_routing_token(t) for t in key.fine_tokens
+                token=codec.encode_blinded_token(credkey.token.blinded()),
+                fine_tokens=tuple(codec.encode_blinded_token(t.blinded()) for t in key.fine_tokens
                                   if t.credential in fines),
                 opener=(key.D, credkey)))
         return SubscriberKit(epoch, predicate, key, tuple(virtuals))

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from credentials import codec
+from credentials.keys import BlindedToken
 from credentials.predicates import parse_predicate
 from credentials.schema import default_schema
 from credentials.scheme import Event
@@ -146,3 +147,13 @@ def test_forged_acceptances_are_refused_by_a_joining_peer(real_sim):
         assert all(isinstance(a, Log) for a in actions) and actions
         assert fingerprint(machine) == before
         assert not vp.parents
+
+
+def test_parents_hold_blinded_tokens_only(real_sim):
+    """What a child hands its parent (MCR) names an attribute and a position, never the
+    credential."""
+    sim, _ = real_sim
+    held = [t for m in sim.machines.values() for vp in m.vpeers.values()
+            for link in vp.children.values() for t in link.tokens.values()]
+    assert held and all(isinstance(t, BlindedToken) for t in held)
+    assert not any(hasattr(t, "credential") for t in held)
