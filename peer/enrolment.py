@@ -66,11 +66,11 @@ def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: P
     for issued in chosen:
         cred = issued.credential
         credkey = next(k for k in key.credentials if k.credential == cred)
-        fines = tuple(codec.encode_routing_token(t) for t in key.fine_tokens
+        fines = tuple(codec.encode_blinded_token(t.blinded()) for t in key.fine_tokens
                       if cred.covers(t.credential) and t.credential != cred)
         virtuals.append(VirtualKeys(
             credential=cred, request=codec.encode_request(issued.request),
-            sws=issued.secrets, token=codec.encode_routing_token(credkey.token),
+            sws=issued.secrets, token=codec.encode_blinded_token(credkey.token.blinded()),
             fine_tokens=fines, opener=(key.D, credkey)))
     return SubscriberKit(bundle.epoch, predicate, key, tuple(virtuals))
 
