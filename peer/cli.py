@@ -71,10 +71,12 @@ def _leaf(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    pre, _ = parser.parse_known_args(args_list) if "-h" not in args_list and \
-        "--help" not in args_list else (argparse.Namespace(config=None), None)
+    # Only --config is read before the layers apply: a full parse would already insist on
+    # required options that the environment or the file are about to supply.
+    config_flag = argparse.ArgumentParser(add_help=False)
+    config_flag.add_argument("--config")
     try:
-        config = load_config_file(pre.config)
+        config = load_config_file(config_flag.parse_known_args(args_list)[0].config)
         leaf, path = _leaf(parser, args_list)
         if path:
             apply_layers(leaf, path, config)
