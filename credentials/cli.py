@@ -5,23 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def bench_group(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """The shared `bench` command group; each package adds its own benchmark to it."""
-    bench = subparsers.choices.get("bench")
-    if bench is None:
-        bench = subparsers.add_parser("bench", help="benchmarks that write JSON and a PNG plot",
-                                      description="Benchmarks; each writes JSON and a PNG plot.")
-        bench.add_subparsers(dest="bench", metavar="BENCHMARK")
-    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
-            from exc
+from peer.arguments import bench_group, int_list
 
 
 def _run_crypto(args: argparse.Namespace) -> int:
@@ -46,9 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SCHEME.md for several attribute counts and widths; write JSON and a PNG plot.")
     crypto.add_argument("--json", default="bench/crypto.json", help="output JSON file "
                         "(the plot is written next to it as .png)")
-    crypto.add_argument("--dims", type=_int_list, default=[1, 2, 4, 8],
+    crypto.add_argument("--dims", type=int_list, default=[1, 2, 4, 8],
                         help="attribute counts d, comma-separated (default 1,2,4,8)")
-    crypto.add_argument("--bits", type=_int_list, default=[8, 16, 32],
+    crypto.add_argument("--bits", type=int_list, default=[8, 16, 32],
                         help="bits per attribute, comma-separated (default 8,16,32)")
     crypto.add_argument("--min-seconds", type=float, default=0.3,
                         help="minimum measuring time per operation (default 0.3)")

@@ -9,29 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keyserver.epochs import check_lengths, default_grace
+from peer.arguments import CommandError, bench_group, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from keyserver.client import KeyServerClient
-
-
-def _command_error(message: str) -> Exception:
-    from peer.cli import CommandError  # the dispatcher's error type, imported late (cycle)
-
-    return CommandError(message)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
 
 
 # -- keyserver init / serve ------------------------------------------------------------------
@@ -49,7 +30,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         token_file = initialise(Path(args.data), schema, args.database_url, args.epoch_seconds,
                                 args.grace_seconds)
     except (KeyStoreError, SchemaError, ValueError, OSError) as exc:
-        raise _command_error(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     print(f"key store created in {args.data}; schema {schema.name!r} ({schema.id[:16]}...); "
           f"admin token in {token_file}", file=sys.stderr)
     return 0
@@ -61,7 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from keyserver.state import ServerConfig
 
     if bool(args.tls_cert) != bool(args.tls_key):
-        raise _command_error("--tls-cert and --tls-key go together")
+        raise CommandError("--tls-cert and --tls-key go together")
     config = ServerConfig(
         data_dir=Path(args.data), database_url=args.database_url,
         epoch_seconds=args.epoch_seconds, grace_seconds=args.grace_seconds,
@@ -72,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve(config, args.host, args.port, args.tls_cert, args.tls_key,
               "debug" if args.verbose > 1 else "info" if args.verbose else "warning")
     except (KeyStoreError, ValueError, OSError) as exc:
-        raise _command_error(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     return 0
 
 
@@ -88,8 +69,8 @@ def _register_keyserver(subparsers: Any) -> None:
     init.add_argument("--data", required=True, help="data directory of the key server")
     init.add_argument("--schema", help="schema TOML file (default: the stocks example)")
     init.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
-    init.add_argument("--epoch-seconds", type=_positive, default=3600, help="epoch length")
-    init.add_argument("--grace-seconds", type=_non_negative,
+    init.add_argument("--epoch-seconds", type=positive_int, default=3600, help="epoch length")
+    init.add_argument("--grace-seconds", type=non_negative_int,
                       help="seconds before an epoch ends from which next-epoch keys are issued "
                       "(default: 300, at most a quarter of the epoch)")
     init.set_defaults(handler=cmd_init)
@@ -104,19 +85,19 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--tls-cert", help="TLS certificate (PEM)")
     serve.add_argument("--tls-key", help="TLS private key (PEM)")
     serve.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
-    serve.add_argument("--epoch-seconds", type=_positive,
+    serve.add_argument("--epoch-seconds", type=positive_int,
                        help="change the epoch length from the next epoch on")
-    serve.add_argument("--grace-seconds", type=_non_negative,
+    serve.add_argument("--grace-seconds", type=non_negative_int,
                        help="change the grace window from the next epoch on")
-    serve.add_argument("--workers", type=_positive, help="issuer processes (default: cores)")
+    serve.add_argument("--workers", type=positive_int, help="issuer processes (default: cores)")
     serve.add_argument("--rate", type=float, default=100.0,
                        help="requests/s per identity on enrolment and admin calls")
-    serve.add_argument("--burst", type=_positive, default=400, help="burst per identity")
+    serve.add_argument("--burst", type=positive_int, default=400, help="burst per identity")
     serve.add_argument("--address-rate", type=float, default=500.0,
                        help="requests/s per client address")
-    serve.add_argument("--address-burst", type=_positive, default=2000,
+    serve.add_argument("--address-burst", type=positive_int, default=2000,
                        help="burst per client address")
-    serve.add_argument("--max-body", type=_positive, default=16 * 1024 * 1024,
+    serve.add_argument("--max-body", type=positive_int, default=16 * 1024 * 1024,
                        help="largest request body in bytes (413 beyond)")
     serve.set_defaults(handler=cmd_serve)
 
@@ -130,7 +111,7 @@ def _admin_client(args: argparse.Namespace) -> KeyServerClient:
     if token is None and args.admin_token_file:
         token = Path(args.admin_token_file).read_text().strip()
     if not token:
-        raise _command_error("give --admin-token or --admin-token-file")
+        raise CommandError("give --admin-token or --admin-token-file")
     return KeyServerClient(args.server, token)
 
 
@@ -141,7 +122,7 @@ def _call(args: argparse.Namespace, action: Any) -> Any:
         with _admin_client(args) as client:
             return action(client)
     except KeyServerError as exc:
-        raise _command_error(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
 
 
 def cmd_identity_add(args: argparse.Namespace) -> int:
@@ -169,12 +150,12 @@ def cmd_identity_revoke(args: argparse.Namespace) -> int:
         if identity_id is None:
             match = [r for r in client.list_identities() if r["name"] == args.name]
             if not match:
-                raise _command_error(f"no identity named {args.name!r}")
+                raise CommandError(f"no identity named {args.name!r}")
             identity_id = match[0]["id"]
         return client.revoke(identity_id)
 
     if (args.id is None) == (args.name is None):
-        raise _command_error("give exactly one of --id and --name")
+        raise CommandError("give exactly one of --id and --name")
     done = _call(args, revoke)
     print(f"identity {done['name']!r} revoked in epoch {done['revoked_epoch']}", file=sys.stderr)
     return 0
@@ -212,18 +193,6 @@ def _register_identity(subparsers: Any) -> None:
 
 # -- bench keyserver -----------------------------------------------------------------------------
 
-def bench_group(subparsers: Any) -> Any:
-    """The shared ``bench`` command's subparsers (created by whichever package comes first)."""
-    bench = subparsers.choices.get("bench")
-    if bench is None:
-        bench = subparsers.add_parser("bench", help="benchmarks (write JSON)",
-                                      description="Benchmarks; each writes JSON.")
-    for action in bench._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    return bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     from keyserver.bench import BenchSettings, run_bench
 
@@ -245,12 +214,12 @@ def _register_bench(subparsers: Any) -> None:
     p.add_argument("--json", required=True, help="output JSON file")
     p.add_argument("--plot", help="output PNG (default: next to --json)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--clients", type=_positive, default=32, help="concurrent HTTP clients")
+    p.add_argument("--clients", type=positive_int, default=32, help="concurrent HTTP clients")
     p.add_argument("--seconds", type=float, default=20.0, help="duration of each phase")
-    p.add_argument("--workers", type=_positive, help="issuer processes (default: cores)")
+    p.add_argument("--workers", type=positive_int, help="issuer processes (default: cores)")
     p.add_argument("--subscription", default='symbol prefix "IB" and price in [10, 20]',
                    help="the subscription every client enrols")
-    p.add_argument("--max-credentials", type=_positive, default=4,
+    p.add_argument("--max-credentials", type=positive_int, default=4,
                    help="credentials per numeric attribute")
     p.set_defaults(handler=cmd_bench)
 

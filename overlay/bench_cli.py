@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from credentials.cli import _int_list, bench_group
+from peer.arguments import CommandError, bench_group, int_list
 
 
 def _names(text: str) -> list[str]:
@@ -23,7 +23,6 @@ def _names(text: str) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     from overlay.bench_overlay import EXPERIMENTS, Bench, Sizes
     from overlay.simulator import LatencyModel
-    from peer.cli import CommandError
 
     try:
         sizes = Sizes(
@@ -90,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "peer counts of the dissemination experiment"),
             ("--routing-peers", d.routing_peers, "peer counts of the OHF vs MCR experiment"),
             ("--subscribers", d.subscribers, "subscriber counts of the encryption experiment")):
-        p.add_argument(flag, type=_int_list, default=list(value),
+        p.add_argument(flag, type=int_list, default=list(value),
                        help=f"{what}, comma-separated (default {_csv(value)})")
     for flag, value, what in (
             ("--max-children", d.max_children, "out-degree of the experiments over peers"),

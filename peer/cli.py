@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from peer.arguments import CommandError
 from peer.config import ConfigError, apply_layers, load_config_file
 
 COMMAND_MODULES = (
@@ -22,10 +23,6 @@ COMMAND_MODULES = (
     "pipelines.cli",
     "peer.commands",
 )
-
-
-class CommandError(Exception):
-    """A user-facing failure: printed as one line, exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

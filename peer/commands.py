@@ -14,21 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peer.cli import CommandError
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
+from peer.arguments import CommandError, non_negative_float, positive_int
 
 
 def _server_key(text: str | None) -> bytes | None:
@@ -224,15 +210,15 @@ def register(subparsers: Any) -> None:
                      help="be the root of this attribute's tree (repeatable)")
     run.add_argument("--routing", choices=("ohf", "mcr"), default="ohf",
                      help="one-hop flooding or multi-credential routing (same for all peers)")
-    run.add_argument("--max-children", type=_positive, default=4,
+    run.add_argument("--max-children", type=positive_int, default=4,
                      help="children per virtual peer")
-    run.add_argument("--max-credentials", type=_positive, default=4,
+    run.add_argument("--max-credentials", type=positive_int, default=4,
                      help="credentials per numeric attribute (coarser: fewer virtual peers)")
     run.add_argument("--fine-depth", type=int, choices=range(5), default=1,
                      help="split depth of fine credentials for multi-credential routing")
-    run.add_argument("--heartbeat", type=_non_negative_float, default=1.0,
+    run.add_argument("--heartbeat", type=non_negative_float, default=1.0,
                      help="seconds between heartbeats to each parent")
-    run.add_argument("--failure-timeout", type=_non_negative_float, default=10.0,
+    run.add_argument("--failure-timeout", type=non_negative_float, default=10.0,
                      help="a neighbour silent this long is taken for failed")
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
@@ -251,13 +237,13 @@ def register(subparsers: Any) -> None:
                      help="what this publisher will publish (\"\" for everything)")
     pub.add_argument("--events", required=True, metavar="FILE",
                      help='JSON lines {"id": ..., "values": {...}, "body": ...} ("-": stdin)')
-    pub.add_argument("--interval", type=_non_negative_float, default=0.0,
+    pub.add_argument("--interval", type=non_negative_float, default=0.0,
                      help="seconds between events")
     pub.add_argument("--sent-out", metavar="FILE",
                      help='append {"id", "sent_at"} per sent event (for delay measurements)')
-    pub.add_argument("--root-timeout", type=_non_negative_float, default=30.0,
+    pub.add_argument("--root-timeout", type=non_negative_float, default=30.0,
                      help="seconds to wait for the roots to register")
-    pub.add_argument("--flush-timeout", type=_non_negative_float, default=30.0,
+    pub.add_argument("--flush-timeout", type=non_negative_float, default=30.0,
                      help="seconds to wait for the roots to take every event")
     pub.set_defaults(handler=cmd_publish)
 
@@ -269,11 +255,11 @@ def register(subparsers: Any) -> None:
                     "quotes; print per subscriber the events delivered and expected, false "
                     "positives filtered and the mean delivery delay. Exits 1 if any "
                     "subscriber missed an event or got one it should not have.")
-    demo.add_argument("--peers", type=_positive, default=8, help="subscriber processes")
+    demo.add_argument("--peers", type=positive_int, default=8, help="subscriber processes")
     demo.add_argument("--routing", choices=("ohf", "mcr"), default="ohf",
                       help="one-hop flooding or multi-credential routing")
-    demo.add_argument("--events", type=_positive, default=60, help="events to publish")
-    demo.add_argument("--max-children", type=_positive, default=3,
+    demo.add_argument("--events", type=positive_int, default=60, help="events to publish")
+    demo.add_argument("--max-children", type=positive_int, default=3,
                       help="children per virtual peer (small: deeper trees)")
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated workload")
     demo.add_argument("--json", metavar="FILE", help="write the full report as JSON")

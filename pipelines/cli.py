@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from credentials.cli import bench_group
-from peer.cli import CommandError
+from peer.arguments import CommandError, bench_group, positive_int
 
 if TYPE_CHECKING:
     from credentials.schema import Schema
@@ -20,16 +19,6 @@ if TYPE_CHECKING:
     from pipelines.requests import Settings
 
 MAX_CHUNK_SIZE = 2000  # the key server's limit of items per bulk request
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from exc
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _schema(path: str) -> Schema:
@@ -132,7 +121,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _spark_options(parser: argparse.ArgumentParser, master: str) -> None:
     parser.add_argument("--master", default=master,
                         help=f"Spark master URL, e.g. spark://host:7077 (default {master})")
-    parser.add_argument("--partitions", type=_positive, default=8,
+    parser.add_argument("--partitions", type=positive_int, default=8,
                         help="Spark shuffle partitions = parallel decomposition tasks "
                         "(default 8)")
 
@@ -168,7 +157,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="spark, or python: the same decomposition in this process "
                            "without a JVM (default spark)")
     _decomposition_options(decompose)
-    decompose.add_argument("--max-credentials", type=_positive, default=None,
+    decompose.add_argument("--max-credentials", type=positive_int, default=None,
                            help="cap the credentials per numeric attribute by coarsening "
                            "(default: exact cover)")
     decompose.add_argument("--overwrite", action="store_true",
@@ -188,9 +177,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "$IBE_PUBSUB_ADMIN_TOKEN than on the command line)")
     issue.add_argument("--input", required=True, help="the output DIR of `bulk decompose`")
     issue.add_argument("--output", required=True, help="directory KEYDIR for the bundles")
-    issue.add_argument("--chunk-size", type=_positive, default=50,
+    issue.add_argument("--chunk-size", type=positive_int, default=50,
                        help=f"identities per request (default 50, at most {MAX_CHUNK_SIZE})")
-    issue.add_argument("--chunk-rows", type=_positive, default=4000,
+    issue.add_argument("--chunk-rows", type=positive_int, default=4000,
                        help="credentials per request (default 4000)")
     issue.add_argument("--next-epoch", action="store_true",
                        help="issue keys for the next epoch (only in the grace window)")
@@ -205,7 +194,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "PNG plot.")
     bench.add_argument("--json", default="bench/bulk.json",
                        help="output JSON file (the plot goes next to it as .png)")
-    bench.add_argument("--requests", type=_positive, default=1_000_000,
+    bench.add_argument("--requests", type=positive_int, default=1_000_000,
                        help="number of synthetic requests (default 1000000)")
     bench.add_argument("--schema", default=None, help="schema TOML (default: the stocks "
                        "example)")

@@ -11,7 +11,7 @@ import pytest
 from overlay.bench_cli import register
 from overlay.evaluation_encryption import SubgroupKeyCache, kbz_groups
 from overlay.evaluation_workload import make_workload
-from peer.cli import CommandError
+from peer.arguments import CommandError
 
 TINY = ["--peers", "8,16", "--degree-peers", "12", "--degrees", "2,4",
         "--dissemination-peers", "10", "--publishers", "3", "--events-per-publisher", "2",

@@ -1,0 +1,56 @@
+"""What every package's commands share: the user-facing error, argument types, `bench`.
+
+It imports nothing of the project, so any package's ``cli`` module can use it
+without import cycles through the dispatcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+class CommandError(Exception):
+    """A user-facing failure: the dispatcher prints it as one line and exits with status 2."""
+
+
+def positive_int(text: str) -> int:
+    value = _parse(int, text, "an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _parse(int, text, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _parse(float, text, "a number")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated integers, e.g. ``1,2,4``."""
+    return [_parse(int, x, "comma-separated integers") for x in text.split(",") if x.strip()]
+
+
+def _parse(kind: type, text: str, expected: str):  # type: ignore[no-untyped-def]
+    try:
+        return kind(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from exc
+
+
+def bench_group(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The shared `bench` command group; each package adds its own benchmark to it."""
+    bench = subparsers.choices.get("bench")
+    if bench is None:
+        bench = subparsers.add_parser("bench", help="benchmarks that write JSON and a PNG plot",
+                                      description="Benchmarks; each writes JSON and a PNG plot.")
+        bench.add_subparsers(dest="bench", metavar="BENCHMARK")
+    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
