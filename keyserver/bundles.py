@@ -10,6 +10,7 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
+from credentials.certificates import RootCertificate, verify_schema
 from credentials.codec import (
     decode_mpk,
     decode_publisher_key,
@@ -22,7 +23,6 @@ from credentials.keys import PublisherKey, SubscriberKey
 from credentials.messages import ConnectionRequest
 from credentials.schema import Schema
 from credentials.scheme import PublicParams
-from keyserver.certificates import verify_root_certificate, verify_schema
 
 
 class BundleError(ValueError):
@@ -71,15 +71,6 @@ class PublisherBundle:
     epoch_end: float
     credentials: dict[str, tuple[Credential, ...]]
     keys: tuple[PublisherKey, ...]
-
-
-@dataclass(frozen=True)
-class RootCertificate:
-    attribute: str
-    transport_key: bytes
-    epoch: int
-    expires_at: int
-    certificate: bytes
 
 
 def _credentials(doc: dict[str, list[str]]) -> dict[str, tuple[Credential, ...]]:
@@ -140,7 +131,6 @@ def decode_root_certificate(doc: dict[str, Any], server_key: bytes) -> RootCerti
                                int(doc["expires_at"]), _b64(doc["certificate"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"root certificate does not decode: {exc}") from exc
-    if not verify_root_certificate(server_key, cert.attribute, cert.transport_key, cert.epoch,
-                                   cert.expires_at, cert.certificate):
+    if not cert.verify(server_key):
         raise BundleError("the root certificate's signature does not verify")
     return cert

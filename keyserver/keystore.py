@@ -27,12 +27,12 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from credentials.backends import load_group
+from credentials.certificates import schema_message
 from credentials.codec import decode_mpk, decode_msk, encode_mpk, encode_msk
 from credentials.groups import PairingGroup
 from credentials.keys import MasterPublicKey, MasterSecretKey
 from credentials.schema import Schema
 from credentials.scheme import setup
-from keyserver.certificates import schema_message
 from keyserver.sealing import seal_secret, unseal_secret
 
 PASSPHRASE_ENV = "IBE_PUBSUB_PASSPHRASE"

@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
+from credentials.certificates import ED25519_KEY_BYTES
+from credentials.certificates import RootCertificate as SignedRootCertificate
 from keyserver.api_models import (
     PublisherBundle,
     PublisherEnrolment,
@@ -23,7 +25,6 @@ from keyserver.api_models import (
     SubscriberEnrolment,
 )
 from keyserver.auth import AnIdentity, Caller, State
-from keyserver.certificates import ED25519_KEY_BYTES, sign_root_certificate
 from keyserver.enrolment import (
     check_role,
     check_root_policy,
@@ -92,7 +93,7 @@ async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
 async def enrol_root(body: RootEnrolment, caller: AnIdentity,
                      state: State) -> dict[str, Any]:
     """Certify a root peer's Ed25519 transport key for one attribute tree
-    (``keyserver.certificates.root_certificate_message`` is what is signed)."""
+    (``credentials.certificates.root_certificate_message`` is what is signed)."""
     identity = caller.identity
     assert identity is not None
     check_role(identity.role, "root")
@@ -110,8 +111,8 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
     check_root_policy(schema, body.attribute, identity.policy)
     epoch = target_epoch(state, body.epoch, time.time())
     expires_at = int(epoch.end + epoch.grace)
-    certificate = sign_root_certificate(state.store.signing_key, body.attribute,
-                                        transport_key, epoch.number, expires_at)
+    certificate = SignedRootCertificate.issue(state.store.signing_key, body.attribute,
+                                              transport_key, epoch.number, expires_at).signature
     state.metrics.keys_issued("root_certificate", 1)
     await _audited(state, caller, "issue_root", epoch.number,
                    {"identity": identity.name, "role": "root", "attribute": body.attribute,

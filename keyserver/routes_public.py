@@ -26,7 +26,7 @@ def params(state: State) -> dict[str, Any]:
 
 @router.get("/v1/schema", tags=["public"])
 def schema(state: State) -> dict[str, Any]:
-    """The schema, its id and the key server's signature (keyserver.certificates)."""
+    """The schema, its id and the key server's signature (credentials.certificates)."""
     doc = state.store.public_document()
     return {k: doc[k] for k in ("schema", "schema_id", "schema_signature", "server_key")}
 

@@ -14,10 +14,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from credentials import codec, scheme
+from credentials.certificates import RootCertificate
 from credentials.messages import ConnectionRequest, EncryptedEvent
 from credentials.scheme import Event, PublicParams
 from overlay.crypto import CostMeter, CryptoRejected, RootKit, VirtualKeys
-from overlay.rootcert import RootCertificate
 
 
 def _root_signed(request: ConnectionRequest, context: bytes) -> bytes:
@@ -76,7 +76,7 @@ class RealCrypto:
         with self.meter.timed("check_root_proof"):
             try:
                 cert = RootCertificate.from_bytes(certificate)
-                if not cert.check(self.server_key, attribute, now):
+                if not cert.verify(self.server_key.public_bytes_raw(), attribute, now):
                     return False
                 Ed25519PublicKey.from_public_bytes(cert.transport_key).verify(
                     proof, _root_signed(request, context))

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from credentials import codec, scheme
 from credentials.backends import load_group
+from credentials.certificates import RootCertificate
 from credentials.credential import Credential
 from credentials.decompose import decompose, fine_split, root_credential
 from credentials.predicates import Predicate
@@ -26,7 +27,6 @@ from credentials.scheme import Event, PublicParams
 from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
 from overlay.crypto_real import RealCrypto
-from overlay.rootcert import issue_root_certificate
 
 Plan = list[tuple[Credential, tuple[Credential, ...]]]
 
@@ -109,7 +109,7 @@ class RealIssuer:
     def root_kit(self, attribute: str, epoch: int, expires_at: int) -> RootKit:
         transport = Ed25519PrivateKey.generate()
         raw = transport.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        cert = issue_root_certificate(self.server_key, attribute, raw, epoch, expires_at)
+        cert = RootCertificate.issue(self.server_key, attribute, raw, epoch, expires_at)
         return RootKit(root_credential(self.schema.attribute(attribute)), epoch,
                        cert.to_bytes(), transport)
 

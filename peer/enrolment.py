@@ -31,7 +31,6 @@ from keyserver.bundles import (
 from keyserver.client import KeyServerClient
 from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from overlay.crypto_real import RealCrypto
-from overlay.rootcert import RootCertificate
 
 
 @dataclass(frozen=True)
@@ -93,10 +92,8 @@ def enrol_root(client: KeyServerClient, params: ServerParams, attribute: str,
     doc = client.enrol_root(attribute, base64.b64encode(raw).decode(),
                             epoch="next" if next_epoch else None)
     cert = decode_root_certificate(doc, params.server_key)
-    overlay_cert = RootCertificate(cert.attribute, cert.transport_key, cert.epoch,
-                                   cert.expires_at, cert.certificate)
     credential = root_credential(params.pp.schema.attribute(attribute))
-    return RootKit(credential, cert.epoch, overlay_cert.to_bytes(), signer), \
+    return RootKit(credential, cert.epoch, cert.to_bytes(), signer), \
         float(doc["epoch_end"])
 
 

@@ -5,16 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from credentials.schema import default_schema
-from keyserver.certificates import (
-    root_certificate_message,
-    sign_root_certificate,
-    verify_root_certificate,
-    verify_schema,
-)
 from keyserver.epochs import EpochClock
 from keyserver.metrics import Metrics
 from keyserver.ratelimit import RateLimiter
@@ -61,25 +52,6 @@ def test_sealing_round_trips_and_rejects_wrong_passphrase_and_tampering():
         unseal_secret(b"not json", "pass")
     with pytest.raises(ValueError):
         seal_secret(b"x", "")
-
-
-def test_root_certificates_bind_every_field():
-    server = Ed25519PrivateKey.generate()
-    server_key = server.public_key().public_bytes(serialization.Encoding.Raw,
-                                                  serialization.PublicFormat.Raw)
-    transport = b"\x07" * 32
-    cert = sign_root_certificate(server, "price", transport, 5, 2000)
-    assert verify_root_certificate(server_key, "price", transport, 5, 2000, cert, now=1999)
-    assert not verify_root_certificate(server_key, "price", transport, 5, 2000, cert, now=2001)
-    for args in (("volume", transport, 5, 2000), ("price", b"\x08" * 32, 5, 2000),
-                 ("price", transport, 6, 2000), ("price", transport, 5, 2001),
-                 ("price", b"\x07" * 31, 5, 2000)):
-        assert not verify_root_certificate(server_key, *args, cert)
-    # Field boundaries are unambiguous.
-    assert root_certificate_message("ab", transport, 1, 1) != \
-        root_certificate_message("a", transport, 1, 1)
-    schema = default_schema()
-    assert not verify_schema(server_key, schema, cert)
 
 
 def test_metrics_render_prometheus_text():

@@ -1,0 +1,102 @@
+"""What the key server signs with its Ed25519 key besides connection requests.
+
+* The schema: ``tag || schema.canonical_bytes()``, so peers trust the event space.
+* Root certificates: a root peer holds no D/S1/S2 (SCHEME.md), so it proves that it
+  accepted a connection request by signing with a transport key the key server
+  certified for one attribute tree, one epoch, until an expiry.
+
+Every signed message starts with its own domain tag and length-prefixes each field,
+so a signature over one kind of message can never pass for another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from credentials.schema import Schema
+
+SCHEMA_TAG = b"ibe-pubsub/v1/schema"
+ROOT_TAG = b"ibe-pubsub/v1/root-certificate"
+ED25519_KEY_BYTES = 32
+
+
+def _fields(*parts: bytes) -> bytes:
+    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+
+
+def _verify(server_key: bytes, message: bytes, signature: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(server_key).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def schema_message(schema: Schema) -> bytes:
+    """The bytes the key server signs to vouch for a schema."""
+    return _fields(SCHEMA_TAG, schema.canonical_bytes())
+
+
+def verify_schema(server_key: bytes, schema: Schema, signature: bytes) -> bool:
+    """True iff ``signature`` is the key server's (raw Ed25519 key) signature of ``schema``."""
+    return _verify(server_key, schema_message(schema), signature)
+
+
+def root_certificate_message(attribute: str, transport_key: bytes, epoch: int,
+                             expires_at: int) -> bytes:
+    """tag || attribute || transport key (32 bytes) || epoch (u64) || expires_at (u64)."""
+    if len(transport_key) != ED25519_KEY_BYTES:
+        raise ValueError("a transport key is a raw 32-byte Ed25519 public key")
+    return _fields(ROOT_TAG, attribute.encode("utf-8"), transport_key,
+                   epoch.to_bytes(8, "big"), int(expires_at).to_bytes(8, "big"))
+
+
+@dataclass(frozen=True)
+class RootCertificate:
+    """The key server's signature over a root's transport key; travels as a msgpack array."""
+
+    attribute: str
+    transport_key: bytes
+    epoch: int
+    expires_at: int
+    signature: bytes
+
+    @classmethod
+    def issue(cls, signing_key: Ed25519PrivateKey, attribute: str, transport_key: bytes,
+              epoch: int, expires_at: int) -> RootCertificate:
+        message = root_certificate_message(attribute, transport_key, epoch, expires_at)
+        return cls(attribute, transport_key, epoch, expires_at, signing_key.sign(message))
+
+    def verify(self, server_key: bytes, attribute: str | None = None,
+               now: float | None = None) -> bool:
+        """True iff the key server signed it (for ``attribute`` and unexpired at ``now``,
+        when given)."""
+        if attribute is not None and attribute != self.attribute:
+            return False
+        if now is not None and now > self.expires_at:
+            return False
+        try:
+            message = root_certificate_message(self.attribute, self.transport_key, self.epoch,
+                                               self.expires_at)
+        except ValueError:
+            return False
+        return _verify(server_key, message, self.signature)
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb([self.attribute, self.transport_key, self.epoch, self.expires_at,
+                              self.signature], use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RootCertificate:
+        try:
+            a, k, e, x, s = msgpack.unpackb(data, raw=False)
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
+            raise ValueError(f"malformed root certificate: {exc}") from None
+        if not (isinstance(a, str) and isinstance(k, bytes) and isinstance(e, int)
+                and isinstance(x, int) and isinstance(s, bytes)):
+            raise ValueError("malformed root certificate fields")
+        return cls(a, k, e, x, s)
