@@ -4,7 +4,7 @@
 #   docker run -d -e IBE_PUBSUB_PASSPHRASE=... -v ks:/data -p 8700:8700 ibe-pubsub
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY credentials credentials
 COPY keyserver keyserver
 COPY migrations migrations
