@@ -93,6 +93,9 @@ class PeerMachine:
         self.contacts: dict[str, list[str]] = {}
         self.stats = Stats()
         self.stopped = False
+        #: No :meth:`tick` before this time has anything to do (a heartbeat, failure timeout,
+        #: join retry or key expiry falls due then), so a driver may skip ticks until it.
+        self.next_tick_at = 0.0
         self._expiry: dict[int, float] = {}
         cap = config.dedup_capacity
         self._seen_joins: Bounded[tuple[str, bytes], None] = Bounded(cap)
@@ -180,6 +183,7 @@ class PeerMachine:
             vp.children.clear()
             vp.parents.clear()
         self.stopped = True
+        self.next_tick_at = float("inf")
         return out
 
     def rekey(self, now: float, kit: SubscriberKit | None = None,
@@ -188,6 +192,7 @@ class PeerMachine:
         out: list[Action] = []
         for old in self.epochs:
             self._expiry.setdefault(old, now + self.config.grace)
+        self._due(now + self.config.grace)
         for root in roots:
             for vp in self.vpeers.values():
                 if vp.is_root and vp.attribute == root.attribute:
@@ -213,21 +218,22 @@ class PeerMachine:
                 self._drop_epoch(epoch)
                 out.append(Log("info", f"keys of epoch {epoch} expired"))
         cfg = self.config
+        # Links inside this peer (to and from its relays) cannot fail apart: no heartbeats.
         for vp in self.vpeers.values():
             for child, link in list(vp.children.items()):
-                if now - link.last_heard > cfg.failure_timeout:
+                if child[0] != self.address and now - link.last_heard > cfg.failure_timeout:
                     del vp.children[child]
                     out.append(Log("info", f"{vp.vp}: child {child[0]} silent, dropped"))
             if vp.is_top:
                 continue
-            lost = [p for p, link in vp.parents.items()
-                    if now - link.last_heard > cfg.failure_timeout]
+            remote = [p for p in vp.parents if p[0] != self.address]
+            lost = [p for p in remote if now - vp.parents[p].last_heard > cfg.failure_timeout]
             for parent in lost:
                 out.append(Log("info", f"{vp.vp}: parent {parent[0]} silent, rejoining"))
                 out += self._lose_parent(vp, parent, now)
-            if now >= vp.next_ping_at:
+            if now >= vp.next_ping_at and remote:
                 vp.next_ping_at = now + cfg.heartbeat_interval
-                out += [Send(p[0], Ping(vp.vp, p[1])) for p in vp.parents]
+                out += [Send(p[0], Ping(vp.vp, p[1])) for p in vp.parents if p in remote]
             for join_id, pending in list(vp.joins.items()):
                 if now - pending.sent_at > 2 * cfg.join_timeout:
                     del vp.joins[join_id]
@@ -243,7 +249,32 @@ class PeerMachine:
                          and now - vp.join_started > 2 * cfg.join_timeout)
                 target = hint[1] if hint and stuck and not vp.parents else None
                 out += self._send_join(vp, now, target, retry)
+        self.next_tick_at = self._deadline()
         return out
+
+    def _deadline(self) -> float:
+        """The earliest time a condition :meth:`tick` checks can hold, from scratch."""
+        cfg = self.config
+        times = [t for e, t in self._expiry.items() if e != self.epoch]
+        for vp in self.vpeers.values():
+            times += [c.last_heard + cfg.failure_timeout for n, c in vp.children.items()
+                      if n[0] != self.address]
+            if vp.is_top:
+                continue
+            remote = [p for n, p in vp.parents.items() if n[0] != self.address]
+            times += [p.last_heard + cfg.failure_timeout for p in remote]
+            times += [j.sent_at + 2 * cfg.join_timeout for j in vp.joins.values()]
+            if remote:
+                times.append(vp.next_ping_at)
+            if ((vp.join_started is not None or vp.parents)
+                    and len(vp.parents) < self._wanted_links(vp)
+                    and not (vp.parents and vp.link_attempts >= cfg.mcr_link_attempts)):
+                times.append(vp.next_join_at)
+        return min(times, default=float("inf"))
+
+    def _due(self, at: float) -> None:
+        """Something :meth:`tick` checks may fall due at ``at``."""
+        self.next_tick_at = min(self.next_tick_at, at)
 
     def _drop_epoch(self, epoch: int) -> None:
         self.kits.pop(epoch, None)
@@ -276,6 +307,7 @@ class PeerMachine:
         join_id = self.rng.randbytes(16)
         vp.joins[join_id] = PendingJoin(now, self.epoch)
         vp.next_join_at = now + self.config.join_timeout
+        self._due(vp.next_join_at)
         if vp.parents:
             vp.link_attempts += 1
         return [Send(target[0], Join(vp.vp, target[1], vp.attribute, join_id, self.address,
@@ -290,6 +322,7 @@ class PeerMachine:
             return self._assign_tokens(vp)
         vp.join_started = now
         vp.next_join_at = now
+        self._due(now)
         return []
 
     def _check_request(self, data: bytes, attribute: str, now: float) -> tuple[Any, str | None]:
@@ -367,12 +400,15 @@ class PeerMachine:
                 (downs if p < position or (p == position and child[1] < m.origin_vp)
                  else others).append(child)
         fresh = newcomer not in vp.children and newcomer not in vp.parents
-        # A retry splits where its search ends, or right here if the newcomer was sent
-        # here by a swap offer's hint; where no relay may be split off, it climbs on.
+        # A retry splits where its search ends, right here if the newcomer was sent here by
+        # a swap offer's hint, or at the first full covering peer it climbs to; where no
+        # relay may be split off, it climbs on from the peer the relays copy.
         if (m.split and fresh and m.depth < 0
-                and (not downs or (frm == newcomer and m.dst_vp == vp.vp))):
+                and (not downs or frm in vp.children
+                     or (frm == newcomer and m.dst_vp == vp.vp))):
+            creator = self._creator(vp)
             return (self._split(vp, newcomer, m.join_id, sw, request, now)
-                    or self._forward(vp, m, ups, []))
+                    or self._forward(creator, m, list(creator.parents), []))
         # The search stays below the first peer that may take the newcomer, so it costs
         # the covering part of that subtree, not of the whole tree.
         return self._forward(vp, m, downs, others if m.depth < 0 else [])
@@ -399,6 +435,7 @@ class PeerMachine:
     def _adopt(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
                request: Any, now: float) -> list[Action]:
         vp.children[newcomer] = ChildLink(now, self.crypto.request_position(request))
+        self._due(now + self.config.failure_timeout)
         proof, cert = self._prove(vp, sw, request, context("join", (self.address, vp.vp),
                                                            newcomer))
         return [Send(newcomer[0], Accept(vp.vp, newcomer[1], join_id, proof, cert))]
@@ -465,6 +502,7 @@ class PeerMachine:
 
     def _add_parent(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
         vp.parents[parent] = ParentLink(now)
+        self._due(min(vp.next_ping_at, now + self.config.failure_timeout))
         started = vp.join_started if vp.join_started is not None else now
         if len(vp.parents) >= self._wanted_links(vp):
             vp.join_started = None
@@ -511,6 +549,7 @@ class PeerMachine:
                 vp.split_hint = (position, (m.parent, m.parent_vp))
             return [Log("debug", f"{vp.vp}: swap offer from {frm[0]} not taken")]
         vp.children[frm] = ChildLink(now, position)
+        self._due(now + self.config.failure_timeout)
         proof = self.crypto.acceptance_proof(sw, request, context("swap", (self.address, vp.vp),
                                                                   frm))
         return [Send(frm[0], SwapAccept(vp.vp, frm[1], m.join_id, proof))]

@@ -37,6 +37,8 @@ from overlay.wire import Message, Ping, Pong, Publish
 
 Mode = Literal["modeled", "plaintext", "real"]
 EXPIRY = 2**40
+#: Shortest time between two ticks of one peer (the asyncio peer ticks every 0.2 s).
+TICK_GAP = 0.2
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,14 @@ class Simulator:
     def __init__(self, schema: Schema, config: OverlayConfig | None = None, *,
                  mode: Mode = "modeled", costs: CostTable | None = None,
                  latency: LatencyModel | None = None, seed: int = 0, wire: bool = False,
-                 epoch: int = 1) -> None:
+                 epoch: int = 1, tick_gap: float = TICK_GAP) -> None:
         self.schema = schema
         self.config = config or OverlayConfig()
         self.rng = random.Random(seed)
         self.latency = latency or LatencyModel()
         self.wire = wire
         self.epoch = epoch
+        self.tick_gap = tick_gap
         if mode == "real":
             self.issuer: ModeledIssuer | RealIssuer = RealIssuer(schema)
         else:
@@ -106,6 +109,8 @@ class Simulator:
         self._queue: list[tuple[float, int, str, Any]] = []
         self._seq = 0
         self._busy: dict[str, float] = {}
+        #: address -> (time of its scheduled tick, time of its last tick)
+        self._ticks: dict[str, tuple[float, float]] = {}
         self._links: dict[tuple[str, str], float] = {}
         self._event_ids: dict[bytes, str] = {}
         self._counter = 0
@@ -118,8 +123,17 @@ class Simulator:
 
     def _add_machine(self, address: str, machine: PeerMachine) -> None:
         self.machines[address] = machine
-        self._push(self.now + self.rng.uniform(0, self.config.heartbeat_interval), "tick",
-                   address)
+        self._ticks[address] = (float("inf"), float("-inf"))
+        self._schedule_tick(address)
+
+    def _schedule_tick(self, address: str) -> None:
+        """Tick a peer when its machine next has timer work, at most every ``tick_gap``:
+        a peer with nothing due costs no simulation steps."""
+        scheduled, last = self._ticks[address]
+        at = max(self.machines[address].next_tick_at, last + self.tick_gap, self.now)
+        if at < scheduled:
+            self._ticks[address] = (at, last)
+            self._push(at, "tick", address)
 
     def add_roots(self) -> dict[str, str]:
         """One root peer per attribute tree."""
@@ -185,6 +199,7 @@ class Simulator:
             predicate = self.predicates.get(address)
             kit = self.issuer.subscriber_kit(predicate, epoch, EXPIRY) if predicate else None
             self._apply(address, machine.rekey(self.now, kit=kit, roots=roots), self.now)
+            self._schedule_tick(address)
 
     # -- the event loop --------------------------------------------------------------------
 
@@ -228,6 +243,7 @@ class Simulator:
         if not urgent:
             self._busy[address] = done
         self._apply(address, actions, done)
+        self._schedule_tick(address)
 
     def step(self) -> bool:
         """Process the next scheduled happening; False when nothing is left."""
@@ -243,10 +259,9 @@ class Simulator:
             machine = self.machines[to]
             self._run_on(to, at, lambda t: machine.receive(sender, message, t), urgent)
         elif what == "tick":
-            if payload not in self.dead:
-                machine = self.machines[payload]
-                self._run_on(payload, at, machine.tick, urgent=True)
-                self._push(at + self.config.heartbeat_interval / 2, "tick", payload)
+            if payload not in self.dead and self._ticks[payload][0] == at:
+                self._ticks[payload] = (float("inf"), at)
+                self._run_on(payload, at, self.machines[payload].tick, urgent=True)
         elif what == "join":
             self._join(payload, at)
         elif what == "publish":
