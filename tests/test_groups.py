@@ -41,3 +41,19 @@ def test_malformed_encodings_are_rejected():
         with pytest.raises(GroupError):
             group.deserialize(kind, data)
     assert group.deserialize(G1, g1) == group.hash_to_g1(b"x")
+
+
+def test_falls_back_to_pymcl_with_a_warning_when_the_c_api_cannot_be_bound(monkeypatch):
+    import pymcl
+
+    from credentials.backend_pymcl import PymclGroup
+    from credentials.backends import load_group as cached_load_group
+
+    monkeypatch.setattr(pymcl, "__version__", "0.0.0")  # not the pinned build
+    cached_load_group.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="falling back to pymcl"):
+            group = cached_load_group("mcl")
+        assert isinstance(group, PymclGroup)
+    finally:
+        cached_load_group.cache_clear()  # the next caller binds the native library again
