@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import stat
 import subprocess
@@ -11,11 +9,8 @@ import time
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from keyserver_fixtures import PASSPHRASE
+from tls_certificates import self_signed
 
 from keyserver.client import KeyServerClient, KeyServerError
 from keyserver.launcher import child_env, cli_command, free_port, start_keyserver, stop
@@ -141,29 +136,10 @@ def test_bench_keyserver_smoke(tmp_path):
         summary["http_keys_per_second"] / summary["floor_keys_per_second"], rel=0.01)
 
 
-def _self_signed(directory) -> tuple[str, str]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_file), str(key_file)
-
-
 def test_serves_tls_when_given_a_certificate(tmp_path):
     data = tmp_path / "ks"
     assert _run("keyserver", "init", "--data", str(data)).returncode == 0
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     port = free_port()
     process = start_keyserver(data, port, PASSPHRASE,
                               ("--tls-cert", cert, "--tls-key", key, "--workers", "1"))

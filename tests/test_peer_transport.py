@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import random
 import ssl
 
 import msgpack
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from tls_certificates import self_signed
 
 from peer import frames
 from peer.transport import Backoff, Transport, TransportError, split_address
@@ -183,28 +178,9 @@ def test_bad_and_oversized_frames_are_dropped_and_the_link_survives(caplog):
     assert "dropped a frame" in caplog.text and "refused a connection" in caplog.text
 
 
-def _self_signed(tmp_path):
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ibe-pubsub test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(1)
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
-
-
 def test_tls(tmp_path):
     from peer.tls import client_context, server_context
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
 
     async def main():
         server, client = server_context(cert, key, cert), client_context(cert, cert, key)
