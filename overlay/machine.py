@@ -403,9 +403,9 @@ class PeerMachine:
         # A retry splits where its search ends, right here if the newcomer was sent here by
         # a swap offer's hint, or at the first full covering peer it climbs to; where no
         # relay may be split off, it climbs on from the peer the relays copy.
-        if (m.split and fresh and m.depth < 0
-                and (not downs or frm in vp.children
-                     or (frm == newcomer and m.dst_vp == vp.vp))):
+        climbed = frm in vp.children and not vp.is_root
+        if fresh and m.depth < 0 and (climbed or not downs or (
+                m.split and frm == newcomer and m.dst_vp == vp.vp)):
             creator = self._creator(vp)
             return (self._split(vp, newcomer, m.join_id, sw, request, now)
                     or self._forward(creator, m, list(creator.parents), []))

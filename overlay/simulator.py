@@ -103,6 +103,7 @@ class Simulator:
         self.dead: set[str] = set()
         self.roots: dict[str, str] = {}
         self.members: dict[str, list[str]] = defaultdict(list)
+        self._listed: dict[str, set[str]] = defaultdict(set)
         self.predicates: dict[str, Predicate] = {}
         self.metrics = Metrics()
         self.now = 0.0
@@ -228,6 +229,7 @@ class Simulator:
             elif isinstance(action, Connected):
                 if action.link == 1:
                     m.connection_delays.append(at - action.started_at)
+                    self._connected(address, action.attribute)
             elif isinstance(action, Log):
                 m.logs[action.level] += 1
 
@@ -278,8 +280,14 @@ class Simulator:
             members = self.members[a][1:] or self.members[a][:1]
             contacts[a] = self.rng.sample(members, k=min(3, len(members)))
         self._run_on(address, at, lambda t: machine.join(contacts, t))
-        for a in trees:
-            self.members[a].append(address)
+
+    def _connected(self, address: str, attribute: str) -> None:
+        """A peer becomes a contact for newcomers once it has a link in the tree (a directory
+        would list connected peers; an unattached one drops every join it gets)."""
+        members = self.members[attribute]
+        if address not in self.dead and address not in self._listed[attribute]:
+            self._listed[attribute].add(address)
+            members.append(address)
 
     def _publish(self, publisher: str, event_id: str, values: dict[str, Any], at: float) -> None:
         data = self.issuer.encrypt(Event(event_id, values, b""), self.epoch)
