@@ -109,6 +109,8 @@ class PeerMachine:
         self._events: Bounded[bytes, Any] = Bounded(64)
         self._routes: Bounded[tuple[bytes, bytes], bool] = Bounded(cap)
         self._tokens: dict[tuple[str, int], Any] = {}
+        #: creator virtual peer id -> its relays, breadth first (see :meth:`_relays`)
+        self._relay_lists: dict[str, list[VirtualPeer]] = {}
         for root in roots:
             vp = self._new_vpeer(root.attribute, root.credential,
                                  "." + self.rng.randbytes(6).hex())  # first in the order
@@ -149,7 +151,8 @@ class PeerMachine:
         """Epochs whose connection requests and events this peer accepts."""
         found = set(self.kits)
         for vp in self.vpeers.values():
-            found.update(vp.roots)
+            if not vp.relay:  # a relay holds its creator's root material
+                found.update(vp.roots)
         return found
 
     @property
@@ -182,6 +185,7 @@ class PeerMachine:
                 out.append(Send(parent[0], Detach(vp.vp, parent[1])))
             vp.children.clear()
             vp.parents.clear()
+        self._relay_lists.clear()
         self.stopped = True
         self.next_tick_at = float("inf")
         return out
@@ -449,10 +453,14 @@ class PeerMachine:
         return vp
 
     def _relays(self, vp: VirtualPeer) -> list[VirtualPeer]:
-        """The relays below ``vp``, breadth first (they are all local)."""
-        queue = [self.vpeers[c[1]] for c in vp.children if self._is_relay(c)]
-        for relay in queue:
-            queue += [self.vpeers[c[1]] for c in relay.children if self._is_relay(c)]
+        """The relays below ``vp``, breadth first (they are all local; only a split adds
+        one, so the list is kept until the next split)."""
+        queue = self._relay_lists.get(vp.vp)
+        if queue is None:
+            queue = [self.vpeers[c[1]] for c in vp.children if self._is_relay(c)]
+            for relay in queue:
+                queue += [self.vpeers[c[1]] for c in relay.children if self._is_relay(c)]
+            self._relay_lists[vp.vp] = queue
         return queue
 
     def _split(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
@@ -470,6 +478,7 @@ class PeerMachine:
         host = next(h for h in (vp, *relays) if any(not self._is_relay(c) for c in h.children))
         relay = self._new_vpeer(vp.attribute, vp.credential,
                                 f"{host.vp}.{self.rng.randbytes(3).hex()}")
+        self._relay_lists.pop(vp.vp, None)
         relay.keys, relay.roots, relay.relay = dict(vp.keys), dict(vp.roots), True
         relay.parents[(self.address, host.vp)] = ParentLink(now, host.depth)
         moved = self.rng.choice(sorted(c for c in host.children if not self._is_relay(c)))
