@@ -49,7 +49,7 @@ REPORT_OVERHEAD_MS = {"connection": (230, 300), "dissemination": (150, 250)}
 class Sizes:
     """Every size of the run; the defaults finish in minutes on two cores."""
 
-    peers: tuple[int, ...] = (100, 200, 400, 800)
+    peers: tuple[int, ...] = (100, 200, 500, 1000, 2000, 5000)
     max_children: int = 4
     degree_peers: int = 300
     degrees: tuple[int, ...] = (2, 3, 4, 6, 8)

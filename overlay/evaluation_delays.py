@@ -123,8 +123,8 @@ def connection_run(setting: Setting, peers: int, max_children: int, mode: Mode
     sim = build(setting, peers, max_children, mode)
     return {"connection_s": summary(sim.first_connections.values()),
             "all_connections_s": summary(sim.metrics.connection_delays),
-            "connected": sum(1 for m in sim.machines.values()
-                             if any(vp.parents for vp in m.vpeers.values())),
+            "connected": sum(1 for a in sim.alive_subscribers()
+                             if any(vp.parents for vp in sim.machines[a].vpeers.values())),
             "messages": dict(sim.metrics.messages)}
 
 
