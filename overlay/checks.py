@@ -64,3 +64,11 @@ def link_cycles(sim: Simulator) -> list[str]:
                     free.append(child)
         del parents[node]
     return sorted(f"{a}/{vp}" for a, vp in parents)
+
+
+def late_timers(sim: Simulator) -> list[str]:
+    """Live machines whose ``next_tick_at`` is later than a timer their state holds: the
+    simulator would tick them too late (a missed heartbeat, failure check or join retry)."""
+    return [f"{a}: next tick {m.next_tick_at} after deadline {m.deadline()}"
+            for a, m in sim.machines.items()
+            if a not in sim.dead and not m.stopped and m.next_tick_at > m.deadline()]

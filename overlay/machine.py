@@ -253,10 +253,10 @@ class PeerMachine:
                          and now - vp.join_started > 2 * cfg.join_timeout)
                 target = hint[1] if hint and stuck and not vp.parents else None
                 out += self._send_join(vp, now, target, retry)
-        self.next_tick_at = self._deadline()
+        self.next_tick_at = self.deadline()
         return out
 
-    def _deadline(self) -> float:
+    def deadline(self) -> float:
         """The earliest time a condition :meth:`tick` checks can hold, from scratch."""
         cfg = self.config
         times = [t for e, t in self._expiry.items() if e != self.epoch]

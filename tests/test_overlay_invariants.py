@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from credentials.schema import default_schema
-from overlay.checks import tree_violations
+from overlay.checks import late_timers, tree_violations
 from overlay.config import OverlayConfig
 from overlay.simulator import Simulator
 from overlay.workload import Workload
@@ -41,6 +41,7 @@ class OverlayChurn(RuleBasedStateMachine):
             if not self.sim.step():
                 break
             assert tree_violations(self.sim) == []
+            assert late_timers(self.sim) == []
 
     @invariant()
     def containment_and_out_degree(self) -> None:
