@@ -170,8 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "write KEYDIR/<identity>.json per identity (secret keys; mode 0600). Resumable: "
         "run the same command again after an interruption and it issues nothing twice.")
     issue.add_argument("--server", required=True, help="key server base URL")
-    # Not required=True: the dispatcher's first parse would then refuse a token that
-    # only comes from the environment or the TOML file.
+    # Checked in the handler, whose message points to the environment variable too.
     issue.add_argument("--admin-token", default=None,
                        help="the key server's admin token (required; better given as "
                        "$IBE_PUBSUB_ADMIN_TOKEN than on the command line)")
