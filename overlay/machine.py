@@ -38,6 +38,8 @@ from overlay.wire import (
     Detach,
     Handover,
     Join,
+    JoinMiss,
+    JoinSplit,
     Message,
     Ping,
     Pong,
@@ -78,6 +80,23 @@ class _Opened:
     request: Any
 
 
+@dataclass
+class _Search:
+    """A first join this full peer passed down to the children that may cover its newcomer.
+    When every one of them answers :class:`JoinMiss`, the search has failed below this
+    peer: it reports the miss to ``upstream`` (the parent that passed the join down to it)
+    or, at the top of the search, has the deepest peer that may split take the newcomer."""
+
+    join: Join
+    waiting: set[Node]
+    upstream: Node | None
+    started: float
+    sw: bytes | None
+    request: Any
+    #: The deepest peer below that may split for the newcomer, with its depth.
+    splitter: tuple[int, Node] | None = None
+
+
 class PeerMachine:
     """One physical peer: its virtual peers, its keys, its duplicate memories."""
 
@@ -100,6 +119,7 @@ class PeerMachine:
         cap = config.dedup_capacity
         self._seen_joins: Bounded[tuple[str, bytes], None] = Bounded(cap)
         self._opened: Bounded[bytes, _Opened] = Bounded(cap)
+        self._searches: Bounded[tuple[str, bytes], _Search] = Bounded(cap)
         self._seen_events: Bounded[tuple[str, bytes], None] = Bounded(cap)
         self._processed: Bounded[bytes, None] = Bounded(cap)
         self._delivered: Bounded[str, None] = Bounded(cap)
@@ -118,9 +138,11 @@ class PeerMachine:
         if kit is not None:
             self._install_kit(kit)
         self._handlers: dict[type[Message], Callable[..., list[Action]]] = {
-            Join: self._on_join, Accept: self._on_accept, Detach: self._on_detach,
-            SwapOffer: self._on_swap_offer, SwapAccept: self._on_swap_accept,
-            SwapHandover: self._on_swap_handover, Tokens: self._on_tokens, Ping: self._on_ping,
+            Join: self._on_join, JoinMiss: self._on_join_miss, JoinSplit: self._on_join_split,
+            Accept: self._on_accept,
+            Detach: self._on_detach, SwapOffer: self._on_swap_offer,
+            SwapAccept: self._on_swap_accept, SwapHandover: self._on_swap_handover,
+            Tokens: self._on_tokens, Ping: self._on_ping,
             Pong: self._on_pong, Handover: self._on_handover, Publish: self._on_publish}
 
     # -- set-up and user operations -----------------------------------------------------------
@@ -379,22 +401,18 @@ class PeerMachine:
             keys = vp.keys.get(getattr(request, "epoch", -1))
             if keys is None or m.depth >= 0 or (vp.credential.position <= position
                                                  and not m.split):
-                return []
+                return self._miss(vp, frm, m)
             vp.swaps[m.join_id] = SwapOffered(frm, newcomer, request.epoch)
-            return [Send(m.origin, SwapOffer(vp.vp, m.origin_vp, m.join_id, keys.request, *frm))]
+            return [Send(m.origin, SwapOffer(vp.vp, m.origin_vp, m.join_id, keys.request, *frm)),
+                    *self._miss(vp, frm, m)]
         self._opened.put(m.join_id, _Opened(vp.vp, newcomer, sw, request))
         ups = [p for p in vp.parents if p != frm]
         if not vp.attached or not self._precedes(vp, position, m.origin_vp):
-            return self._forward(vp, m, ups, [])  # nobody below this peer may take it either
-        relays = self._relays(self._creator(vp))
-        if newcomer not in vp.parents and all(newcomer not in r.children
-                                              for r in (vp, *relays)):
-            if len(vp.children) < self.config.max_children:
-                return self._adopt(vp, newcomer, m.join_id, sw, request, now)
-            relay = next((r for r in relays if len(r.children) < self.config.max_children),
-                         None)
-            if relay is not None:
-                return self._adopt(relay, newcomer, m.join_id, sw, request, now)
+            # Nobody below this peer may take it either.
+            return self._forward(vp, m, ups, []) + self._miss(vp, frm, m)
+        taken = self._take(vp, newcomer, m.join_id, sw, request, now)
+        if taken is not None:
+            return taken
         # Full: search the children that may cover the newcomer and precede it (coarser, or
         # as fine with a smaller id); on a first join ask the finer ones for a swap.
         downs, others = [], []
@@ -403,19 +421,96 @@ class PeerMachine:
                 p = link.position
                 (downs if p < position or (p == position and child[1] < m.origin_vp)
                  else others).append(child)
-        fresh = newcomer not in vp.children and newcomer not in vp.parents
+        fresh = not self._linked(vp, newcomer)
         # A retry splits where its search ends, right here if the newcomer was sent here by
         # a swap offer's hint, or at the first full covering peer it climbs to; where no
         # relay may be split off, it climbs on from the peer the relays copy.
         climbed = frm in vp.children and not vp.is_root
         if fresh and m.depth < 0 and (climbed or not downs or (
                 m.split and frm == newcomer and m.dst_vp == vp.vp)):
-            creator = self._creator(vp)
-            return (self._split(vp, newcomer, m.join_id, sw, request, now)
-                    or self._forward(creator, m, list(creator.parents), []))
+            return self._split_or_climb(vp, m, sw, request, now)
         # The search stays below the first peer that may take the newcomer, so it costs
         # the covering part of that subtree, not of the whole tree.
-        return self._forward(vp, m, downs, others if m.depth < 0 else [])
+        out = self._forward(vp, m, downs, others if m.depth < 0 else [])
+        if not downs or m.hops <= 1:
+            return out + self._miss(vp, frm, m)
+        if fresh and m.depth < 0:
+            upstream = frm if frm in vp.parents else None
+            self._searches.put((vp.vp, m.join_id),
+                               _Search(m, set(downs), upstream, now, sw, request))
+        return out
+
+    def _take(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
+              request: Any, now: float) -> list[Action] | None:
+        """Adopt the newcomer into a free slot of ``vp`` or of one of its relays; None when
+        all are full or the newcomer is linked to them already."""
+        if self._linked(vp, newcomer):
+            return None
+        free = next((r for r in (vp, *self._relays(self._creator(vp)))
+                     if len(r.children) < self.config.max_children), None)
+        return None if free is None else self._adopt(free, newcomer, join_id, sw, request, now)
+
+    def _linked(self, vp: VirtualPeer, node: Node) -> bool:
+        """Is ``node`` a parent of ``vp``, or a child of it or of one of its relays?"""
+        return node in vp.parents or any(node in r.children
+                                         for r in (vp, *self._relays(self._creator(vp))))
+
+    def _split_or_climb(self, vp: VirtualPeer, m: Join, sw: bytes | None, request: Any,
+                        now: float) -> list[Action]:
+        """Take the newcomer by a split; where no relay may be split off, pass the join on
+        from the peer the relays copy."""
+        creator = self._creator(vp)
+        return (self._split(vp, (m.origin, m.origin_vp), m.join_id, sw, request, now)
+                or self._forward(creator, m, list(creator.parents), []))
+
+    def _miss(self, vp: VirtualPeer, frm: Node, m: Join) -> list[Action]:
+        """Tell the parent that passed a join down that it ends here (a swap probe, sent
+        with a single hop, is not waited for and gets no answer)."""
+        if m.hops <= 1 or frm not in vp.parents:
+            return []
+        return [Send(frm[0], JoinMiss(vp.vp, frm[1], m.join_id, "", "", -1))]
+
+    def _on_join_miss(self, vp: VirtualPeer, frm: Node, m: JoinMiss, now: float
+                      ) -> list[Action]:
+        search = self._searches.get((vp.vp, m.join_id))
+        if search is None or frm not in search.waiting:
+            return [Log("debug", f"{vp.vp}: join miss from {frm[0]} for no search, ignored")]
+        search.waiting.discard(frm)
+        if m.depth >= 0 and (search.splitter is None or m.depth > search.splitter[0]):
+            search.splitter = (m.depth, (m.splitter, m.splitter_vp))
+        if search.waiting:
+            return []
+        self._searches.pop((vp.vp, m.join_id))
+        if now - search.started > self.config.join_timeout:
+            return []  # the newcomer has retried by now
+        join = search.join
+        newcomer = (join.origin, join.origin_vp)
+        if search.upstream is not None:
+            up, best = search.upstream, search.splitter
+            if up not in vp.parents:
+                return []
+            depth = vp.depth
+            if (best is None and depth is not None
+                    and self._split_host(self._creator(vp), newcomer) is not None):
+                best = (depth, (self.address, vp.vp))
+            name, depth = (best[1], best[0]) if best else (("", ""), -1)
+            return [Send(up[0], JoinMiss(vp.vp, up[1], m.join_id, *name, depth))]
+        if self._linked(vp, newcomer):
+            return []
+        if search.splitter is not None:
+            target = search.splitter[1]
+            return [Send(target[0], JoinSplit(vp.vp, target[1], m.join_id))]
+        return (self._take(vp, newcomer, join.join_id, search.sw, search.request, now)
+                or self._split_or_climb(vp, join, search.sw, search.request, now))
+
+    def _on_join_split(self, vp: VirtualPeer, frm: Node, m: JoinSplit, now: float
+                       ) -> list[Action]:
+        opened = self._opened.get(m.join_id)
+        if opened is None or opened.vp != vp.vp or self._linked(vp, opened.newcomer):
+            return [Log("debug", f"{vp.vp}: split request from {frm[0]} for no open join")]
+        return (self._take(vp, opened.newcomer, m.join_id, opened.sw, opened.request, now)
+                or self._split(vp, opened.newcomer, m.join_id, opened.sw, opened.request, now)
+                or [Log("debug", f"{vp.vp}: asked to split for {opened.newcomer[0]}, cannot")])
 
     def _forward(self, vp: VirtualPeer, m: Join, targets: list[Node], swap_probes: list[Node]
                  ) -> list[Action]:
@@ -469,24 +564,34 @@ class PeerMachine:
         copy of this virtual peer takes the slot of one child (of the peer it copies or of
         its shallowest relay that has one), that child and the newcomer."""
         vp = self._creator(vp)
-        relays = self._relays(vp)
-        # The root takes whoever nobody else covers, so only its relays are unbounded; they
-        # fill breadth first, which keeps relay chains logarithmic.
-        if ((not vp.is_top and len(relays) >= self.config.max_relays)
-                or self.config.max_children < 2):
+        host = self._split_host(vp, newcomer)
+        if host is None:
             return []
-        host = next(h for h in (vp, *relays) if any(not self._is_relay(c) for c in h.children))
         relay = self._new_vpeer(vp.attribute, vp.credential,
                                 f"{host.vp}.{self.rng.randbytes(3).hex()}")
         self._relay_lists.pop(vp.vp, None)
         relay.keys, relay.roots, relay.relay = dict(vp.keys), dict(vp.roots), True
         relay.parents[(self.address, host.vp)] = ParentLink(now, host.depth)
-        moved = self.rng.choice(sorted(c for c in host.children if not self._is_relay(c)))
+        moved = self.rng.choice(self._movable(host, newcomer))
         relay.children[moved] = host.children.pop(moved)
         host.children[(self.address, relay.vp)] = ChildLink(now, vp.credential.position)
         return [Log("info", f"{vp.vp}: full, split off relay {relay.vp}"),
                 Send(moved[0], Handover(host.vp, moved[1], self.address, relay.vp)),
                 *self._adopt(relay, newcomer, join_id, sw, request, now)]
+
+    def _split_host(self, creator: VirtualPeer, newcomer: Node) -> VirtualPeer | None:
+        """Where a split of ``creator`` would take a child from, None if it may not split.
+        The root takes whoever nobody else covers, so only its relays are unbounded; they
+        fill breadth first, which keeps relay chains logarithmic."""
+        relays = self._relays(creator)
+        if ((not creator.is_top and len(relays) >= self.config.max_relays)
+                or self.config.max_children < 2):
+            return None
+        return next((h for h in (creator, *relays) if self._movable(h, newcomer)), None)
+
+    def _movable(self, host: VirtualPeer, newcomer: Node) -> list[Node]:
+        """Children a split may move to the new relay: not relays, not the newcomer."""
+        return sorted(c for c in host.children if not self._is_relay(c) and c != newcomer)
 
     def _on_accept(self, vp: VirtualPeer, frm: Node, m: Accept, now: float) -> list[Action]:
         pending = vp.joins.get(m.join_id)
@@ -640,6 +745,8 @@ class PeerMachine:
             # A split moved this child to a relay of the same peer (a copy of the parent,
             # already holding the link): take the new parent over, no rejoin, no gap.
             parent = (m.new_parent, m.new_parent_vp)
+            if parent in vp.parents:  # MCR: already linked to that relay too
+                return self._lose_parent(vp, frm, now)
             vp.parents[parent] = vp.parents.pop(frm)
             if frm in vp.assignment:
                 vp.assignment[parent] = vp.assignment.pop(frm)

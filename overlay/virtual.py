@@ -40,6 +40,9 @@ class Bounded(Generic[K, V]):
         if len(self._data) > self.capacity:
             self._data.popitem(last=False)
 
+    def pop(self, key: K) -> V | None:
+        return self._data.pop(key, None)
+
 
 @dataclass
 class ParentLink:

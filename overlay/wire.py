@@ -61,6 +61,30 @@ class Join(Message):
 
 
 @dataclass(frozen=True)
+class JoinMiss(Message):
+    """Nobody in the sender's subtree may adopt ``join_id`` into a free slot: it could not
+    open the request, or every peer it passed the request down to answered so. It names
+    the deepest peer of that subtree that opened the request and may split for it
+    (``depth`` -1: none), so the full peer that began the downward search can have the
+    newcomer taken there at once instead of leaving it to its join timeout."""
+
+    TAG: ClassVar[int] = 12
+    join_id: bytes
+    splitter: str
+    splitter_vp: str
+    depth: int
+
+
+@dataclass(frozen=True)
+class JoinSplit(Message):
+    """The top of a failed downward search asks the deepest peer that may split for
+    ``join_id`` (named in a :class:`JoinMiss`) to do so."""
+
+    TAG: ClassVar[int] = 13
+    join_id: bytes
+
+
+@dataclass(frozen=True)
 class Accept(Message):
     """The acceptor proves it opened the request (HMAC under SW, or root certificate + sig)."""
 
@@ -149,8 +173,8 @@ class Publish(Message):
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TAG: cls for cls in (Join, Accept, Detach, SwapOffer, SwapAccept, SwapHandover, Tokens,
-                             Ping, Pong, Handover, Publish)}
+    cls.TAG: cls for cls in (Join, JoinMiss, JoinSplit, Accept, Detach, SwapOffer, SwapAccept,
+                             SwapHandover, Tokens, Ping, Pong, Handover, Publish)}
 _HINTS = {tag: [(f.name, typing.get_type_hints(cls)[f.name]) for f in fields(cls)]
           for tag, cls in MESSAGE_TYPES.items()}
 

@@ -21,6 +21,8 @@ from overlay.wire import (
     Detach,
     Handover,
     Join,
+    JoinMiss,
+    JoinSplit,
     Ping,
     Pong,
     Publish,
@@ -69,7 +71,8 @@ def fingerprint(machine: PeerMachine) -> object:
                     sorted(vp.joins), sorted(vp.swaps), vp.split_hint, sorted(vp.assignment)))
     stats = dataclasses.replace(machine.stats, dropped=0)
     sizes = [len(b) for b in (machine._seen_joins, machine._opened, machine._seen_events,
-                              machine._processed, machine._delivered, machine._verified)]
+                              machine._processed, machine._delivered, machine._verified,
+                              machine._searches)]
     return vps, stats, sizes
 
 
@@ -105,6 +108,8 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (parent, dataclasses.replace(join, attribute=elsewhere)),            # other tree
         (parent, Accept(parent[1], vp.vp, b"j" * 16, b"proof", b"")),        # no pending join
         (stranger, Detach(stranger[1], vp.vp)),
+        (child, JoinMiss(child[1], vp.vp, b"j" * 16, "", "", -1)),       # no search
+        (parent, JoinSplit(parent[1], vp.vp, b"j" * 16)),                    # nothing opened
         (parent, SwapOffer(parent[1], vp.vp, b"j" * 16, request, "p:1", "p")),
         (stranger, SwapAccept(stranger[1], vp.vp, b"j" * 16, b"proof")),
         (stranger, SwapHandover(stranger[1], vp.vp, b"j" * 16)),

@@ -9,6 +9,8 @@ from overlay.wire import (
     Detach,
     Handover,
     Join,
+    JoinMiss,
+    JoinSplit,
     Message,
     Ping,
     Pong,
@@ -23,6 +25,8 @@ from overlay.wire import (
 
 SAMPLES: list[Message] = [
     Join("a", "b", "price", b"j" * 16, "h:1", "vp", 7, b"req", True, 3),
+    JoinMiss("a", "b", b"j" * 16, "h:4", "s", 2),
+    JoinSplit("a", "b", b"j" * 16),
     Accept("a", "b", b"j", b"proof", b""),
     Detach("a", "b"),
     SwapOffer("a", "b", b"j", b"req", "h:2", "p"),

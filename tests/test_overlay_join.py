@@ -1,0 +1,76 @@
+"""Joining a full tree: a downward search that finds no covering child ends in a split
+at once (JoinMiss convergecast), not in the newcomer's join timeout."""
+
+from credentials.predicates import parse_predicate
+from credentials.schema import default_schema
+from overlay.actions import Log
+from overlay.config import OverlayConfig
+from overlay.simulator import Simulator
+from overlay.wire import JoinMiss
+
+SCHEMA = default_schema()
+
+
+def _subscribe(sim: Simulator, text: str, at: float) -> str:
+    return sim.add_subscriber(parse_predicate(SCHEMA, text), at=at, max_credentials=1)
+
+
+def test_a_full_root_whose_children_cannot_cover_splits_without_a_timeout():
+    config = OverlayConfig(max_children=2)
+    sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
+    sim.add_roots()
+    # Two coarse children fill the price root: the quarters [0, 250) and [250, 500).
+    first = [_subscribe(sim, "price < 249.9", 0.0), _subscribe(sim, "price in [250, 499.9]", 0.5)]
+    sim.run_until(3.0)
+    root = sim.machines[sim.roots["price"]]
+    top = next(vp for vp in root.vpeers.values() if vp.is_top)
+    assert {c[0] for c in top.children} == set(first)
+    # A finer newcomer in [500, 625), sent to the root (the directory lists only the root):
+    # both children precede it, neither covers it.
+    del sim.members["price"][1:]
+    newcomer = _subscribe(sim, "price in [500, 624.9]", 3.0)
+    sim.run_until(3.0 + config.join_timeout)
+    [delay] = sim.metrics.connection_delays[len(first):]
+    assert delay < config.join_timeout / 4
+    assert sim.metrics.messages["JoinMiss"] == 2
+    assert any(newcomer == c[0] for vp in root.vpeers.values() for c in vp.children)
+    assert len(root.vpeers) == 2  # the root and the relay its split made
+
+
+def test_a_failed_search_splits_at_the_deepest_covering_peer_it_passed():
+    config = OverlayConfig(max_children=2)
+    sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
+    sim.add_roots()
+    half = _subscribe(sim, "price < 499.9", 0.0)                  # credential 0
+    _subscribe(sim, "price >= 500", 0.5)                           # 1
+    _subscribe(sim, "price < 249.9", 1.0)                          # 00, under 0
+    _subscribe(sim, "price in [250, 374.9]", 1.5)                  # 010, under 0
+    sim.run_until(4.0)
+    [top] = [vp for vp in sim.machines[sim.roots["price"]].vpeers.values()]
+    [under_half] = [vp for vp in sim.machines[half].vpeers.values()]
+    assert len(top.children) == 2 and len(under_half.children) == 2
+    # 0110 is covered by 0 only; the root (full) asks 0 and 1, 0 (full) asks 00 and 010:
+    # all miss, and the root has 0, the deepest covering peer passed, split for it.
+    del sim.members["price"][1:]
+    newcomer = _subscribe(sim, "price in [375, 437.4]", 4.0)
+    sim.run_until(4.0 + config.join_timeout)
+    [delay] = sim.metrics.connection_delays[4:]
+    assert delay < config.join_timeout / 4
+    assert sim.metrics.messages["JoinMiss"] == 4 and sim.metrics.messages["JoinSplit"] == 1
+    [vp] = sim.machines[newcomer].vpeers.values()
+    [(parent_address, parent_vp)] = vp.parents
+    assert parent_address == half and sim.machines[half].vpeers[parent_vp].relay
+
+
+def test_a_miss_from_a_peer_that_was_not_asked_is_ignored():
+    config = OverlayConfig(max_children=2)
+    sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
+    sim.add_roots()
+    _subscribe(sim, "price < 249.9", 0.0)
+    sim.run_until(2.0)
+    root = sim.machines[sim.roots["price"]]
+    top = next(vp for vp in root.vpeers.values() if vp.is_top)
+    child = next(iter(top.children))
+    actions = root.receive(child[0], JoinMiss(child[1], top.vp, b"j" * 16, "", "", -1), sim.now)
+    assert [type(a) for a in actions] == [Log]
+    assert len(root.vpeers) == 1 and len(top.children) == 1
