@@ -32,7 +32,8 @@ def _run(args: argparse.Namespace) -> int:
             events_per_publisher=args.events_per_publisher,
             routing_peers=tuple(args.routing_peers),
             routing_credentials=args.routing_credentials,
-            routing_fine_depth=args.routing_fine_depth, subscribers=tuple(args.subscribers),
+            routing_fine_depth=args.routing_fine_depth,
+            tree_subscribers=tuple(args.tree_subscribers), subscribers=tuple(args.subscribers),
             encryption_events=args.encryption_events,
             calibration_peers=args.calibration_peers,
             calibration_events=args.calibration_events,
@@ -75,19 +76,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "operations per event (the report's section 8, and more)",
         description="Run the evaluation: crypto costs measured on real cryptography, then "
         "the simulator (secure vs plaintext) for connection delay vs peers and vs out-degree, "
-        "dissemination delay vs peers, OHF vs MCR, encryption operations per event vs "
+        "dissemination delay vs peers, OHF vs MCR, tree shape in the stock schema, "
+        "encryption operations per event vs "
         "subscribers for four schemes, and a cross-check against real peer processes on "
         "loopback. Writes JSON and a PNG plot per experiment into --out.")
     p.add_argument("--out", default="bench/overlay", help="output directory")
     p.add_argument("--experiments", type=_names, default=None,
                    help="comma-separated subset of connection,degree,dissemination,routing,"
-                   "encryption,loopback (default: all)")
+                   "trees,encryption,loopback (default: all)")
     for flag, value, what in (
             ("--peers", d.peers, "peer counts of the connection experiment"),
             ("--degrees", d.degrees, "maximum out-degrees of the out-degree experiment"),
             ("--dissemination-peers", d.dissemination_peers,
              "peer counts of the dissemination experiment"),
             ("--routing-peers", d.routing_peers, "peer counts of the OHF vs MCR experiment"),
+            ("--tree-subscribers", d.tree_subscribers,
+             "subscriber counts of the stock-schema tree-shape experiment"),
             ("--subscribers", d.subscribers, "subscriber counts of the encryption experiment")):
         p.add_argument(flag, type=int_list, default=list(value),
                        help=f"{what}, comma-separated (default {_csv(value)})")

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from credentials.backends import load_group
-from overlay import evaluation_encryption, evaluation_loopback, evaluation_plots
+from overlay import (
+    evaluation_encryption,
+    evaluation_loopback,
+    evaluation_plots,
+    evaluation_trees,
+)
 from overlay.crypto_model import CostTable
 from overlay.evaluation_costs import calibrate
 from overlay.evaluation_delays import (
@@ -38,9 +43,10 @@ from overlay.evaluation_delays import (
 from overlay.simulator import LatencyModel
 from peer.cluster import ClusterError
 
-EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "encryption", "loopback")
+EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
+               "loopback")
 #: Experiments on the simulator, which need the measured crypto costs.
-SIMULATED = ("connection", "degree", "dissemination", "routing")
+SIMULATED = ("connection", "degree", "dissemination", "routing", "trees")
 #: The report's security overheads (ms), read off its Figs. 8.1 and 8.3.
 REPORT_OVERHEAD_MS = {"connection": (230, 300), "dissemination": (150, 250)}
 
@@ -59,6 +65,7 @@ class Sizes:
     routing_peers: tuple[int, ...] = (100,)
     routing_credentials: int = 1
     routing_fine_depth: int = 1
+    tree_subscribers: tuple[int, ...] = (500, 1000)
     subscribers: tuple[int, ...] = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
     encryption_events: int = 50
     calibration_peers: int = 20
@@ -178,4 +185,10 @@ class Bench:
                                         s.events_per_publisher, s.routing_credentials,
                                         s.routing_fine_depth, run)
             self.write("routing", report, evaluation_plots.routing)
+        if "trees" in self.experiments:
+            runs = run([(evaluation_trees.trees_run, (setting, n, s.max_children))
+                        for n in s.tree_subscribers])
+            self.write("trees", {"experiment": "tree shape, stock schema",
+                                 "arrival_s": evaluation_trees.ARRIVAL, "runs": runs},
+                       evaluation_trees.plot)
         return overhead

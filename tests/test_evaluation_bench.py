@@ -15,7 +15,7 @@ from peer.arguments import CommandError
 
 TINY = ["--peers", "8,16", "--degree-peers", "12", "--degrees", "2,4",
         "--dissemination-peers", "10", "--publishers", "3", "--events-per-publisher", "2",
-        "--routing-peers", "8", "--subscribers", "5,50,300", "--encryption-events", "6",
+        "--routing-peers", "8", "--tree-subscribers", "30,60", "--subscribers", "5,50,300", "--encryption-events", "6",
         "--calibration-peers", "10", "--calibration-events", "3", "--latency-median-ms", "1",
         "--latency-sigma", "0", "--min-seconds", "0.01", "--workers", "2"]
 
@@ -34,7 +34,7 @@ def _mean(run: dict, key: str) -> float:
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("bench-overlay")
-    experiments = "connection,degree,dissemination,routing,encryption"
+    experiments = "connection,degree,dissemination,routing,trees,encryption"
     assert bench("--out", str(path), "--experiments", experiments, *TINY) == 0
     return path
 
@@ -71,6 +71,18 @@ def test_security_costs_show_up_as_delay(out: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["overhead_ms"]) == {"connection", "connection_by_degree", "dissemination"}
     assert summary["report_overhead_ms"]["connection"] == [230, 300]
+
+
+def test_tree_shape_counts_add_up_and_every_event_arrives(out: Path) -> None:
+    runs = load(out, "trees")["runs"]
+    assert [r["subscribers"] for r in runs] == [30, 60]
+    for run in runs:
+        assert run["delivery_errors"] == 0 and run["connection_s"]["count"] > 0
+        assert set(run["trees"]) == {"symbol", "price", "volume"}
+        for tree in run["trees"].values():
+            assert tree["virtual_peers"] > 0
+            assert tree["under_root_coverable"] <= tree["under_root"] <= tree["virtual_peers"]
+        assert 0 < run["root_forwarded"] <= run["event_messages"]
 
 
 def test_routing_compares_both_strategies_on_the_same_events(out: Path) -> None:
