@@ -15,7 +15,8 @@ from peer.arguments import CommandError
 
 TINY = ["--peers", "8,16", "--degree-peers", "12", "--degrees", "2,4",
         "--dissemination-peers", "10", "--publishers", "3", "--events-per-publisher", "2",
-        "--routing-peers", "8", "--tree-subscribers", "30,60", "--subscribers", "5,50,300", "--encryption-events", "6",
+        "--routing-peers", "8", "--tree-subscribers", "30,60", "--subscribers", "5,50,300",
+        "--encryption-events", "6",
         "--calibration-peers", "10", "--calibration-events", "3", "--latency-median-ms", "1",
         "--latency-sigma", "0", "--min-seconds", "0.01", "--workers", "2"]
 
