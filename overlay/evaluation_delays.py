@@ -170,7 +170,10 @@ def disseminate(sim: JoinRecorder, setting: Setting, publishers: int, events_eac
     """Publish on a built overlay; delays, completeness, false positives, messages."""
     subscribers = sim.alive_subscribers()
     before = {a: sim.machines[a].stats.false_positives for a in subscribers}
+    spent = dict(sim.crypto.meter.by_op)
     published = publish_all(sim, setting, publishers, events_each)
+    per_event = {op: (t - spent.get(op, 0.0)) * 1e3 / max(len(published), 1)
+                 for op, t in sim.crypto.meter.by_op.items()}
     expected = sum(len(sim.expected_receivers(v)) for _, v in published)
     delivered = sum(len(sim.metrics.deliveries.get(e, {})) for e, _ in published)
     false_positives = sum(sim.machines[a].stats.false_positives - before[a]
@@ -183,7 +186,8 @@ def disseminate(sim: JoinRecorder, setting: Setting, publishers: int, events_eac
             "delivery_ratio": delivered / expected if expected else 1.0,
             "false_positives_per_subscriber": false_positives / max(len(subscribers), 1),
             "false_positives_per_event": false_positives / max(len(published), 1),
-            "messages_per_event": statistics.fmean(messages) if messages else 0.0}
+            "messages_per_event": statistics.fmean(messages) if messages else 0.0,
+            "crypto_ms_per_event": {op: ms for op, ms in sorted(per_event.items()) if ms}}
 
 
 def dissemination_run(setting: Setting, peers: int, max_children: int, publishers: int,

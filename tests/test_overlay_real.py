@@ -11,7 +11,7 @@ from credentials.keys import BlindedToken
 from credentials.predicates import parse_predicate
 from credentials.schema import default_schema
 from credentials.scheme import Event
-from overlay.actions import Log, Send
+from overlay.actions import Deliver, Log, Send
 from overlay.checks import delivery_errors, tree_violations
 from overlay.config import OverlayConfig
 from overlay.machine import PeerMachine
@@ -93,8 +93,6 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
     request = vp.keys[sim.epoch].request
     event = sim.issuer.encrypt(Event("forged", {"symbol": "AAA", "price": 1.0, "volume": 5},
                                      b""), sim.epoch)
-    parsed = codec.decode_event(sim.issuer.pp.group, event)
-    forged_event = codec.encode_event(dataclasses.replace(parsed, sealed=tamper(parsed.sealed)))
     other = sim.issuer.subscriber_kit(parse_predicate(SCHEMA, "price < 10"), sim.epoch + 7,
                                       EXPIRY).virtuals[0].request  # epoch not accepted
     elsewhere = next(n for n in SCHEMA.names if n != vp.attribute)
@@ -119,7 +117,6 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (stranger, Handover(stranger[1], vp.vp, "x:1", "y")),
         (stranger, Publish(stranger[1], vp.vp, vp.attribute, event)),        # not a parent
         (parent, Publish(parent[1], vp.vp, vp.attribute, b"garbage")),
-        (parent, Publish(parent[1], vp.vp, vp.attribute, forged_event)),     # bad signature
     ]
     for sender, message in cases:
         before = fingerprint(machine)
@@ -132,6 +129,40 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
     actions = machine.receive(stranger[0], Ping(stranger[1], vp.vp).to_bytes(), now)
     assert [type(a) for a in actions] == [Send] and actions[0].message.ok is False
     assert fingerprint(machine) == before
+
+
+def test_forged_events_from_a_parent_are_never_delivered():
+    """A subscriber decrypts before it verifies (a false positive costs no verification),
+    so a forgery that decrypts and matches must still fail on the signature."""
+    sim = Simulator(SCHEMA, OverlayConfig(), mode="real", seed=6)
+    sim.add_roots()
+    address = sim.add_subscriber(parse_predicate(SCHEMA, "price < 500"), max_credentials=1)
+    sim.run_until(5)
+    machine = sim.machines[address]
+    [vp] = [v for v in machine.vpeers.values() if v.attribute == "price"]
+    [parent] = vp.parents
+    values = {"symbol": "IBM", "price": 120.5, "volume": 1000}
+    group = sim.issuer.pp.group
+
+    def parsed(event_id: str):
+        return codec.decode_event(group, sim.issuer.encrypt(Event(event_id, values, b"x"),
+                                                            sim.epoch))
+    genuine, other = parsed("genuine"), parsed("other")
+    forgeries = {
+        "tampered payload": dataclasses.replace(genuine, sealed=tamper(genuine.sealed)),
+        "signatures of another event": dataclasses.replace(genuine,
+                                                           signatures=other.signatures)}
+    for name, forged in forgeries.items():
+        message = Publish(parent[1], vp.vp, vp.attribute, codec.encode_event(forged))
+        actions = machine.receive(parent[0], message.to_bytes(), sim.now)
+        assert not any(isinstance(a, Deliver) for a in actions), name
+    assert machine.stats.false_positives == 1  # the tampered payload does not decrypt
+    assert machine.stats.forged == 1  # the other decrypts and matches: the signature fails
+    genuine_bytes = codec.encode_event(genuine)
+    actions = machine.receive(parent[0], Publish(parent[1], vp.vp, vp.attribute,
+                                                 genuine_bytes).to_bytes(), sim.now)
+    assert [a.event.event_id for a in actions if isinstance(a, Deliver)] == ["genuine"]
+    assert (machine.stats.delivered, machine.stats.forged) == (1, 1)
 
 
 def test_forged_acceptances_are_refused_by_a_joining_peer(real_sim):
