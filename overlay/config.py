@@ -35,6 +35,13 @@ class OverlayConfig:
     max_relays: int = 4
     #: How long keys of the previous epoch stay valid after a rollover.
     grace: float = 60.0
+    #: After attaching, a subscriber virtual peer with free child slots asks its parent,
+    #: every ``recruit_interval`` seconds and ``recruit_rounds`` times, to offer it up to
+    #: ``recruit_sample`` of its finer children; those it covers move under it by a swap.
+    #: This deepens trees that joins in arrival order leave flat.
+    recruit_rounds: int = 3
+    recruit_interval: float = 5.0
+    recruit_sample: int = 8
 
     def __post_init__(self) -> None:
         if self.max_children < 1:
@@ -43,3 +50,6 @@ class OverlayConfig:
             raise ValueError(f"routing must be 'ohf' or 'mcr', not {self.routing!r}")
         if self.hop_limit < 1 or self.dedup_capacity < 16 or self.max_relays < 0:
             raise ValueError("hop_limit must be >= 1, dedup_capacity >= 16, max_relays >= 0")
+        if self.recruit_rounds < 0 or self.recruit_interval <= 0 or self.recruit_sample < 1:
+            raise ValueError("recruit_rounds must be >= 0, recruit_interval > 0 and "
+                             "recruit_sample >= 1")

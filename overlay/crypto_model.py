@@ -172,6 +172,9 @@ class ModeledCrypto:
     def request_position(self, request: ModelRequest) -> int:
         return request.credential.position
 
+    def request_nonce(self, request: ModelRequest) -> bytes:
+        return request.nonce
+
     def check_request(self, request: ModelRequest, now: float, epochs: Collection[int]) -> None:
         self._charge("check_request")
         r = request

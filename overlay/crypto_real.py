@@ -45,6 +45,9 @@ class RealCrypto:
     def request_position(self, request: ConnectionRequest) -> int:
         return request.position
 
+    def request_nonce(self, request: ConnectionRequest) -> bytes:
+        return request.nonce
+
     def check_request(self, request: ConnectionRequest, now: float,
                       epochs: Collection[int]) -> None:
         with self.meter.timed("check_request"):

@@ -44,6 +44,7 @@ from overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Recruit,
     SwapAccept,
     SwapHandover,
     SwapOffer,
@@ -141,7 +142,7 @@ class PeerMachine:
             self._install_kit(kit)
         self._handlers: dict[type[Message], Callable[..., list[Action]]] = {
             Join: self._on_join, JoinMiss: self._on_join_miss, JoinSplit: self._on_join_split,
-            Accept: self._on_accept,
+            Recruit: self._on_recruit, Accept: self._on_accept,
             Detach: self._on_detach, SwapOffer: self._on_swap_offer,
             SwapAccept: self._on_swap_accept, SwapHandover: self._on_swap_handover,
             Tokens: self._on_tokens, Ping: self._on_ping,
@@ -262,6 +263,8 @@ class PeerMachine:
             if now >= vp.next_ping_at and remote:
                 vp.next_ping_at = now + cfg.heartbeat_interval
                 out += [Send(p[0], Ping(vp.vp, p[1])) for p in vp.parents if p in remote]
+            if vp.recruits_left and remote and now >= vp.next_recruit_at:
+                out += self._recruit(vp, remote[0], now)
             for join_id, pending in list(vp.joins.items()):
                 if now - pending.sent_at > 2 * cfg.join_timeout:
                     del vp.joins[join_id]
@@ -294,6 +297,8 @@ class PeerMachine:
             times += [j.sent_at + 2 * cfg.join_timeout for j in vp.joins.values()]
             if remote:
                 times.append(vp.next_ping_at)
+                if vp.recruits_left:
+                    times.append(vp.next_recruit_at)
             if ((vp.join_started is not None or vp.parents)
                     and len(vp.parents) < self._wanted_links(vp)
                     and not (vp.parents and vp.link_attempts >= cfg.mcr_link_attempts)):
@@ -535,7 +540,8 @@ class PeerMachine:
 
     def _adopt(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
                request: Any, now: float) -> list[Action]:
-        vp.children[newcomer] = ChildLink(now, self.crypto.request_position(request))
+        vp.children[newcomer] = ChildLink(now, self.crypto.request_position(request),
+                                          self.crypto.request_nonce(request))
         self._due(now + self.config.failure_timeout)
         proof, cert = self._prove(vp, sw, request, context("join", (self.address, vp.vp),
                                                            newcomer))
@@ -618,6 +624,10 @@ class PeerMachine:
 
     def _add_parent(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
         vp.parents[parent] = ParentLink(now)
+        if not vp.relay:
+            vp.recruits_left = self.config.recruit_rounds
+            vp.next_recruit_at = now + self.config.recruit_interval * (0.5 + self.rng.random())
+            self._due(vp.next_recruit_at)
         self._due(min(vp.next_ping_at, now + self.config.failure_timeout))
         started = vp.join_started if vp.join_started is not None else now
         if len(vp.parents) >= self._wanted_links(vp):
@@ -647,9 +657,43 @@ class PeerMachine:
 
     # -- swaps (Algorithm 2, line 9) -----------------------------------------------------------
 
+    def _recruit(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
+        vp.recruits_left -= 1
+        vp.next_recruit_at = now + self.config.recruit_interval
+        self._due(vp.next_recruit_at)
+        keys = vp.keys.get(self.epoch)
+        if keys is None or len(vp.children) >= self.config.max_children:
+            return []
+        join_id = self.rng.randbytes(16)
+        vp.joins[join_id] = PendingJoin(now, self.epoch, recruit=True)
+        return [Send(parent[0], Recruit(vp.vp, parent[1], join_id, keys.request))]
+
+    def _on_recruit(self, vp: VirtualPeer, frm: Node, m: Recruit, now: float
+                    ) -> list[Action]:
+        """Pass a child's request to a sample of this peer's (and its relays') children
+        that are finer than it, as single-hop swap probes that seem to come from their
+        own parent."""
+        link = vp.children.get(frm)
+        if link is None:
+            return [Log("info", f"{vp.vp}: recruit from non-child {frm[0]} ignored")]
+        request, error = self._check_request(m.request, vp.attribute, now)
+        if error is not None or self.crypto.request_nonce(request) != link.nonce:
+            return [Log("warning", f"{vp.vp}: recruit from {frm[0]} dropped: "
+                                   f"{error or 'not the request it joined with'}")]
+        creator = self._creator(vp)
+        finer = [(host, c) for host in (creator, *self._relays(creator))
+                 for c, other in host.children.items()
+                 if c != frm and c[0] != frm[0] and other.position > link.position
+                 and not self._is_relay(c)]
+        probes = self.rng.sample(finer, min(self.config.recruit_sample, len(finer)))
+        return [Send(c[0], Join(host.vp, c[1], vp.attribute, m.join_id, frm[0], frm[1], 1,
+                                m.request, False, -1)) for host, c in probes]
+
     def _on_swap_offer(self, vp: VirtualPeer, frm: Node, m: SwapOffer, now: float
                        ) -> list[Action]:
-        if m.join_id not in vp.joins or vp.parents or frm in vp.children:
+        pending = vp.joins.get(m.join_id)
+        if (pending is None or (vp.parents and not pending.recruit)
+                or frm in vp.children or frm in vp.parents):
             return [Log("debug", f"{vp.vp}: swap offer from {frm[0]} not wanted")]
         request, error = self._check_request(m.request, vp.attribute, now)
         if error is not None:
@@ -661,10 +705,10 @@ class PeerMachine:
                 or not self._precedes(vp, position, frm[1])):
             # The offerer's parent covers this peer and is full: a retry may split there;
             # the finest offerer's parent is likely the deepest such peer.
-            if vp.split_hint is None or position > vp.split_hint[0]:
+            if not pending.recruit and (vp.split_hint is None or position > vp.split_hint[0]):
                 vp.split_hint = (position, (m.parent, m.parent_vp))
             return [Log("debug", f"{vp.vp}: swap offer from {frm[0]} not taken")]
-        vp.children[frm] = ChildLink(now, position)
+        vp.children[frm] = ChildLink(now, position, self.crypto.request_nonce(request))
         self._due(now + self.config.failure_timeout)
         proof = self.crypto.acceptance_proof(sw, request, context("swap", (self.address, vp.vp),
                                                                   frm))
@@ -686,6 +730,8 @@ class PeerMachine:
                     Send(frm[0], Detach(vp.vp, frm[1]))]
         vp.parents.pop(offer.old_parent)
         vp.assignment.pop(offer.old_parent, None)
+        vp.former = {a: t for a, t in vp.former.items() if t >= now}
+        vp.former[offer.old_parent[0]] = now + self.config.failure_timeout
         out: list[Action] = [Send(offer.old_parent[0], SwapHandover(vp.vp, offer.old_parent[1],
                                                                     m.join_id))]
         if frm in vp.parents:
@@ -762,7 +808,8 @@ class PeerMachine:
     def _on_publish(self, vp: VirtualPeer, frm: Node, m: Publish, now: float) -> list[Action]:
         # Any virtual peer of a parent's peer may send: a relay that a split just moved
         # this child to forwards before the handover arrives.
-        from_parent = any(frm[0] == p[0] for p in vp.parents)
+        from_parent = (any(frm[0] == p[0] for p in vp.parents)
+                       or vp.former.get(frm[0], -1.0) >= now)
         if (not vp.is_root and not from_parent) or m.attribute != vp.attribute:
             self.stats.dropped += 1
             return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} or tree dropped")]

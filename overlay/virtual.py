@@ -57,6 +57,8 @@ class ChildLink:
     #: Position of the child's credential (from its connection request): a child can only
     #: cover a newcomer at least as fine as itself, and only be covered by a coarser one.
     position: int = 0
+    #: Nonce of the request the child was adopted with: a recruit must carry that request.
+    nonce: bytes = b""
     #: Routing tokens the child handed over (multi-credential routing): bytes -> decoded.
     tokens: dict[bytes, Any] = field(default_factory=dict)
 
@@ -67,6 +69,9 @@ class PendingJoin:
 
     sent_at: float
     epoch: int
+    #: Sent to recruit finer peers: only swap offers answer it, and an attached peer
+    #: may take them.
+    recruit: bool = False
 
 
 @dataclass
@@ -98,6 +103,12 @@ class VirtualPeer:
     next_join_at: float = 0.0
     link_attempts: int = 0
     next_ping_at: float = 0.0
+    #: Parents left by a swap -> until when their events are still taken: what they sent
+    #: before they let this peer go must not be lost.
+    former: dict[str, float] = field(default_factory=dict)
+    #: Recruiting rounds left since the last new parent, and when the next one is due.
+    recruits_left: int = 0
+    next_recruit_at: float = 0.0
     #: A full peer that covers this one, learnt from a swap offer: where to ask for a split
     #: (with the position of the offerer that named it, to keep the deepest).
     split_hint: tuple[int, Node] | None = None

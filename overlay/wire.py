@@ -85,6 +85,16 @@ class JoinSplit(Message):
 
 
 @dataclass(frozen=True)
+class Recruit(Message):
+    """A child with free slots asks its parent to pass its (key-server-signed) request to
+    some of the parent's finer children as swap probes: those it covers may move under it."""
+
+    TAG: ClassVar[int] = 14
+    join_id: bytes
+    request: bytes
+
+
+@dataclass(frozen=True)
 class Accept(Message):
     """The acceptor proves it opened the request (HMAC under SW, or root certificate + sig)."""
 
@@ -173,8 +183,8 @@ class Publish(Message):
 
 
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TAG: cls for cls in (Join, JoinMiss, JoinSplit, Accept, Detach, SwapOffer, SwapAccept,
-                             SwapHandover, Tokens, Ping, Pong, Handover, Publish)}
+    cls.TAG: cls for cls in (Join, JoinMiss, JoinSplit, Recruit, Accept, Detach, SwapOffer,
+                             SwapAccept, SwapHandover, Tokens, Ping, Pong, Handover, Publish)}
 _HINTS = {tag: [(f.name, typing.get_type_hints(cls)[f.name]) for f in fields(cls)]
           for tag, cls in MESSAGE_TYPES.items()}
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peer.arguments import CommandError, non_negative_float, positive_int
+from peer.arguments import CommandError, non_negative_float, non_negative_int, positive_int
 
 
 def _server_key(text: str | None) -> bytes | None:
@@ -70,7 +70,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
         roots=tuple(args.root or ()), routing=args.routing, max_children=args.max_children,
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         heartbeat=args.heartbeat, failure_timeout=args.failure_timeout,
-        server_key=_server_key(args.server_key))
+        recruit_rounds=args.recruit_rounds, server_key=_server_key(args.server_key))
     transport = Transport(lambda sender, payload: None, **_tls(args))
     try:
         node = PeerNode(options, transport)
@@ -220,6 +220,9 @@ def register(subparsers: Any) -> None:
                      help="seconds between heartbeats to each parent")
     run.add_argument("--failure-timeout", type=non_negative_float, default=10.0,
                      help="a neighbour silent this long is taken for failed")
+    run.add_argument("--recruit-rounds", type=non_negative_int, default=3,
+                     help="after attaching, rounds (5 s apart) of asking the parent for finer "
+                     "peers this one covers, to deepen the tree; 0 turns it off")
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
                      help="write {address, pid, attributes} as JSON here once joined")

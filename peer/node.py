@@ -57,6 +57,7 @@ class NodeOptions:
     #: Generous defaults: pairing work on a busy machine can stall a peer for seconds.
     heartbeat: float = 1.0
     failure_timeout: float = 10.0
+    recruit_rounds: int = 3
     directory_ttl: int = 30
     #: Expected Ed25519 key of the key server (raw 32 bytes); None trusts on first use.
     server_key: bytes | None = None
@@ -179,7 +180,8 @@ class PeerNode:
         opts = self.options
         config = OverlayConfig(routing=opts.routing, max_children=opts.max_children,
                                heartbeat_interval=opts.heartbeat,
-                               failure_timeout=opts.failure_timeout)
+                               failure_timeout=opts.failure_timeout,
+                               recruit_rounds=opts.recruit_rounds)
         crypto = enrolment.real_crypto(params)
         rng = random.Random(self.rng.getrandbits(64))
         if self.options.roots:

@@ -1,12 +1,17 @@
-"""Joining a full tree: a downward search that finds no covering child ends in a split
-at once (JoinMiss convergecast), not in the newcomer's join timeout."""
+"""Joining: a downward search that finds no covering child ends in a split at once
+(JoinMiss convergecast), not in the newcomer's join timeout; a coarse late joiner
+recruits the finer peers it covers from its parent's children."""
+
+import random
 
 from credentials.predicates import parse_predicate
 from credentials.schema import default_schema
 from overlay.actions import Log
+from overlay.checks import delivery_errors, tree_violations
 from overlay.config import OverlayConfig
-from overlay.simulator import Simulator
+from overlay.simulator import LatencyModel, Simulator
 from overlay.wire import JoinMiss
+from overlay.workload import Workload
 
 SCHEMA = default_schema()
 
@@ -74,3 +79,47 @@ def test_a_miss_from_a_peer_that_was_not_asked_is_ignored():
     actions = root.receive(child[0], JoinMiss(child[1], top.vp, b"j" * 16, "", "", -1), sim.now)
     assert [type(a) for a in actions] == [Log]
     assert len(root.vpeers) == 1 and len(top.children) == 1
+
+
+def test_a_coarse_late_joiner_recruits_the_finer_peers_it_covers():
+    config = OverlayConfig(max_children=4)
+    sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
+    sim.add_roots()
+    covered = _subscribe(sim, "price in [100, 150]", 0.0)
+    elsewhere = _subscribe(sim, "price in [600, 650]", 0.5)
+    sim.run_until(2.0)
+    coarse = _subscribe(sim, "price < 499.9", 2.0)  # arrives last: the root adopts it
+    sim.run_until(2.5)
+    root = sim.roots["price"]
+
+    def parent_of(address: str) -> str:
+        [vp] = sim.machines[address].vpeers.values()
+        [(parent, _)] = vp.parents
+        return parent
+
+    assert {parent_of(a) for a in (covered, elsewhere, coarse)} == {root}
+    sim.run_until(2.5 + config.recruit_rounds * config.recruit_interval + 1.0)
+    assert parent_of(covered) == coarse and parent_of(elsewhere) == root
+    assert sim.metrics.messages["Recruit"] >= 1 and sim.metrics.messages["SwapAccept"] == 1
+    assert tree_violations(sim) == []
+
+
+def test_events_published_while_peers_are_recruited_all_arrive():
+    """A recruited peer switches parents by a swap; what its old parent sent before
+    letting it go is still taken, so no event falls between the two parents. Link delays
+    vary widely, so an old parent's copy often arrives after the new parent's accept."""
+    config = OverlayConfig()
+    sim = Simulator(SCHEMA, config, mode="plaintext", seed=8,
+                    latency=LatencyModel(median=0.04, sigma=1.5))
+    sim.add_roots()
+    workload = Workload(SCHEMA, random.Random(8))
+    for i in range(150):
+        sim.add_subscriber(workload.predicate(), at=i * 0.02)
+    sim.run_until(4.0)
+    publisher = sim.add_publisher()
+    swaps_before = sim.metrics.messages["SwapAccept"]
+    events = {sim.publish(publisher, values, at=4.0 + 0.05 * i): values
+              for i, values in enumerate(workload.values() for _ in range(300))}
+    sim.run_until(4.0 + 0.05 * 300 + 5.0)
+    assert sim.metrics.messages["SwapAccept"] - swaps_before > 20
+    assert delivery_errors(sim, events) == []

@@ -26,6 +26,7 @@ from overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Recruit,
     SwapAccept,
     SwapHandover,
     SwapOffer,
@@ -108,6 +109,9 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (stranger, Detach(stranger[1], vp.vp)),
         (child, JoinMiss(child[1], vp.vp, b"j" * 16, "", "", -1)),       # no search
         (parent, JoinSplit(parent[1], vp.vp, b"j" * 16)),                    # nothing opened
+        (stranger, Recruit(stranger[1], vp.vp, b"j" * 16, request)),         # not a child
+        (child, Recruit(child[1], vp.vp, b"j" * 16, tamper(request))),       # bad signature
+        (child, Recruit(child[1], vp.vp, b"j" * 16, request)),               # not its request
         (parent, SwapOffer(parent[1], vp.vp, b"j" * 16, request, "p:1", "p")),
         (stranger, SwapAccept(stranger[1], vp.vp, b"j" * 16, b"proof")),
         (stranger, SwapHandover(stranger[1], vp.vp, b"j" * 16)),
