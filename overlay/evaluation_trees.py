@@ -19,19 +19,12 @@ from overlay.checks import delivery_errors
 from overlay.evaluation_delays import JoinRecorder, Setting
 from overlay.evaluation_plots import figure
 from overlay.simulator import summary
-from overlay.virtual import VirtualPeer
 from overlay.workload import Workload
 
 #: One subscriber joins every this many seconds (a burst: 100 per second).
 ARRIVAL = 0.01
 SETTLE = 30.0
 EVENTS = 30
-
-
-def _precedes(a: VirtualPeer, b: VirtualPeer) -> bool:
-    """May ``a`` be ``b``'s parent (it covers ``b`` and comes first in the link order)?"""
-    ca, cb = a.credential, b.credential
-    return ca.covers(cb) and (ca.position < cb.position or a.vp < b.vp)
 
 
 def tree_shape(sim: JoinRecorder) -> dict[str, dict[str, int]]:
@@ -41,7 +34,9 @@ def tree_shape(sim: JoinRecorder) -> dict[str, dict[str, int]]:
                for vp in m.vpeers.values() if vp.attribute == attribute and not vp.relay]
         under = [(a, vp) for a, vp in vps if any(p[0] == root for p in vp.parents)]
         coverable = sum(1 for a, vp in under
-                        if any(b != a and _precedes(other, vp) for b, other in vps))
+                        if any(b != a and other.credential.covers(vp.credential)
+                                and other.precedes(vp.credential.position, vp.vp)
+                                for b, other in vps))
         shapes[attribute] = {"virtual_peers": len(vps), "under_root": len(under),
                              "under_root_coverable": coverable,
                              "root_relays": len(sim.machines[root].vpeers) - 1}

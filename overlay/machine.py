@@ -32,6 +32,7 @@ from overlay.virtual import (
     PendingJoin,
     SwapOffered,
     VirtualPeer,
+    comes_first,
 )
 from overlay.wire import (
     Accept,
@@ -414,10 +415,11 @@ class PeerMachine:
                     *self._miss(vp, frm, m)]
         self._opened.put(m.join_id, _Opened(vp.vp, newcomer, sw, request))
         ups = [p for p in vp.parents if p != frm]
-        if not vp.attached or not self._precedes(vp, position, m.origin_vp):
+        if not vp.attached or not vp.precedes(position, m.origin_vp):
             # Nobody below this peer may take it either.
             return self._forward(vp, m, ups, []) + self._miss(vp, frm, m)
-        taken = self._take(vp, newcomer, m.join_id, sw, request, now)
+        fresh = not self._linked(vp, newcomer)
+        taken = self._take(vp, newcomer, m.join_id, sw, request, now) if fresh else None
         if taken is not None:
             return taken
         # Full: search the children that may cover the newcomer and precede it (coarser, or
@@ -425,10 +427,8 @@ class PeerMachine:
         downs, others = [], []
         for child, link in vp.children.items():
             if child not in (frm, newcomer):
-                p = link.position
-                (downs if p < position or (p == position and child[1] < m.origin_vp)
-                 else others).append(child)
-        fresh = not self._linked(vp, newcomer)
+                first = comes_first(link.position, child[1], position, m.origin_vp)
+                (downs if first else others).append(child)
         # A retry splits where its search ends, right here if the newcomer was sent here by
         # a swap offer's hint, or at the first full covering peer it climbs to; where no
         # relay may be split off, it climbs on from the peer the relays copy.
@@ -449,10 +449,8 @@ class PeerMachine:
 
     def _take(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
               request: Any, now: float) -> list[Action] | None:
-        """Adopt the newcomer into a free slot of ``vp`` or of one of its relays; None when
-        all are full or the newcomer is linked to them already."""
-        if self._linked(vp, newcomer):
-            return None
+        """Adopt a newcomer not linked to them yet (see :meth:`_linked`) into a free slot of
+        ``vp`` or of one of its relays; None when all are full."""
         free = next((r for r in (vp, *self._relays(self._creator(vp)))
                      if len(r.children) < self.config.max_children), None)
         return None if free is None else self._adopt(free, newcomer, join_id, sw, request, now)
@@ -527,16 +525,6 @@ class PeerMachine:
             targets = []
         return [Send(n[0], _retarget(m, vp.vp, n[1], m.hops - 1)) for n in targets] + [
             Send(n[0], _retarget(m, vp.vp, n[1], 1)) for n in swap_probes]
-
-    def _precedes(self, vp: VirtualPeer, position: int, newcomer_vp: str) -> bool:
-        """May ``vp``, which covers the newcomer, be its parent? Links only ever go down
-        the order (coarser credential first, then smaller virtual peer id), so they can
-        never close a cycle, however stale what a peer knows of the tree. A relay's id
-        extends its creator's, a root's starts with '.' (below every hex digit)."""
-        if vp.is_top:
-            return True
-        mine = vp.credential.position
-        return mine < position or (mine == position and vp.vp < newcomer_vp)
 
     def _adopt(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
                request: Any, now: float) -> list[Action]:
@@ -702,7 +690,7 @@ class PeerMachine:
         opened, sw = (self._open(vp, request) if position > vp.credential.position
                       else (False, None))
         if (not opened or sw is None or len(vp.children) >= self.config.max_children
-                or not self._precedes(vp, position, frm[1])):
+                or not vp.precedes(position, frm[1])):
             # The offerer's parent covers this peer and is full: a retry may split there;
             # the finest offerer's parent is likely the deepest such peer.
             if not pending.recruit and (vp.split_hint is None or position > vp.split_hint[0]):
@@ -745,8 +733,8 @@ class PeerMachine:
         del vp.children[frm]
         opened = self._opened.get(m.join_id)
         if (opened is None or opened.vp != vp.vp or opened.newcomer in vp.children
-                or not vp.attached or not self._precedes(
-                    vp, self.crypto.request_position(opened.request), opened.newcomer[1])):
+                or not vp.attached or not vp.precedes(
+                    self.crypto.request_position(opened.request), opened.newcomer[1])):
             return [Log("debug", f"{vp.vp}: {frm[0]} swapped away, its newcomer not taken")]
         return self._adopt(vp, opened.newcomer, m.join_id, opened.sw, opened.request, now)
 

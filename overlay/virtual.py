@@ -44,6 +44,12 @@ class Bounded(Generic[K, V]):
         return self._data.pop(key, None)
 
 
+def comes_first(position: int, vp_id: str, other_position: int, other_vp_id: str) -> bool:
+    """The link order: a coarser credential first, then a smaller virtual peer id (a
+    relay's id extends its creator's, a root's starts with '.', below every hex digit)."""
+    return position < other_position or (position == other_position and vp_id < other_vp_id)
+
+
 @dataclass
 class ParentLink:
     last_heard: float
@@ -118,6 +124,12 @@ class VirtualPeer:
     @property
     def is_root(self) -> bool:
         return bool(self.roots)
+
+    def precedes(self, position: int, vp_id: str) -> bool:
+        """May this virtual peer, if it covers the other, be its parent? Links only ever
+        go down the order (:func:`comes_first`), so they can never close a cycle, however
+        stale what a peer knows of the tree; the tree's top comes before everyone."""
+        return self.is_top or comes_first(self.credential.position, self.vp, position, vp_id)
 
     @property
     def is_top(self) -> bool:
