@@ -8,10 +8,10 @@ becomes the :class:`CostTable` of the modelled runs, so the simulator charges
 what the real peers just paid. The same small run, repeated with the modelled
 costs, cross-checks the model against real cryptography.
 
-Times are the calling thread's CPU time (:class:`~overlay.evaluation_delays.CpuMeter`),
-not wall time: on a shared, loaded machine the wall time of an operation
-includes the time the process waited for a core, which a peer with its own core
-would not pay.
+Times are the calling thread's CPU time (a :class:`~overlay.crypto.CostMeter` on
+``time.thread_time``), not wall time: on a shared, loaded machine the wall time of
+an operation includes the time the process waited for a core, which a peer with
+its own core would not pay.
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,30 +59,17 @@ class Setting:
                              heartbeat_interval=HEARTBEAT, failure_timeout=4 * HEARTBEAT)
 
 
-class CpuMeter(CostMeter):
-    """Charges the CPU time an operation used in this thread, not its wall time, which on
-    a loaded machine includes waiting for a core that a real peer would have to itself."""
-
-    @contextmanager
-    def timed(self, op: str) -> Iterator[None]:
-        start = time.thread_time()
-        try:
-            yield
-        finally:
-            self.charge(op, time.thread_time() - start)
-
-
 class JoinRecorder(Simulator):
     """A simulator that also keeps each virtual peer's first connection apart: the
     report's connection delay is the join's, not a reconnection after a swap or handover
     (the simulator's ``connection_delays`` has both). On real cryptography it charges
-    CPU time (:class:`CpuMeter`)."""
+    CPU time (a :class:`CostMeter` on ``time.thread_time``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.first_connections: dict[tuple[str, str], float] = {}
         if kwargs.get("mode") == "real":
-            self.crypto.meter = CpuMeter()
+            self.crypto.meter = CostMeter(time.thread_time)
 
     def _apply(self, address: str, actions: list[Action], at: float) -> None:
         for action in actions:
