@@ -61,16 +61,20 @@ async def _run_peer(args: argparse.Namespace) -> int:
     from credentials.predicates import PredicateError
     from keyserver.bundles import BundleError
     from keyserver.client import KeyServerError
+    from overlay.config import OverlayConfig
     from peer.events_io import EventWriter
     from peer.node import NodeError, NodeOptions, PeerNode
     from peer.transport import Transport, TransportError
 
     options = NodeOptions(
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
-        roots=tuple(args.root or ()), routing=args.routing, max_children=args.max_children,
+        roots=tuple(args.root or ()),
+        overlay=OverlayConfig(routing=args.routing, max_children=args.max_children,
+                              heartbeat_interval=args.heartbeat,
+                              failure_timeout=args.failure_timeout,
+                              recruit_rounds=args.recruit_rounds),
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
-        heartbeat=args.heartbeat, failure_timeout=args.failure_timeout,
-        recruit_rounds=args.recruit_rounds, server_key=_server_key(args.server_key))
+        server_key=_server_key(args.server_key))
     transport = Transport(lambda sender, payload: None, **_tls(args))
     try:
         node = PeerNode(options, transport)

@@ -16,7 +16,7 @@ import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -25,7 +25,7 @@ from credentials.scheme import Event
 from keyserver.bundles import BundleError, ServerParams
 from keyserver.client import KeyServerClient, KeyServerError
 from overlay.actions import Action, Connected, Deliver, Log, Send
-from overlay.config import OverlayConfig, Routing
+from overlay.config import OverlayConfig
 from overlay.crypto import RootKit, SubscriberKit
 from overlay.machine import PeerMachine
 from overlay.wire import Message, Publish, WireError, decode
@@ -49,15 +49,12 @@ class NodeOptions:
     listen: str = "127.0.0.1:0"
     subscribe: str | None = None
     roots: tuple[str, ...] = ()
-    routing: Routing = "ohf"
-    max_children: int = 4
+    #: The protocol's parameters; a generous failure timeout by default, since pairing work
+    #: on a busy machine can stall a peer for seconds.
+    overlay: OverlayConfig = field(default_factory=lambda: OverlayConfig(failure_timeout=10.0))
     max_credentials: int | None = 4
     fine_depth: int = 1
     tick: float = 0.2
-    #: Generous defaults: pairing work on a busy machine can stall a peer for seconds.
-    heartbeat: float = 1.0
-    failure_timeout: float = 10.0
-    recruit_rounds: int = 3
     directory_ttl: int = 30
     #: Expected Ed25519 key of the key server (raw 32 bytes); None trusts on first use.
     server_key: bytes | None = None
@@ -177,11 +174,7 @@ class PeerNode:
 
     def _enrol(self) -> None:
         params = self.params = enrolment.fetch_params(self.client, self.options.server_key)
-        opts = self.options
-        config = OverlayConfig(routing=opts.routing, max_children=opts.max_children,
-                               heartbeat_interval=opts.heartbeat,
-                               failure_timeout=opts.failure_timeout,
-                               recruit_rounds=opts.recruit_rounds)
+        config = self.options.overlay
         crypto = enrolment.real_crypto(params)
         rng = random.Random(self.rng.getrandbits(64))
         if self.options.roots:
