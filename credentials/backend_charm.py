@@ -2,7 +2,9 @@
 
 charm needs the PBC C library, which this project's build machines cannot
 install, so this adapter is exercised only where charm exists. Its curves are
-not BLS12-381: keys and ciphertexts do not interoperate with the mcl backends.
+not BLS12-381 and its hash is not RFC 9380 (the tag is prepended to the message):
+keys and ciphertexts do not interoperate with the mcl backend. charm has no
+constant-time multiplication, so secret exponents use its ordinary one.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ class CharmGroup(PairingGroup):
     def _identity(self, kind: GroupKind) -> Any:
         return self._charm.init(self._kinds[kind], 1)
 
-    def _hash_to_g1(self, data: bytes) -> Any:
-        return self._charm.hash(data, self._kinds[G1])
+    def _hash_to_g1(self, data: bytes, dst: bytes) -> Any:
+        return self._charm.hash(len(dst).to_bytes(2, "big") + dst + data, self._kinds[G1])
+
+    def _exp_ct(self, kind: GroupKind, a: Any, k: int) -> Any:
+        return self._op_exp(kind, a, k)
 
     def _prepare_g2(self, raw: Any) -> Any:
         return raw

@@ -1,23 +1,36 @@
-"""Native mcl backend: ctypes bindings to the C API bundled inside pymcl's extension.
+"""The mcl backend: ctypes bindings to the C API bundled inside pymcl's extension.
 
-pymcl's Python API lacks multi-pairings, Miller-loop precomputation and
-multi-scalar multiplication; its shared library exports mcl's C API, which has
-them. The library is initialised for BLS12-381 by importing pymcl; we check the
-layout (6 limbs of 64 bits per Fp) and every symbol we use before trusting it.
+pymcl's Python API lacks multi-pairings, Miller-loop precomputation, multi-scalar
+and constant-time multiplication, and hashing under a domain tag; its shared
+library exports mcl's C API, which has them. The library is initialised for
+BLS12-381 by importing pymcl; we check the layout (6 limbs of 64 bits per Fp)
+and every symbol we use before trusting it, then switch the library to the
+interoperable conventions of the scheme: RFC 9380 hash-to-curve (map-to mode 5)
+and the ZCash/IETF compressed point encodings (ETH serialization). Both are
+process-wide settings of the library.
+
+GT elements are encoded as the twelve Fp coefficients of Fp12 = Fp6[w]/(w^2 - v),
+Fp6 = Fp2[v]/(v^3 - (u + 1)), Fp2 = Fp[u]/(u^2 + 1), in the order
+c0.c0.c0, c0.c0.c1, c0.c1.c0, ..., c1.c2.c1, each 48 bytes little-endian (the
+layout arkworks uses). mcl's ETH mode writes each Fp2 as c1 then c0, big-endian,
+so each 96-byte Fp2 block is reversed on the way in and out.
 """
 
 from __future__ import annotations
 
 import ctypes
+from types import MappingProxyType
 from typing import Any
 
 import pymcl
 
-from credentials.backend_pymcl import BLS12_381_SIZES
 from credentials.groups import G1, G2, GT, GroupKind, PairingGroup
 
 PYMCL_VERSION = "1.0.2"
+#: Compressed encodings of BLS12-381: G1 and G2 points (ZCash/IETF), then GT.
+BLS12_381_SIZES = MappingProxyType({G1: 48, G2: 96, GT: 576})
 FP_BYTES = 48
+FP2_BYTES = 2 * FP_BYTES
 RAW_SIZE = {G1: 3 * FP_BYTES, G2: 6 * FP_BYTES, GT: 12 * FP_BYTES}
 FR_BYTES = 32
 PREFIX = {G1: "mclBnG1", G2: "mclBnG2", GT: "mclBnGT"}
@@ -25,7 +38,8 @@ REQUIRED_SYMBOLS = (
     "mclBn_getOpUnitSize", "mclBn_getCurveType", "mclBn_getUint64NumToPrecompute",
     "mclBn_millerLoopVec", "mclBn_finalExp", "mclBn_precomputeG2",
     "mclBn_precomputedMillerLoop", "mclBn_verifyOrderG1", "mclBn_verifyOrderG2",
-    "mclBnFr_setLittleEndianMod", "mclBnG1_hashAndMapTo", "mclBnG1_mulVec",
+    "mclBnFr_setLittleEndianMod", "mclBnG1_hashAndMapToWithDst", "mclBnG1_mulVec",
+    "mclBn_setETHserialization", "mclBn_setMapToMode", "mclBnG1_mulCT", "mclBnG2_mulCT",
     "mclBnG2_mulVec", "mclBnGT_pow", "mclBnGT_mul", "mclBnGT_div", "mclBnGT_inv",
     "mclBnGT_isEqual", "mclBnGT_isValid", "mclBnGT_serialize", "mclBnGT_deserialize",
     "mclBnGT_setInt32",
@@ -33,6 +47,16 @@ REQUIRED_SYMBOLS = (
         "add", "sub", "mul", "neg", "isEqual", "serialize", "deserialize", "clear")),
 )
 MCL_BLS12_381 = 5
+#: mcl's map-to mode for RFC 9380 (``MCL_MAP_TO_MODE_HASH_TO_CURVE``).
+MAP_TO_HASH_TO_CURVE = 5
+
+
+#: The standard generators of BLS12-381 in the ZCash compressed encoding.
+G1_GENERATOR = ("97f1d3a73197d7942695638c4fa9ac0fc3688c4f9774b905a14e3a3f171bac58"
+                "6c55e83ff97a1aeffb3af00adb22c6bb")
+G2_GENERATOR = ("93e02b6052719f607dacd3a088274f65596bd0d09920b61ab5da61bbdc7f5049"
+                "334cf11213945d57e5ac7d055d042b7e024aa2b2f08f0a91260805272dc51051"
+                "c6e47ad4fa403b02b4510b647ae3d1770bac0326a805bbefd48056c8c121bdb8")
 
 
 class NativeUnavailable(RuntimeError):
@@ -50,7 +74,15 @@ def _load_library() -> ctypes.CDLL:
         raise NativeUnavailable("bundled mcl is not built for BLS12-381 with 384-bit Fp")
     lib.mclBn_verifyOrderG1(1)
     lib.mclBn_verifyOrderG2(1)
+    lib.mclBn_setETHserialization(1)
+    if lib.mclBn_setMapToMode(MAP_TO_HASH_TO_CURVE) != 0:
+        raise NativeUnavailable("bundled mcl does not offer RFC 9380 hash-to-curve")
     return lib
+
+
+def _swap_fp2_blocks(data: bytes) -> bytes:
+    """mcl's GT bytes <-> ours: every 96-byte Fp2 block reversed (an involution)."""
+    return b"".join(data[i:i + FP2_BYTES][::-1] for i in range(0, len(data), FP2_BYTES))
 
 
 def _raw(kind: GroupKind) -> Any:
@@ -58,7 +90,8 @@ def _raw(kind: GroupKind) -> Any:
 
 
 class MclNativeGroup(PairingGroup):
-    """BLS12-381 through mcl's C API: native multi-pairings and multi-exponentiations."""
+    """BLS12-381 through mcl's C API: native multi-pairings, multi-exponentiations and
+    constant-time multiplication."""
 
     name = "mcl-native"
     curve = "BLS12-381"
@@ -71,8 +104,8 @@ class MclNativeGroup(PairingGroup):
         self.lib = _load_library()
         self._precompute_words = self.lib.mclBn_getUint64NumToPrecompute()
         self._generators = {
-            G1: self._deserialize(G1, pymcl.g1.serialize()),
-            G2: self._deserialize(G2, pymcl.g2.serialize()),
+            G1: self._deserialize(G1, bytes.fromhex(G1_GENERATOR)),
+            G2: self._deserialize(G2, bytes.fromhex(G2_GENERATOR)),
         }
         if self._generators[G1] is None or self._generators[G2] is None:
             raise NativeUnavailable("cannot load the standard generators")
@@ -95,10 +128,15 @@ class MclNativeGroup(PairingGroup):
             getattr(self.lib, f"{PREFIX[kind]}_clear")(out)
         return out
 
-    def _hash_to_g1(self, data: bytes) -> Any:
+    def _hash_to_g1(self, data: bytes, dst: bytes) -> Any:
         out = _raw(G1)
-        if self.lib.mclBnG1_hashAndMapTo(out, data, len(data)) != 0:
-            raise RuntimeError("mclBnG1_hashAndMapTo failed")
+        if self.lib.mclBnG1_hashAndMapToWithDst(out, data, len(data), dst, len(dst)) != 0:
+            raise RuntimeError("mclBnG1_hashAndMapToWithDst failed")
+        return out
+
+    def _exp_ct(self, kind: GroupKind, a: Any, k: int) -> Any:
+        out = _raw(kind)
+        getattr(self.lib, f"{PREFIX[kind]}_mulCT")(out, a, self._fr(k))
         return out
 
     def _prepare_g2(self, raw: Any) -> Any:
@@ -163,12 +201,14 @@ class MclNativeGroup(PairingGroup):
         n = getattr(self.lib, f"{PREFIX[kind]}_serialize")(buf, len(buf), raw)
         if n != self.sizes[kind]:
             raise RuntimeError(f"{kind.value} serialization failed")
-        return bytes(buf)
+        return _swap_fp2_blocks(bytes(buf)) if kind is GT else bytes(buf)
 
     def _deserialize(self, kind: GroupKind, data: bytes) -> Any | None:
         """With verifyOrder set (at load), mcl's deserializer itself rejects points off the
         curve or outside the prime-order subgroup; GT elements are checked explicitly."""
         out = _raw(kind)
+        if kind is GT:
+            data = _swap_fp2_blocks(data)
         n = getattr(self.lib, f"{PREFIX[kind]}_deserialize")(out, data, len(data))
         if n != len(data):
             return None

@@ -1,34 +1,29 @@
-"""Choosing the pairing backend: native mcl by default, pymcl as fallback, charm on request."""
+"""Choosing the pairing backend: mcl (BLS12-381) by default, charm on request."""
 
 from __future__ import annotations
 
 import functools
 import os
-import warnings
 
 from credentials.groups import PairingGroup
 
 BACKEND_ENV = "IBE_PUBSUB_BACKEND"
-BACKENDS = ("mcl", "pymcl", "charm")
+BACKENDS = ("mcl", "charm")
 
 
 @functools.cache
 def load_group(name: str | None = None) -> PairingGroup:
-    """The process-wide group of backend ``name`` (default: $IBE_PUBSUB_BACKEND or mcl)."""
+    """The process-wide group of backend ``name`` (default: $IBE_PUBSUB_BACKEND or mcl).
+
+    The mcl backend raises :class:`credentials.backend_mcl.NativeUnavailable`, saying
+    why, when the bundled library lacks what the scheme needs (RFC 9380 hashing,
+    constant-time multiplication): there is no slower fallback that computes the same
+    bytes."""
     choice = name or os.environ.get(BACKEND_ENV, "mcl")
     if choice == "mcl":
-        from credentials.backend_mcl import MclNativeGroup, NativeUnavailable
+        from credentials.backend_mcl import MclNativeGroup
 
-        try:
-            return MclNativeGroup()
-        except NativeUnavailable as exc:
-            warnings.warn(f"native mcl unavailable ({exc}); falling back to pymcl's Python API",
-                          RuntimeWarning, stacklevel=2)
-            choice = "pymcl"
-    if choice == "pymcl":
-        from credentials.backend_pymcl import PymclGroup
-
-        return PymclGroup()
+        return MclNativeGroup()
     if choice == "charm":
         from credentials.backend_charm import CharmGroup
 

@@ -1,7 +1,7 @@
 """What the key server signs with its Ed25519 key besides connection requests.
 
 * The schema: ``tag || schema.canonical_bytes()``, so peers trust the event space.
-* Root certificates: a root peer holds no D/S1/S2 (SCHEME.md), so it proves that it
+* Root certificates: a root peer holds no D/S1/S2 (docs/scheme.md), so it proves that it
   accepted a connection request by signing with a transport key the key server
   certified for one attribute tree, one epoch, until an expiry.
 

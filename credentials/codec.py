@@ -1,10 +1,14 @@
 """Compact, versioned binary encoding of keys, ciphertexts and connection requests.
 
-Every object starts with a type tag and the format version. Group elements use
-the backend's fixed-size compressed encodings, lists a 16-bit count, strings and
-byte strings a length prefix. Decoding checks every length, rejects trailing
-bytes, and parses each element through the group, which checks curve and
-subgroup membership: malformed input fails with :class:`CodecError`.
+Every object starts with a type tag and the format version (2: scheme version 2;
+version 1 is refused, naming it). Group elements use the backend's fixed-size
+compressed encodings, lists a 16-bit count, strings and byte strings a length
+prefix. Decoding checks every length and rejects trailing bytes: malformed input
+fails with :class:`CodecError`. Keys are parsed through the group (curve and
+subgroup checks) at once. The elements of events and connection requests are
+checked when first used (:meth:`PairingGroup.unchecked`): a router uses one C1,
+an opener one U, so neither pays for the rest. The byte layout is in
+docs/wire-format.md.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TypeVar
 from credentials.credential import Credential
 from credentials.groups import G1, G2, GT, Element, GroupError, GroupKind, PairingGroup
 from credentials.keys import (
+    SCHEME_VERSION,
     BlindedToken,
     MasterPublicKey,
     MasterSecretKey,
@@ -33,7 +38,9 @@ from credentials.messages import (
     RequestEntry,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Bytes of a routing tag R (SHA-256).
+TAG_BYTES = 32
 MAX_BLOB = 16 * 1024 * 1024
 T = TypeVar("T")
 
@@ -101,7 +108,8 @@ class Reader:
         if len(data) < 2 or data[0] != tag:
             raise CodecError(f"not an encoded {what}")
         if data[1] != FORMAT_VERSION:
-            raise CodecError(f"{what}: unsupported format version {data[1]}")
+            raise CodecError(f"{what}: format version {data[1]} is not supported; this build "
+                             f"reads format version {FORMAT_VERSION} (scheme version 2) only")
         self.pos = 2
 
     def take(self, n: int) -> bytes:
@@ -136,6 +144,10 @@ class Reader:
         except GroupError as exc:
             raise CodecError(f"{self.what}: {exc}") from exc
 
+    def unchecked(self, kind: GroupKind) -> Element:
+        """An element checked when first used (raises GroupError then)."""
+        return self.group.unchecked(kind, self.take(self.group.sizes[kind]))
+
     def scalar(self) -> int:
         k = int.from_bytes(self.take(self.group.scalar_size), "big")
         if not 0 < k < self.group.order:
@@ -166,7 +178,7 @@ TAG_REQUEST, TAG_REQUEST_BODY, TAG_BLINDED = 9, 10, 11
 
 def encode_mpk(k: MasterPublicKey) -> bytes:
     return (Writer(TAG_MPK).text(k.curve).u8(k.version).element(k.g).element(k.g_hat)
-            .element(k.g2).element(k.h).element(k.Y).done())
+            .element(k.g2).element(k.h).element(k.hd).element(k.Y).done())
 
 
 def decode_mpk(group: PairingGroup, data: bytes) -> MasterPublicKey:
@@ -174,20 +186,23 @@ def decode_mpk(group: PairingGroup, data: bytes) -> MasterPublicKey:
     curve, version = r.text(), r.u8()
     if curve != group.curve:
         raise CodecError(f"master public key is for curve {curve}, this backend is {group.curve}")
+    if version != SCHEME_VERSION:
+        raise CodecError(f"master public key is for scheme version {version}, this build "
+                         f"implements version {SCHEME_VERSION}")
     k = MasterPublicKey(curve=curve, version=version, g=r.element(G1), g_hat=r.element(G2),
-                        g2=r.element(G1), h=r.element(G2), Y=r.element(GT))
+                        g2=r.element(G1), h=r.element(G2), hd=r.element(G2), Y=r.element(GT))
     r.end()
     return k
 
 
 def encode_msk(group: PairingGroup, k: MasterSecretKey) -> bytes:
     size = group.scalar_size
-    return Writer(TAG_MSK).scalar(k.alpha, size).scalar(k.phi, size).done()
+    return Writer(TAG_MSK).scalar(k.alpha, size).scalar(k.phi, size).scalar(k.beta, size).done()
 
 
 def decode_msk(group: PairingGroup, data: bytes) -> MasterSecretKey:
     r = Reader(group, data, TAG_MSK, "master secret key")
-    k = MasterSecretKey(alpha=r.scalar(), phi=r.scalar())
+    k = MasterSecretKey(alpha=r.scalar(), phi=r.scalar(), beta=r.scalar())
     r.end()
     return k
 
@@ -284,22 +299,22 @@ def _read_header(r: Reader) -> EventHeader:
                        publisher_credentials=r.many(Reader.credential))
 
 
-def _write_attribute(w: Writer, a: AttributeCiphertext) -> None:
-    w.element(a.C1).many(a.C2, Writer.element).many(a.R, Writer.fixed)
+def write_attribute(w: Writer, a: AttributeCiphertext) -> None:
+    w.element(a.C1).many(a.E, Writer.fixed).many(a.R, Writer.fixed)
 
 
 def _read_attribute(r: Reader) -> AttributeCiphertext:
-    c1 = r.element(G2)
-    c2 = r.many(lambda rr: rr.element(G1))
-    tags = r.many(lambda rr: rr.take(32))
-    if len(c2) != len(tags) or not c2:
-        raise CodecError(f"{r.what}: C2 and R lists differ in length")
-    return AttributeCiphertext(C1=c1, C2=c2, R=tags)
+    c1 = r.unchecked(G2)
+    masked = r.many(lambda rr: rr.take(rr.group.sizes[G1]))
+    tags = r.many(lambda rr: rr.take(TAG_BYTES))
+    if len(masked) != len(tags) or not masked:
+        raise CodecError(f"{r.what}: E and R lists differ in length")
+    return AttributeCiphertext(C1=c1, E=masked, R=tags)
 
 
 def encode_event(e: EncryptedEvent) -> bytes:
     return (Writer(TAG_EVENT).blob(encode_header(e.header)).element(e.C0)
-            .many(e.attributes, _write_attribute).blob(e.sealed)
+            .many(e.attributes, write_attribute).blob(e.sealed)
             .many(e.signatures, lambda w, s: w.element(s.Sig).element(s.P2)).done())
 
 
@@ -310,8 +325,9 @@ def decode_event(group: PairingGroup, data: bytes) -> EncryptedEvent:
     header = _read_header(hr)
     hr.end()
     event = EncryptedEvent(
-        header=header, C0=r.element(G2), attributes=r.many(_read_attribute), sealed=r.blob(),
-        signatures=r.many(lambda rr: AttributeSignature(Sig=rr.element(G1), P2=rr.element(G2))))
+        header=header, C0=r.unchecked(G2), attributes=r.many(_read_attribute), sealed=r.blob(),
+        signatures=r.many(lambda rr: AttributeSignature(Sig=rr.unchecked(G1),
+                                                        P2=rr.unchecked(G2))))
     r.end()
     n = len(event.attributes)
     if len(event.signatures) != n or len(header.publisher_credentials) != n:
@@ -320,12 +336,11 @@ def decode_event(group: PairingGroup, data: bytes) -> EncryptedEvent:
 
 
 def _write_entry(w: Writer, e: RequestEntry) -> None:
-    w.element(e.g_hat_t).element(e.F_t).element(e.h_t).blob(e.sealed_sw)
+    w.element(e.U).blob(e.sealed)
 
 
 def _read_entry(r: Reader) -> RequestEntry:
-    return RequestEntry(g_hat_t=r.element(G2), F_t=r.element(G1), h_t=r.element(G2),
-                        sealed_sw=r.blob())
+    return RequestEntry(U=r.unchecked(G2), sealed=r.blob())
 
 
 def encode_request_body(q: ConnectionRequest) -> bytes:

@@ -1,6 +1,6 @@
 """The pairing-group interface the scheme is written against, modeled on charm's PairingGroup.
 
-Elements use multiplicative notation as SCHEME.md does: ``a * b`` is the group
+Elements use multiplicative notation as the scheme (docs/scheme.md) does: ``a * b`` is the group
 operation, ``a ** k`` exponentiation by an integer scalar, ``a / b`` and ``~a``
 the inverse. Backends supply a handful of primitives on raw values; the
 :class:`Element` wrapper is shared, so the scheme never sees a backend type.
@@ -12,10 +12,11 @@ how the benchmark prices an algorithm at the floor of this library.
 from __future__ import annotations
 
 import functools
-import secrets
+import hashlib
+import os
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -39,16 +40,27 @@ class GroupError(ValueError):
 
 
 class Element:
-    """A group element of one backend; immutable."""
+    """A group element of one backend; immutable.
 
-    __slots__ = ("_encoded", "group", "kind", "raw")
+    An element decoded from the wire may be *unchecked*: it holds only its bytes, and is
+    parsed (curve, subgroup and identity checks) the first time an operation needs it, so
+    a router pays only for the elements it uses. A malformed one raises
+    :class:`GroupError` at that point."""
+
+    __slots__ = ("_encoded", "_raw", "group", "kind")
 
     def __init__(self, group: PairingGroup, kind: GroupKind, raw: Any,
                  encoded: bytes | None = None) -> None:
         self.group = group
         self.kind = kind
-        self.raw = raw
+        self._raw = raw
         self._encoded = encoded
+
+    @property
+    def raw(self) -> Any:
+        if self._raw is None:
+            self._raw = self.group._parse(self.kind, self._encoded or b"")
+        return self._raw
 
     def _same(self, other: Element) -> None:
         if not isinstance(other, Element) or other.kind is not self.kind:
@@ -63,6 +75,7 @@ class Element:
         return Element(self.group, self.kind, self.group._op_div(self.kind, self.raw, other.raw))
 
     def __pow__(self, scalar: int) -> Element:
+        """Variable-time exponentiation: for public or batch-weight exponents only."""
         k = scalar % self.group.order
         short = "_short" if k.bit_length() <= SHORT_EXPONENT_BITS else ""
         self.group.counts[f"exp_{self.kind.value}{short}"] += 1
@@ -82,7 +95,7 @@ class Element:
     def __bytes__(self) -> bytes:
         """The canonical encoding, computed once: signing digests re-read whole events."""
         if self._encoded is None:
-            self._encoded = self.group._serialize(self.kind, self.raw)
+            self._encoded = self.group._serialize(self.kind, self._raw)
         return self._encoded
 
     def __repr__(self) -> str:
@@ -112,6 +125,22 @@ class PairingGroup(ABC):
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        #: Source of every random byte the scheme draws: the OS by default; test vectors
+        #: swap in a seeded generator (:meth:`seed`).
+        self.random_bytes: Callable[[int], bytes] = os.urandom
+
+    def seed(self, seed: bytes) -> None:
+        """Draw every later random byte from SHAKE-256(seed) instead of the OS: for
+        reproducible test vectors only, never for keys in use."""
+        stream = hashlib.shake_256(b"ibe-pubsub test vectors" + seed)
+        drawn = 0
+
+        def deterministic(n: int) -> bytes:
+            nonlocal drawn
+            drawn += n
+            return stream.digest(drawn)[drawn - n:]
+
+        self.random_bytes = deterministic
 
     @functools.cached_property
     def _identities(self) -> dict[GroupKind, Element]:
@@ -120,8 +149,8 @@ class PairingGroup(ABC):
     # -- operations the scheme uses ------------------------------------------------------
 
     def random_scalar(self) -> int:
-        """A uniformly random element of Zq* (never zero)."""
-        return secrets.randbelow(self.order - 1) + 1
+        """A random element of Zq* (never zero): 512 random bits reduced, bias < 2^-256."""
+        return int.from_bytes(self.random_bytes(64), "big") % (self.order - 1) + 1
 
     def generator(self, kind: GroupKind) -> Element:
         return Element(self, kind, self._generator(kind))
@@ -129,10 +158,23 @@ class PairingGroup(ABC):
     def identity(self, kind: GroupKind) -> Element:
         return Element(self, kind, self._identity(kind))
 
-    def hash_to_g1(self, data: bytes) -> Element:
-        """Hash a byte string onto G1 (the library's hash-to-curve)."""
+    def hash_to_g1(self, data: bytes, dst: bytes) -> Element:
+        """Hash a byte string onto G1 under the domain separation tag ``dst``
+        (RFC 9380 ``BLS12381G1_XMD:SHA-256_SSWU_RO_`` on BLS12-381)."""
         self.counts["hash_G1"] += 1
-        return Element(self, G1, self._hash_to_g1(data))
+        return Element(self, G1, self._hash_to_g1(data, dst))
+
+    def exp_secret(self, element: Element, scalar: int) -> Element:
+        """``element ** scalar`` in constant time, for secret exponents (keys, encryption)."""
+        if element.kind is GT:
+            raise TypeError("constant-time exponentiation is offered in G1 and G2")
+        self.counts[f"exp_{element.kind.value}_ct"] += 1
+        return Element(self, element.kind,
+                       self._exp_ct(element.kind, element.raw, scalar % self.order))
+
+    def random_element(self, kind: GroupKind) -> Element:
+        """A uniformly random element of G1 or G2 (padding that must look like the rest)."""
+        return self.exp_secret(self.generator(kind), self.random_scalar())
 
     def prepare(self, element: Element) -> PreparedG2:
         """Precompute the Miller-loop lines of a G2 element that is paired often."""
@@ -176,17 +218,30 @@ class PairingGroup(ABC):
         return bytes(element)
 
     def deserialize(self, kind: GroupKind, data: bytes) -> Element:
-        """Parse a canonical encoding; rejects wrong lengths, points off the curve or
-        outside the prime-order subgroup, and the identity of G1/G2."""
+        """Parse a canonical encoding now; see :meth:`_parse` for what is rejected."""
+        data = bytes(data)
+        return Element(self, kind, self._parse(kind, data), encoded=data)
+
+    def unchecked(self, kind: GroupKind, data: bytes) -> Element:
+        """An element that is parsed and checked only when first used (see :class:`Element`);
+        its length is checked now."""
         if len(data) != self.sizes[kind]:
             raise GroupError(
                 f"{kind.value} element must be {self.sizes[kind]} bytes, got {len(data)}")
-        raw = self._deserialize(kind, bytes(data))
+        return Element(self, kind, None, encoded=bytes(data))
+
+    def _parse(self, kind: GroupKind, data: bytes) -> Any:
+        """The raw element; rejects wrong lengths, points off the curve or outside the
+        prime-order subgroup, and the identity of G1/G2."""
+        if len(data) != self.sizes[kind]:
+            raise GroupError(
+                f"{kind.value} element must be {self.sizes[kind]} bytes, got {len(data)}")
+        raw = self._deserialize(kind, data)
         if raw is None:
             raise GroupError(f"bytes are not a valid {kind.value} element")
         if kind is not GT and data == bytes(self._identities[kind]):
             raise GroupError(f"the identity of {kind.value} is not accepted")
-        return Element(self, kind, raw, encoded=bytes(data))
+        return raw
 
     # -- primitives a backend implements ---------------------------------------------------
 
@@ -197,7 +252,11 @@ class PairingGroup(ABC):
     def _identity(self, kind: GroupKind) -> Any: ...
 
     @abstractmethod
-    def _hash_to_g1(self, data: bytes) -> Any: ...
+    def _hash_to_g1(self, data: bytes, dst: bytes) -> Any: ...
+
+    @abstractmethod
+    def _exp_ct(self, kind: GroupKind, a: Any, k: int) -> Any:
+        """Constant-time ``a ** k`` in G1 or G2."""
 
     @abstractmethod
     def _prepare_g2(self, raw: Any) -> Any: ...

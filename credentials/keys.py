@@ -1,4 +1,4 @@
-"""Key material of SCHEME.md as immutable dataclasses (names follow the report: Pr^p, Pr^s)."""
+"""Key material of the scheme (docs/scheme.md) as immutable dataclasses (names: Pr^p, Pr^s)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,32 @@ from dataclasses import dataclass, field
 from credentials.credential import Credential
 from credentials.groups import Element, PreparedG2
 
-SCHEME_VERSION = 1
+SCHEME_VERSION = 2
 
 
 @dataclass(frozen=True)
 class MasterPublicKey:
-    """MPK = (curve, scheme version, g, ĝ, g2, h, Y); every peer has it."""
+    """MPK = (curve, scheme version, g, ĝ, g2, h, hd, Y); every peer has it. ``h`` is the
+    search base (tags, tokens), ``hd`` the decryption base (C0, D), kept apart so that C0
+    cannot test a tag."""
 
     curve: str
     g: Element
     g_hat: Element
     g2: Element
     h: Element
+    hd: Element
     Y: Element
     version: int = SCHEME_VERSION
 
 
 @dataclass(frozen=True)
 class MasterSecretKey:
-    """MSK = (alpha, phi); only the key server has it."""
+    """MSK = (alpha, phi, beta); only the key server has it."""
 
     alpha: int
     phi: int
+    beta: int
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class BlindedToken:
     """What a parent receives: T with its attribute and position, not the credential itself.
 
     The route test needs only the position; the bits stay with the subscriber (a parent can
-    still guess them, see the known limits in docs/scheme-notes.md)."""
+    still guess them, see the known limits in docs/scheme.md)."""
 
     attribute: str
     position: int
@@ -93,7 +97,7 @@ class SubscriberCredentialKey:
 
 @dataclass(frozen=True)
 class SubscriberKey:
-    """A subscriber's keys of one epoch, bound by one gamma_s: D = g2^((gamma_s+alpha)/phi)."""
+    """A subscriber's keys of one epoch, bound by one gamma_s: D = g2^((gamma_s+alpha)/beta)."""
 
     epoch: int
     D: Element

@@ -20,10 +20,13 @@ class EventHeader:
 
 @dataclass(frozen=True)
 class AttributeCiphertext:
-    """Per attribute: C1 = ĝ^b; per position j, C2_j = F(Pu_SUB(A, c_j))^b, R_j = H4(e(C2_j, h))."""
+    """Per attribute: C1 = ĝ^b; per position j, the tag R_j = H4(K_j) and the masked
+    E_j = ser(F(Pu_SUB(A, c_j))^b) XOR KDF(K_j, ...), K_j = e(F(Pu_SUB(A, c_j)), h)^b.
+    Both lists have the attribute's full number of positions (a string path is padded
+    with random tags and masks); E are opaque bytes to everyone but a token holder."""
 
     C1: Element
-    C2: tuple[Element, ...]
+    E: tuple[bytes, ...]
     R: tuple[bytes, ...]
 
 
@@ -46,12 +49,12 @@ class EncryptedEvent:
 
 @dataclass(frozen=True)
 class RequestEntry:
-    """CR_c' = (ĝ^t, F(Pu_SUB(A, c'))^t, h^t, AEAD_{KDF(Y^t)}(SW)) for a covering credential c'."""
+    """CR_c' = (U = ĝ^t, AEAD_{KDF(e(F(Pu_SUB(A, c')), h)^t, "cr")}(SW || position)): an
+    anonymous (Boneh-Franklin) entry that only the token of c' opens; entries past the
+    requester's own position are random."""
 
-    g_hat_t: Element
-    F_t: Element
-    h_t: Element
-    sealed_sw: bytes
+    U: Element
+    sealed: bytes
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,11 @@ class ConnectionRequest:
     entries: tuple[RequestEntry, ...]
     signature: bytes
 
-    @property
-    def position(self) -> int:
-        """Position of the requester's own credential (its last entry)."""
-        return len(self.entries) - 1
+
+@dataclass(frozen=True)
+class RequestOpening:
+    """What opening a request entry gives its opener: that entry's SW, and the position of
+    the requester's credential (the overlay orders links by it)."""
+
+    sw: bytes
+    position: int

@@ -70,6 +70,13 @@ class Attribute:
         return self.type != "string"
 
     @property
+    def positions(self) -> int:
+        """Length of every enclosing path, so of every ciphertext list and connection
+        request of this attribute: the root, then one position per bit (numeric) or per
+        character and the end marker (string)."""
+        return self.bits + 1 if self.is_numeric else self.max_length + 2
+
+    @property
     def cells(self) -> int:
         """Number of leaf cells of a numeric attribute."""
         if self.bits is None:

@@ -1,15 +1,23 @@
-"""The algorithms of SCHEME.md, one function each, named after the algorithm.
+"""The algorithms of the scheme (docs/scheme.md, version 2), one function each, named after
+the algorithm.
 
-Notation follows SCHEME.md: multiplicative groups, ``**`` for exponentiation,
+Notation follows docs/scheme.md: multiplicative groups, ``**`` for exponentiation by a
+public exponent and :meth:`PairingGroup.exp_secret` for a secret one (constant time),
 ``F`` hashes identity strings onto G1, ``M`` hashes the signed digest onto G1.
 :class:`PublicParams` carries what every peer has (group, MPK, schema) plus the
 per-epoch caches of ``F(c)`` and ``e(F(c), h)`` that make encryption cheap.
+
+Version 2 makes every ciphertext component that names a credential anonymous: an
+event carries per position only a tag ``R_ij = H4(K_ij)`` and the masked
+``E_ij = ser(F_ij^b_i) XOR KDF(K_ij, ...)`` under the position key
+``K_ij = e(F_ij, h)^b_i``, which only the routing token ``T = F^phi`` recomputes, as
+``e(T, C1_i)``; a connection-request entry is a Boneh-Franklin ciphertext that only the
+token of its credential opens.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -20,10 +28,18 @@ import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from credentials.codec import CodecError, Writer, encode_header, encode_request, encode_request_body
+from credentials.codec import (
+    TAG_BYTES,
+    CodecError,
+    Writer,
+    encode_header,
+    encode_request,
+    encode_request_body,
+    write_attribute,
+)
 from credentials.credential import Credential
 from credentials.decompose import enclosing_path, value_credential
-from credentials.groups import G1, G2, Element, PairingGroup, PreparedG2
+from credentials.groups import G1, G2, Element, GroupError, PairingGroup, PreparedG2
 from credentials.keys import (
     BlindedToken,
     MasterPublicKey,
@@ -40,16 +56,31 @@ from credentials.messages import (
     EncryptedEvent,
     EventHeader,
     RequestEntry,
+    RequestOpening,
 )
-from credentials.schema import Schema, SchemaError
-from credentials.symmetric import H4, KDF, AuthenticationFailed, mac, mac_equal, open_sealed, seal
+from credentials.schema import Attribute, Schema, SchemaError
+from credentials.symmetric import (
+    H4,
+    KDF,
+    NONCE_BYTES,
+    AuthenticationFailed,
+    mac,
+    mac_equal,
+    open_sealed,
+    seal,
+)
 
 PUB, SUB = "PUB", "SUB"
-DST_ID = b"ibe-pubsub/v1/ID"
-DST_MSG = b"ibe-pubsub/v1/MSG"
+#: Domain separation tags of F and M (RFC 9380 DSTs).
+DST_ID = b"IBE-PUBSUB-V2-ID"
+DST_MSG = b"IBE-PUBSUB-V2-MSG"
 BATCH_WEIGHT_BITS = 64
 SW_BYTES = 32
 MAX_PAYLOAD = 8 * 1024 * 1024
+#: The sealed payload is padded to a multiple of this many bytes.
+PAYLOAD_BUCKET = 256
+#: Tag of the signed digest's input (see docs/wire-format.md).
+TAG_DIGEST = 12
 
 
 class SchemeError(ValueError):
@@ -115,12 +146,12 @@ class PublicParams:
         self._f_h: _LRU = _LRU(cache_size)
 
     def F(self, identity: bytes) -> Element:
-        """F(s): hash onto G1 with domain tag ID (cached)."""
+        """F(s): RFC 9380 hash onto G1 with domain tag DST_ID (cached)."""
         cached = self._f.get(identity)
         if cached is not None:
             self._f.move_to_end(identity)
             return cached
-        return self._f.remember(identity, self.group.hash_to_g1(DST_ID + identity))
+        return self._f.remember(identity, self.group.hash_to_g1(identity, DST_ID))
 
     def F_h(self, identity: bytes) -> Element:
         """e(F(s), h) (cached): turns the per-position pairing of encryption into a GT power."""
@@ -131,20 +162,21 @@ class PublicParams:
         return self._f_h.remember(identity, self.group.pair(self.F(identity), self.h))
 
     def M(self, digest: bytes) -> Element:
-        """M(d): hash onto G1 with domain tag MSG."""
-        return self.group.hash_to_g1(DST_MSG + digest)
+        """M(d): RFC 9380 hash onto G1 with domain tag DST_MSG."""
+        return self.group.hash_to_g1(digest, DST_MSG)
 
 
 # -- Setup (Algorithm 1) --------------------------------------------------------------------
 
 def setup(group: PairingGroup) -> tuple[MasterPublicKey, MasterSecretKey]:
-    """alpha, phi, y in Zq*; g2 = g^y; h = ĝ^phi; Y = e(g2, ĝ)^alpha."""
-    alpha, phi, y = (group.random_scalar() for _ in range(3))
+    """alpha, phi, beta, y in Zq*; g2 = g^y; h = ĝ^phi; hd = ĝ^beta; Y = e(g2, ĝ)^alpha."""
+    alpha, phi, beta, y = (group.random_scalar() for _ in range(4))
     g, g_hat = group.generator(G1), group.generator(G2)
-    g2 = g ** y
-    mpk = MasterPublicKey(curve=group.curve, g=g, g_hat=g_hat, g2=g2, h=g_hat ** phi,
-                          Y=group.pair(g2, g_hat) ** alpha)
-    return mpk, MasterSecretKey(alpha=alpha, phi=phi)
+    g2 = group.exp_secret(g, y)
+    mpk = MasterPublicKey(curve=group.curve, g=g, g_hat=g_hat, g2=g2,
+                          h=group.exp_secret(g_hat, phi), hd=group.exp_secret(g_hat, beta),
+                          Y=group.pair(group.exp_secret(g2, alpha), g_hat))
+    return mpk, MasterSecretKey(alpha=alpha, phi=phi, beta=beta)
 
 
 # -- Key generation (eq. 6.2, 6.4) ------------------------------------------------------------
@@ -156,33 +188,34 @@ def keygen_publisher(pp: PublicParams, msk: MasterSecretKey, credential: Credent
     gamma = group.random_scalar()
     F = pp.F(identity_string(credential.attribute, PUB, epoch, credential))
     return PublisherKey(credential=credential, epoch=epoch,
-                        P1=group.multi_exp([mpk.g2, F], [msk.alpha, gamma]),
-                        P2=mpk.g_hat ** gamma)
+                        P1=group.exp_secret(mpk.g2, msk.alpha) * group.exp_secret(F, gamma),
+                        P2=group.exp_secret(mpk.g_hat, gamma))
 
 
 def keygen_routing_token(pp: PublicParams, msk: MasterSecretKey, credential: Credential,
                          epoch: int) -> RoutingToken:
     """T = F(Pu_SUB(A, c))^phi (Pr^s[3])."""
     F = pp.F(identity_string(credential.attribute, SUB, epoch, credential))
-    return RoutingToken(credential=credential, epoch=epoch, T=F ** msk.phi)
+    return RoutingToken(credential=credential, epoch=epoch, T=pp.group.exp_secret(F, msk.phi))
 
 
 def keygen_subscriber(pp: PublicParams, msk: MasterSecretKey, epoch: int,
                       credentials: Sequence[Credential],
                       fine_credentials: Sequence[Credential] = ()) -> SubscriberKey:
-    """One gamma_s binds them all: D = g2^((gamma_s + alpha) / phi); per credential, fresh gamma:
-    S1 = g2^gamma_s * F^gamma, S2 = ĝ^gamma, T = F^phi; and T for each fine credential."""
+    """One gamma_s binds them all: D = g2^((gamma_s + alpha) / beta); per credential, fresh
+    gamma: S1 = g2^gamma_s * F^gamma, S2 = ĝ^gamma, T = F^phi; and T for each fine
+    credential."""
     group, mpk = pp.group, pp.mpk
-    q = group.order
     gamma_s = group.random_scalar()
-    D = mpk.g2 ** ((gamma_s + msk.alpha) * pow(msk.phi, -1, q))
+    D = group.exp_secret(mpk.g2, (gamma_s + msk.alpha) * pow(msk.beta, -1, group.order))
+    g2_gamma_s = group.exp_secret(mpk.g2, gamma_s)
     keys = []
     for c in credentials:
         gamma = group.random_scalar()
         F = pp.F(identity_string(c.attribute, SUB, epoch, c))
         keys.append(SubscriberCredentialKey(
-            credential=c, epoch=epoch, S1=group.multi_exp([mpk.g2, F], [gamma_s, gamma]),
-            S2=mpk.g_hat ** gamma, T=F ** msk.phi))
+            credential=c, epoch=epoch, S1=g2_gamma_s * group.exp_secret(F, gamma),
+            S2=group.exp_secret(mpk.g_hat, gamma), T=group.exp_secret(F, msk.phi)))
     fine = tuple(keygen_routing_token(pp, msk, c, epoch) for c in fine_credentials)
     return SubscriberKey(epoch=epoch, D=D, credentials=tuple(keys), fine_tokens=fine)
 
@@ -204,22 +237,68 @@ def publisher_key_for(keys: Sequence[PublisherKey], leaf: Credential) -> Publish
 
 
 def _payload(event: Event) -> bytes:
-    return msgpack.packb({"v": event.values, "b": event.body}, use_bin_type=True)
+    """msgpack({"v": values, "b": body}), then 0x80 and zeros up to a multiple of
+    PAYLOAD_BUCKET bytes, so the ciphertext's size does not give away a value's length."""
+    packed = msgpack.packb({"v": event.values, "b": event.body}, use_bin_type=True) + b"\x80"
+    return packed + bytes(-len(packed) % PAYLOAD_BUCKET)
 
 
-def _signed_digest(header_bytes: bytes, C0: Element,
-                   attributes: Sequence[AttributeCiphertext], sealed: bytes) -> bytes:
-    """SHA-256(header || every ciphertext component || sealed payload)."""
-    w = Writer(0).blob(header_bytes).element(C0)
+def _unpad(padded: bytes) -> bytes:
+    stripped = padded.rstrip(b"\x00")
+    if not stripped.endswith(b"\x80"):
+        raise DecryptionError("malformed payload: bad padding")
+    return stripped[:-1]
+
+
+def _mask_info(event_id: str, i: int, j: int) -> bytes:
+    """KDF info of the mask of E_ij: "c2" || event id || i || j."""
+    return b"c2" + _length_prefixed(event_id.encode()) + i.to_bytes(2, "big") + j.to_bytes(
+        2, "big")
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    if len(a) != len(b):
+        raise ValueError("xor of byte strings of different lengths")
+    return (int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).to_bytes(len(a), "big")
+
+
+def _signed_digest(header_bytes: bytes, C0: Element, attributes: Sequence[AttributeCiphertext],
+                   signatures: Sequence[AttributeSignature], sealed: bytes) -> bytes:
+    """SHA-256(header || C0 || every C1_i, E_i, R_i || every P2_i || sealed payload)."""
+    w = Writer(TAG_DIGEST).blob(header_bytes).element(C0)
     for a in attributes:
-        w.element(a.C1).many(a.C2, Writer.element).many(a.R, Writer.fixed)
+        write_attribute(w, a)
+    for s in signatures:
+        w.element(s.P2)
     return hashlib.sha256(w.blob(sealed).done()).digest()
+
+
+def encrypt_attribute(pp: PublicParams, attribute: Attribute, i: int, epoch: int,
+                      event_id: str, path: Sequence[Credential], b: int) -> AttributeCiphertext:
+    """C1_i = ĝ^b_i; per position j of the value's path, K_ij = e(F_ij, h)^b_i,
+    R_ij = H4(K_ij), E_ij = ser(F_ij^b_i) XOR KDF(K_ij, "c2" || id || i || j); then random
+    tags and masks up to the attribute's number of positions."""
+    group = pp.group
+    size = group.sizes[G1]
+    tags, masked = [], []
+    for j, c in enumerate(path):
+        identity = identity_string(attribute.name, SUB, epoch, c)
+        K = pp.F_h(identity) ** b
+        tags.append(H4(K))
+        masked.append(_xor(bytes(group.exp_secret(pp.F(identity), b)),
+                           KDF(K, _mask_info(event_id, i, j), size)))
+    for _ in range(len(path), attribute.positions):
+        tags.append(group.random_bytes(TAG_BYTES))
+        masked.append(group.random_bytes(size))
+    return AttributeCiphertext(C1=group.exp_secret(pp.mpk.g_hat, b), E=tuple(masked),
+                               R=tuple(tags))
 
 
 def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Event
                      ) -> EncryptedEvent:
-    """Per attribute i: C1_i = ĝ^b_i, C2_ij = F(Pu_SUB(A_i, c_j))^b_i, R_ij = H4(e(F, h)^b_i);
-    C0 = h^s with s = sum b_i; K = KDF(Y^s, id); Sig_i = P1_i * m^b_i with m = M(digest)."""
+    """Per attribute i, :func:`encrypt_attribute` with a fresh b_i; C0 = hd^s with
+    s = sum b_i; K = KDF(Y^s, "payload" || id) seals the payload; Sig_i = P1_i * m^b_i
+    with m = M(digest), the digest covering every P2_i too."""
     group, mpk, schema = pp.group, pp.mpk, pp.schema
     if not keys:
         raise NotAuthorized("no publisher keys")
@@ -235,54 +314,62 @@ def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Even
     header = EventHeader(schema_id=schema.id, epoch=epoch, event_id=event.event_id,
                          publisher_credentials=tuple(k.credential for k in chosen))
     b = [group.random_scalar() for _ in schema.attributes]
-    attributes = []
-    for a, path, b_i in zip(schema.attributes, paths, b, strict=True):
-        ids = [identity_string(a.name, SUB, epoch, c) for c in path]
-        attributes.append(AttributeCiphertext(
-            C1=mpk.g_hat ** b_i,
-            C2=tuple(pp.F(i) ** b_i for i in ids),
-            R=tuple(H4(pp.F_h(i) ** b_i) for i in ids)))
+    attributes = tuple(encrypt_attribute(pp, a, i, epoch, event.event_id, path, b_i)
+                       for i, (a, path, b_i) in enumerate(zip(schema.attributes, paths, b,
+                                                              strict=True)))
     s = sum(b) % group.order
-    C0 = mpk.h ** s
+    C0 = group.exp_secret(mpk.hd, s)
     header_bytes = encode_header(header)
-    sealed = seal(KDF(mpk.Y ** s, event.event_id.encode()), _payload(event), header_bytes)
-    m = pp.M(_signed_digest(header_bytes, C0, attributes, sealed))
-    signatures = tuple(AttributeSignature(Sig=k.P1 * m ** b_i, P2=k.P2)
+    sealed = seal(_payload_key(mpk.Y ** s, event.event_id), _payload(event), header_bytes,
+                  group.random_bytes(NONCE_BYTES))
+    unsigned = [AttributeSignature(Sig=k.P1, P2=k.P2) for k in chosen]
+    m = pp.M(_signed_digest(header_bytes, C0, attributes, unsigned, sealed))
+    signatures = tuple(AttributeSignature(Sig=k.P1 * group.exp_secret(m, b_i), P2=k.P2)
                        for k, b_i in zip(chosen, b, strict=True))
-    return EncryptedEvent(header=header, C0=C0, attributes=tuple(attributes), sealed=sealed,
+    return EncryptedEvent(header=header, C0=C0, attributes=attributes, sealed=sealed,
                           signatures=signatures)
+
+
+def _payload_key(Ys: Element, event_id: str) -> bytes:
+    """K = KDF(Y^s, "payload" || event id)."""
+    return KDF(Ys, b"payload" + _length_prefixed(event_id.encode()))
 
 
 # -- Route test, decrypt, verify (report 6.3, eq. 7.1) -----------------------------------------
 
+def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken | SubscriberCredentialKey,
+                  event: EncryptedEvent) -> tuple[int, Element] | None:
+    """(i, K_ij = e(T, C1_i)) when the token's tag matches R_ij, j the token's position;
+    None otherwise. Only the header, C1_i and R_i are read (and C1_i checked)."""
+    attribute, j = _attribute_and_position(token)
+    try:
+        i = pp.schema.index(attribute)
+        expected = pp.schema.attributes[i].positions
+    except SchemaError:
+        return None
+    if i >= len(event.attributes):
+        return None
+    ct = event.attributes[i]
+    if len(ct.R) != expected or j >= expected:
+        return None
+    try:
+        K = pp.group.pair(token.T, ct.C1)
+    except GroupError:
+        return None
+    return (i, K) if mac_equal(H4(K), ct.R[j]) else None
+
+
+def _attribute_and_position(token: RoutingToken | BlindedToken | SubscriberCredentialKey
+                            ) -> tuple[str, int]:
+    if isinstance(token, SubscriberCredentialKey):
+        return token.credential.attribute, token.credential.position
+    return token.attribute, token.position
+
+
 def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: EncryptedEvent
                ) -> bool:
     """Forward iff H4(e(T, C1_i)) == R_ij, j = position of the token's credential."""
-    try:
-        i = pp.schema.index(token.attribute)
-    except SchemaError:
-        return False
-    if i >= len(event.attributes):
-        return False
-    ct = event.attributes[i]
-    j = token.position
-    if j >= len(ct.R):
-        return False
-    return mac_equal(H4(pp.group.pair(token.T, ct.C1)), ct.R[j])
-
-
-def _matching_key(pp: PublicParams, key: SubscriberKey, attribute: str,
-                  ct: AttributeCiphertext) -> SubscriberCredentialKey:
-    """The one credential key on ``attribute`` that encloses the value (a subscriber's
-    credentials on one attribute are disjoint). A lone candidate is not route-tested: the AEAD
-    rejects it if it does not match, which saves a pairing on the common path."""
-    candidates = [k for k in key.for_attribute(attribute) if k.credential.position < len(ct.R)]
-    if len(candidates) == 1:
-        return candidates[0]
-    for k in candidates:
-        if mac_equal(H4(pp.group.pair(k.T, ct.C1)), ct.R[k.credential.position]):
-            return k
-    raise DecryptionError(f"no credential on {attribute!r} matches the event")
+    return token.epoch == event.header.epoch and _position_key(pp, token, event) is not None
 
 
 def _check_structure(pp: PublicParams, event: EncryptedEvent) -> None:
@@ -291,28 +378,54 @@ def _check_structure(pp: PublicParams, event: EncryptedEvent) -> None:
         raise SchemeError("event is for another schema")
     if len(event.attributes) != len(schema.attributes):
         raise SchemeError("event does not carry every attribute of the schema")
-    for a, c in zip(schema.attributes, header.publisher_credentials, strict=True):
+    for a, c, ct in zip(schema.attributes, header.publisher_credentials, event.attributes,
+                        strict=True):
         if c.attribute != a.name or c.kind != a.kind:
             raise SchemeError(f"publisher credential {c} does not belong to {a.name!r}")
+        if len(ct.R) != a.positions:
+            raise SchemeError(f"attribute {a.name!r} carries {len(ct.R)} positions, "
+                              f"not {a.positions}")
+
+
+def _unmask(pp: PublicParams, key: SubscriberKey, i: int, attribute: str,
+            event: EncryptedEvent) -> tuple[SubscriberCredentialKey, Element]:
+    """The credential key on ``attribute`` whose tag matches (a subscriber's credentials on
+    one attribute are disjoint), and C2 = E_ij XOR KDF(K_ij, ...), checked as a G1 element."""
+    for k in key.for_attribute(attribute):
+        found = _position_key(pp, k, event)
+        if found is None:
+            continue
+        j = k.credential.position
+        mask = KDF(found[1], _mask_info(event.header.event_id, i, j), pp.group.sizes[G1])
+        try:
+            return k, pp.group.deserialize(G1, _xor(event.attributes[i].E[j], mask))
+        except GroupError as exc:
+            raise DecryptionError(f"unmasked C2 of {attribute!r} is not a G1 element") from exc
+    raise DecryptionError(f"no credential on {attribute!r} matches the event")
 
 
 def decrypt(pp: PublicParams, key: SubscriberKey, event: EncryptedEvent) -> Event:
-    """Y^s = e(D, C0) * prod_i e(C2_{i,j_i}, S2_i) / e(S1_i, C1_i), one multi-pairing;
-    then K = KDF(Y^s, id), the AEAD, and the values against the header and the path."""
+    """Per attribute, the own token's route test gives K_ij and unmasks C2_{i,j}; then
+    Y^s = e(D, C0) * prod_i e(C2_{i,j_i}, S2_i) / e(S1_i, C1_i), one multi-pairing;
+    K = KDF(Y^s, ...), the AEAD, and the values against the header and the path."""
     _check_structure(pp, event)
     header = event.header
     if header.epoch != key.epoch:
         raise DecryptionError(f"event of epoch {header.epoch}, keys of epoch {key.epoch}")
     pairs: list[tuple[Element, Element | PreparedG2]] = [(key.D, event.C0)]
     matched = []
-    for a, ct in zip(pp.schema.attributes, event.attributes, strict=True):
-        k = _matching_key(pp, key, a.name, ct)
+    for i, (a, ct) in enumerate(zip(pp.schema.attributes, event.attributes, strict=True)):
+        k, C2 = _unmask(pp, key, i, a.name, event)
         matched.append(k.credential)
-        pairs.append((ct.C2[k.credential.position], k.S2_prepared or k.S2))
+        pairs.append((C2, k.S2_prepared or k.S2))
         pairs.append((~k.S1, ct.C1))
-    K = KDF(pp.group.multi_pair(pairs), header.event_id.encode())
     try:
-        payload = open_sealed(K, event.sealed, encode_header(header))
+        Ys = pp.group.multi_pair(pairs)
+    except GroupError as exc:
+        raise DecryptionError(f"malformed event: {exc}") from exc
+    try:
+        payload = open_sealed(_payload_key(Ys, header.event_id), event.sealed,
+                              encode_header(header))
     except AuthenticationFailed as exc:
         raise DecryptionError("payload does not open: credentials do not match") from exc
     event_out = _parse_payload(pp.schema, header.event_id, payload)
@@ -326,7 +439,7 @@ def decrypt(pp: PublicParams, key: SubscriberKey, event: EncryptedEvent) -> Even
 
 def _parse_payload(schema: Schema, event_id: str, payload: bytes) -> Event:
     try:
-        data = msgpack.unpackb(payload, raw=False, max_bin_len=MAX_PAYLOAD,
+        data = msgpack.unpackb(_unpad(payload), raw=False, max_bin_len=MAX_PAYLOAD,
                                max_str_len=MAX_PAYLOAD)
         values = schema.validate_values(data["v"])
         body = data["b"]
@@ -342,18 +455,19 @@ def verify(pp: PublicParams, event: EncryptedEvent) -> bool:
     weights: e(prod Sig_i^w_i, ĝ) = Y^(sum w_i) * prod e(F_i^w_i, P2_i) * e(m, prod C1_i^w_i)."""
     try:
         _check_structure(pp, event)
-    except SchemeError:
+        group, header = pp.group, event.header
+        m = pp.M(_signed_digest(encode_header(header), event.C0, event.attributes,
+                                event.signatures, event.sealed))
+        w = [secrets.randbits(BATCH_WEIGHT_BITS) | 1 for _ in event.signatures]
+        pairs: list[tuple[Element, Element | PreparedG2]] = [
+            (group.multi_exp([s.Sig for s in event.signatures], w), pp.g_hat)]
+        for c, s, w_i in zip(header.publisher_credentials, event.signatures, w, strict=True):
+            F = pp.F(identity_string(c.attribute, PUB, header.epoch, c))
+            pairs.append((~(F ** w_i), s.P2))
+        pairs.append((~m, group.multi_exp([a.C1 for a in event.attributes], w)))
+        return group.multi_pair(pairs) == pp.mpk.Y ** sum(w)
+    except (SchemeError, GroupError):
         return False
-    group, header = pp.group, event.header
-    m = pp.M(_signed_digest(encode_header(header), event.C0, event.attributes, event.sealed))
-    w = [secrets.randbits(BATCH_WEIGHT_BITS) | 1 for _ in event.signatures]
-    pairs: list[tuple[Element, Element | PreparedG2]] = [
-        (group.multi_exp([s.Sig for s in event.signatures], w), pp.g_hat)]
-    for c, s, w_i in zip(header.publisher_credentials, event.signatures, w, strict=True):
-        F = pp.F(identity_string(c.attribute, PUB, header.epoch, c))
-        pairs.append((~(F ** w_i), s.P2))
-    pairs.append((~m, group.multi_exp([a.C1 for a in event.attributes], w)))
-    return group.multi_pair(pairs) == pp.mpk.Y ** sum(w)
 
 
 # -- Connection requests (report 7.3, Algorithm 2) ----------------------------------------------
@@ -363,23 +477,36 @@ def _request_ad(attribute: str, epoch: int, position: int) -> bytes:
                             position.to_bytes(2, "big"))
 
 
+#: KDF info of a request entry's key.
+REQUEST_INFO = b"cr"
+#: SW, then the requester's position (2 bytes), sealed in each real entry.
+REQUEST_PLAINTEXT_BYTES = SW_BYTES + 2
+
+
 def build_connection_request(pp: PublicParams, signing_key: Ed25519PrivateKey,
                              credential: Credential, epoch: int, expires_at: int
                              ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
-    """For each c' covering c, fresh t and SW: CR_c' = (ĝ^t, F(Pu_SUB(A, c'))^t, h^t,
-    AEAD_{KDF(Y^t)}(SW)); the key server signs the whole request. Returns the SWs too."""
-    mpk, group = pp.mpk, pp.group
+    """For each c' covering c (position j = len(c')), fresh t and SW:
+    CR_c' = (U = ĝ^t, AEAD_{KDF(e(F(Pu_SUB(A, c')), h)^t, "cr")}(SW || len(c)));
+    random entries for the deeper positions; the key server signs the whole request.
+    Returns the SWs of the real entries too."""
+    group = pp.group
+    attribute = pp.schema.attribute(credential.attribute)
+    position = credential.position.to_bytes(2, "big")
     entries, sws = [], []
-    for position, c in enumerate(credential.ancestors()):
-        t, sw = group.random_scalar(), os.urandom(SW_BYTES)
-        F = pp.F(identity_string(c.attribute, SUB, epoch, c))
-        key = KDF(mpk.Y ** t, b"connection-request")
+    for j, c in enumerate(credential.ancestors()):
+        t, sw = group.random_scalar(), group.random_bytes(SW_BYTES)
+        K = pp.F_h(identity_string(c.attribute, SUB, epoch, c)) ** t
         entries.append(RequestEntry(
-            g_hat_t=mpk.g_hat ** t, F_t=F ** t, h_t=mpk.h ** t,
-            sealed_sw=seal(key, sw, _request_ad(c.attribute, epoch, position))))
+            U=group.exp_secret(pp.mpk.g_hat, t),
+            sealed=seal(KDF(K, REQUEST_INFO), sw + position,
+                        _request_ad(c.attribute, epoch, j), group.random_bytes(NONCE_BYTES))))
         sws.append(sw)
+    sealed_size = len(entries[0].sealed)
+    entries += [RequestEntry(U=group.random_element(G2), sealed=group.random_bytes(sealed_size))
+                for _ in range(len(entries), attribute.positions)]
     unsigned = ConnectionRequest(attribute=credential.attribute, epoch=epoch,
-                                 expires_at=expires_at, nonce=os.urandom(16),
+                                 expires_at=expires_at, nonce=group.random_bytes(16),
                                  entries=tuple(entries), signature=b"")
     signature = signing_key.sign(encode_request_body(unsigned))
     return replace(unsigned, signature=signature), tuple(sws)
@@ -389,7 +516,7 @@ def check_connection_request(pp: PublicParams, request: ConnectionRequest,
                              server_key: Ed25519PublicKey, now: float,
                              epochs: Collection[int]) -> None:
     """Raise :class:`RequestRejected` unless the key server signed it, for a schema attribute,
-    an accepted epoch, not expired, with no more entries than the attribute has positions."""
+    an accepted epoch, not expired, with one entry per position of the attribute."""
     try:
         server_key.verify(request.signature, encode_request_body(request))
     except (InvalidSignature, CodecError) as exc:
@@ -402,28 +529,30 @@ def check_connection_request(pp: PublicParams, request: ConnectionRequest,
         raise RequestRejected(f"connection request of epoch {request.epoch} is not accepted")
     if request.expires_at < now:
         raise RequestRejected("connection request expired")
-    max_positions = attribute.bits + 1 if attribute.is_numeric else attribute.max_length + 2
-    if not 0 < len(request.entries) <= max_positions:
+    if len(request.entries) != attribute.positions:
         raise RequestRejected("connection request has an impossible number of entries")
 
 
-def open_connection_request(pp: PublicParams, D: Element, key: SubscriberCredentialKey,
-                            request: ConnectionRequest) -> bytes | None:
-    """Try the entry at position len(c_r): Y^t = e(D, h^t) * e(F^t, S2) / e(S1, ĝ^t).
-    Returns SW iff the holder's credential covers the requester's, else None."""
-    c = key.credential
-    j = c.position
-    if c.attribute != request.attribute or key.epoch != request.epoch or j >= len(
+def open_connection_request(pp: PublicParams, token: RoutingToken | BlindedToken,
+                            request: ConnectionRequest) -> RequestOpening | None:
+    """Try the entry at position len(c_r): e(T_r, U) = e(F(c_r), h)^t gives its key.
+    The SW and the requester's position iff the holder's credential covers the
+    requester's, else None."""
+    j = token.position
+    if token.attribute != request.attribute or token.epoch != request.epoch or j >= len(
             request.entries):
         return None
-    e = request.entries[j]
-    Yt = pp.group.multi_pair([(D, e.h_t), (e.F_t, key.S2_prepared or key.S2),
-                              (~key.S1, e.g_hat_t)])
+    entry = request.entries[j]
     try:
-        return open_sealed(KDF(Yt, b"connection-request"), e.sealed_sw,
-                           _request_ad(c.attribute, request.epoch, j))
-    except AuthenticationFailed:
+        K = pp.group.pair(token.T, entry.U)
+        plain = open_sealed(KDF(K, REQUEST_INFO), entry.sealed,
+                            _request_ad(token.attribute, request.epoch, j))
+    except (GroupError, AuthenticationFailed):
         return None
+    position = int.from_bytes(plain[SW_BYTES:], "big")
+    if len(plain) != REQUEST_PLAINTEXT_BYTES or position < j:
+        return None
+    return RequestOpening(sw=plain[:SW_BYTES], position=position)
 
 
 def acceptance_proof(sw: bytes, request: ConnectionRequest, context: bytes) -> bytes:

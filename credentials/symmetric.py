@@ -1,4 +1,4 @@
-"""The symmetric primitives of SCHEME.md: H4, KDF and the AEAD, all from `cryptography`."""
+"""The symmetric primitives of docs/scheme.md: H4, KDF and the AEAD (from `cryptography`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from credentials.groups import Element
 
 NONCE_BYTES = 12
-KDF_PREFIX = b"ibe-pubsub/v1/kdf/"
+#: Prepended to every KDF ``info``: keys of this scheme version never serve another.
+KDF_PREFIX = b"IBE-PUBSUB-V2/"
 
 
 class AuthenticationFailed(ValueError):
@@ -22,19 +23,22 @@ class AuthenticationFailed(ValueError):
 
 
 def H4(x: Element) -> bytes:
-    """H4(x) = SHA-256 of the canonical serialization of x in GT (the routing tag)."""
-    return hashlib.sha256(bytes(x)).digest()
+    """H4(x) = SHA-256("tag" || ser(x)), x in GT: the routing tag. The prefix keeps it apart
+    from the KDF outputs derived from the same position key."""
+    return hashlib.sha256(b"tag" + bytes(x)).digest()
 
 
-def KDF(x: Element, info: bytes) -> bytes:
-    """KDF(x, info) = HKDF-SHA256 of the serialization of x in GT, 32 bytes."""
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+def KDF(x: Element, info: bytes, length: int = 32) -> bytes:
+    """KDF(x, info) = HKDF-SHA256(ikm = ser(x), no salt, info = KDF_PREFIX || info)."""
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None,
                 info=KDF_PREFIX + info).derive(bytes(x))
 
 
-def seal(key: bytes, plaintext: bytes, associated_data: bytes) -> bytes:
-    """ChaCha20-Poly1305 under ``key`` with a random nonce, prepended to the ciphertext."""
-    nonce = os.urandom(NONCE_BYTES)
+def seal(key: bytes, plaintext: bytes, associated_data: bytes, nonce: bytes | None = None
+         ) -> bytes:
+    """ChaCha20-Poly1305 under ``key`` with a random nonce (or the one given), prepended to
+    the ciphertext. Every key here seals once, so a nonce never repeats under a key."""
+    nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
     return nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, associated_data)
 
 
