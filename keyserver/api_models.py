@@ -142,6 +142,8 @@ class RootCertificate(BaseModel):
     transport_key: str
     certificate: str
     expires_at: int
+    routing_token: str = Field(description="base64 routing token of the attribute's "
+                                           "whole-domain credential (opens requests' entry 0)")
 
 
 # -- bulk -----------------------------------------------------------------------------------

@@ -15,11 +15,12 @@ from credentials.codec import (
     decode_mpk,
     decode_publisher_key,
     decode_request,
+    decode_routing_token,
     decode_subscriber_key,
 )
 from credentials.credential import Credential
 from credentials.groups import PairingGroup
-from credentials.keys import PublisherKey, SubscriberKey
+from credentials.keys import PublisherKey, RoutingToken, SubscriberKey
 from credentials.messages import ConnectionRequest
 from credentials.schema import Schema
 from credentials.scheme import PublicParams
@@ -122,6 +123,18 @@ def decode_publisher_bundle(group: PairingGroup, doc: dict[str, Any]) -> Publish
                                      for k in doc["publisher_keys"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"publisher bundle does not decode: {exc}") from exc
+
+
+def decode_root_token(group: PairingGroup, doc: dict[str, Any], credential: Credential,
+                      epoch: int) -> RoutingToken:
+    """The root's whole-domain routing token; it must be for ``credential`` and ``epoch``."""
+    try:
+        token = decode_routing_token(group, _b64(doc["routing_token"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"root routing token does not decode: {exc}") from exc
+    if token.credential != credential or token.epoch != epoch:
+        raise BundleError("the root routing token is not for this tree and epoch")
+    return token
 
 
 def decode_root_certificate(doc: dict[str, Any], server_key: bytes) -> RootCertificate:

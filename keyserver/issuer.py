@@ -25,6 +25,7 @@ from credentials.codec import (
     encode_mpk,
     encode_publisher_key,
     encode_request,
+    encode_routing_token,
     encode_subscriber_key,
 )
 from credentials.credential import Credential
@@ -34,6 +35,7 @@ from credentials.scheme import (
     PublicParams,
     build_connection_request,
     keygen_publisher,
+    keygen_routing_token,
     keygen_subscriber,
 )
 from keyserver.keystore import KeyStore, b64
@@ -89,6 +91,13 @@ def issue_publisher(epoch: int, credentials: Sequence[Credential]) -> dict[str, 
                                for c in credentials]}
 
 
+def issue_root_token(epoch: int, credential: Credential) -> str:
+    """A root's token T of its attribute's whole-domain credential: it opens entry 0 of every
+    connection request, which tells the root the requester's position."""
+    s = _secrets()
+    return b64(encode_routing_token(keygen_routing_token(s.pp, s.msk, credential, epoch)))
+
+
 class IssuerPool:
     """Worker processes that issue keys; awaitable from the event loop."""
 
@@ -115,6 +124,10 @@ class IssuerPool:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, issue_publisher, epoch,
                                           tuple(credentials))
+
+    async def root_token(self, epoch: int, credential: Credential) -> str:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, issue_root_token, epoch, credential)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

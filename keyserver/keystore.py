@@ -28,9 +28,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from credentials.backends import load_group
 from credentials.certificates import schema_message
-from credentials.codec import decode_mpk, decode_msk, encode_mpk, encode_msk
+from credentials.codec import CodecError, decode_mpk, decode_msk, encode_mpk, encode_msk
 from credentials.groups import PairingGroup
-from credentials.keys import MasterPublicKey, MasterSecretKey
+from credentials.keys import SCHEME_VERSION, MasterPublicKey, MasterSecretKey
 from credentials.schema import Schema
 from credentials.scheme import setup
 from keyserver.sealing import seal_secret, unseal_secret
@@ -138,10 +138,19 @@ def load_keystore(data_dir: Path, passphrase: str) -> KeyStore:
         raise KeyStoreError(f"cannot unseal the master secret in {sealed_path}: {exc} "
                             f"(check ${PASSPHRASE_ENV})") from exc
     group = load_group()
+    try:
+        mpk = decode_mpk(group, base64.b64decode(public["mpk"]))
+        msk = decode_msk(group, secret["msk"])
+    except CodecError as exc:
+        raise KeyStoreError(
+            f"the key store in {data_dir} was written for another scheme or format version "
+            f"({exc}); this build implements scheme version {SCHEME_VERSION}. Run "
+            f"`ibe-pubsub keyserver init` again with a new data directory and re-enrol "
+            f"every peer.") from exc
     return KeyStore(
         group=group,
-        mpk=decode_mpk(group, base64.b64decode(public["mpk"])),
-        msk=decode_msk(group, secret["msk"]),
+        mpk=mpk,
+        msk=msk,
         schema=Schema.from_dict(public["schema"]),
         signing_key=Ed25519PrivateKey.from_private_bytes(secret["signing_key"]),
         schema_signature=base64.b64decode(public["schema_signature"]),

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from credentials.certificates import ED25519_KEY_BYTES
 from credentials.certificates import RootCertificate as SignedRootCertificate
+from credentials.decompose import root_credential
 from keyserver.api_models import (
     PublisherBundle,
     PublisherEnrolment,
@@ -113,10 +114,14 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
     expires_at = int(epoch.end + epoch.grace)
     certificate = SignedRootCertificate.issue(state.store.signing_key, body.attribute,
                                               transport_key, epoch.number, expires_at).signature
+    token = await state.pool.root_token(epoch.number,
+                                        root_credential(schema.attribute(body.attribute)))
     state.metrics.keys_issued("root_certificate", 1)
+    state.metrics.keys_issued("routing_token", 1)
     await _audited(state, caller, "issue_root", epoch.number,
                    {"identity": identity.name, "role": "root", "attribute": body.attribute,
                     "transport_key": body.transport_key})
     return {"epoch": epoch.number, "epoch_end": epoch.end, "attribute": body.attribute,
             "transport_key": body.transport_key,
-            "certificate": base64.b64encode(certificate).decode(), "expires_at": expires_at}
+            "certificate": base64.b64encode(certificate).decode(), "expires_at": expires_at,
+            "routing_token": token}

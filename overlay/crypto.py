@@ -2,7 +2,7 @@
 
 The state machine never touches keys directly: it asks a :class:`CryptoSuite`
 to decode, check, open and test opaque objects. :mod:`overlay.crypto_real`
-implements it with SCHEME.md (credentials.scheme); :mod:`overlay.crypto_model`
+implements it with the scheme (docs/scheme.md) (credentials.scheme); :mod:`overlay.crypto_model`
 decides by plaintext containment and charges each operation its measured cost,
 so the simulator can run thousands of peers. Both record the time spent per
 operation in a :class:`CostMeter`, which the simulator turns into processing delay.
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from credentials.credential import Credential
+from credentials.messages import RequestOpening
 from credentials.predicates import Predicate
 from credentials.scheme import Event
 
@@ -62,7 +63,7 @@ class VirtualKeys:
     sws: tuple[bytes, ...]
     token: bytes
     fine_tokens: tuple[bytes, ...]
-    #: What opens other peers' requests (real: (D, SubscriberCredentialKey)).
+    #: What opens other peers' requests: the routing token of ``credential``.
     opener: Any
 
 
@@ -86,6 +87,9 @@ class RootKit:
     certificate: bytes
     #: Signs acceptance proofs (real: Ed25519PrivateKey).
     signer: Any
+    #: The whole-domain routing token: opens entry 0 of every request, which tells the root
+    #: the requester's position (it tests nothing else: every event lies in the domain).
+    opener: Any
 
     @property
     def attribute(self) -> str:
@@ -101,13 +105,15 @@ class CryptoSuite(Protocol):
 
     def request_attribute(self, request: Any) -> str: ...
 
-    def request_position(self, request: Any) -> int: ...
+    def request_epoch(self, request: Any) -> int: ...
 
     def request_nonce(self, request: Any) -> bytes: ...
 
     def check_request(self, request: Any, now: float, epochs: Collection[int]) -> None: ...
 
-    def open_request(self, keys: VirtualKeys, request: Any) -> bytes | None: ...
+    def open_request(self, opener: Any, request: Any) -> RequestOpening | None:
+        """The SW and the requester's position if ``opener``'s credential covers the
+        requester's, else None."""
 
     def acceptance_proof(self, sw: bytes, request: Any, context: bytes) -> bytes: ...
 

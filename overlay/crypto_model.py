@@ -3,7 +3,7 @@
 Requests, tokens and events carry their credentials and values in the clear
 (msgpack) with an HMAC under a simulation secret standing in for the key
 server's and publishers' signatures, so forged or altered objects are still
-rejected. Every decision (open, route, decrypt) is the one SCHEME.md would
+rejected. Every decision (open, route, decrypt) is the one the scheme (docs/scheme.md) would
 take, decided by credential containment; each operation charges its cost from
 a :class:`CostTable` (defaults below, or the JSON of ``ibe-pubsub bench crypto``).
 With :meth:`CostTable.zero` this is the plaintext mode: no security costs.
@@ -23,9 +23,10 @@ import msgpack
 
 from credentials.credential import Credential
 from credentials.decompose import enclosing_path
+from credentials.messages import RequestOpening
 from credentials.schema import Schema, SchemaError
 from credentials.scheme import Event
-from overlay.crypto import CostMeter, CryptoRejected, RootKit, VirtualKeys
+from overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 #: Seconds per operation, roughly BLS12-381 via mcl from Python on one core.
 DEFAULT_COSTS: dict[str, float] = {
@@ -169,8 +170,8 @@ class ModeledCrypto:
     def request_attribute(self, request: ModelRequest) -> str:
         return request.attribute
 
-    def request_position(self, request: ModelRequest) -> int:
-        return request.credential.position
+    def request_epoch(self, request: ModelRequest) -> int:
+        return request.epoch
 
     def request_nonce(self, request: ModelRequest) -> bytes:
         return request.nonce
@@ -188,12 +189,14 @@ class ModeledCrypto:
         if r.expires_at < now:
             raise CryptoRejected("connection request expired")
 
-    def open_request(self, keys: VirtualKeys, request: ModelRequest) -> bytes | None:
+    def open_request(self, opener: tuple[Credential, int], request: ModelRequest
+                     ) -> RequestOpening | None:
         self._charge("open_request")
-        mine, epoch = keys.opener
+        mine, epoch = opener
         if epoch != request.epoch or not mine.covers(request.credential):
             return None
-        return self.sw(request.nonce, mine.position)
+        return RequestOpening(self.sw(request.nonce, mine.position),
+                              request.credential.position)
 
     def acceptance_proof(self, sw: bytes, request: ModelRequest, context: bytes) -> bytes:
         self._charge("acceptance_proof")

@@ -1,4 +1,4 @@
-"""The crypto suite of SCHEME.md: credentials.scheme behind the overlay's protocol.
+"""The crypto suite of the scheme (docs/scheme.md), credentials.scheme, behind the protocol.
 
 Every operation is timed into the :class:`~overlay.crypto.CostMeter`, so a
 simulator running real cryptography charges the real processing delay.
@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from credentials import codec, scheme
 from credentials.certificates import RootCertificate
-from credentials.messages import ConnectionRequest, EncryptedEvent
+from credentials.messages import ConnectionRequest, EncryptedEvent, RequestOpening
 from credentials.scheme import Event, PublicParams
-from overlay.crypto import CostMeter, CryptoRejected, RootKit, VirtualKeys
+from overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 
 def _root_signed(request: ConnectionRequest, context: bytes) -> bytes:
@@ -42,8 +42,8 @@ class RealCrypto:
     def request_attribute(self, request: ConnectionRequest) -> str:
         return request.attribute
 
-    def request_position(self, request: ConnectionRequest) -> int:
-        return request.position
+    def request_epoch(self, request: ConnectionRequest) -> int:
+        return request.epoch
 
     def request_nonce(self, request: ConnectionRequest) -> bytes:
         return request.nonce
@@ -56,10 +56,9 @@ class RealCrypto:
             except scheme.RequestRejected as exc:
                 raise CryptoRejected(str(exc)) from None
 
-    def open_request(self, keys: VirtualKeys, request: ConnectionRequest) -> bytes | None:
-        D, key = keys.opener
+    def open_request(self, opener: Any, request: ConnectionRequest) -> RequestOpening | None:
         with self.meter.timed("open_request"):
-            return scheme.open_connection_request(self.pp, D, key, request)
+            return scheme.open_connection_request(self.pp, opener, request)
 
     def acceptance_proof(self, sw: bytes, request: ConnectionRequest, context: bytes) -> bytes:
         with self.meter.timed("acceptance_proof"):
@@ -109,7 +108,7 @@ class RealCrypto:
 
     def route(self, token: Any, event: EncryptedEvent) -> bool:
         with self.meter.timed("route"):
-            return token.epoch == event.header.epoch and scheme.route_test(self.pp, token, event)
+            return scheme.route_test(self.pp, token, event)
 
     def verify(self, event: EncryptedEvent) -> bool:
         with self.meter.timed("verify"):

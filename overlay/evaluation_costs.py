@@ -1,6 +1,6 @@
 """Crypto costs measured in the same run, for the simulator's cost-modelled crypto.
 
-A small overlay runs on real cryptography (SCHEME.md through
+A small overlay runs on real cryptography (the scheme (docs/scheme.md) through
 :class:`overlay.crypto_real.RealCrypto`, same schema and protocol as the
 experiment); every operation the peers perform is timed by its
 :class:`~overlay.crypto.CostMeter`. The mean time per call of each operation

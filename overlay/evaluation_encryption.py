@@ -13,7 +13,7 @@ against the number of subscribers, for four ways of keeping events confidential.
   subscription share a group key K_i; the broker encrypts the event once under a
   fresh key T and adds ``h(K_i xor r) xor T`` for each group with interested
   members: one encryption plus one one-way-function evaluation per group.
-* ``ours``: SCHEME.md's ``encrypt_and_sign``; its raw group operations are read
+* ``ours``: the scheme's ``encrypt_and_sign`` (docs/scheme.md); its raw group operations are read
   from the group's operation counter while it encrypts the workload's events.
   It is given no subscriber at all, so its count cannot depend on their number.
 
@@ -105,7 +105,7 @@ def kbz_groups(workload: Workload, interested: Sequence[int]) -> int:
 
 
 class OurEncryption:
-    """Publishes with SCHEME.md; counts and times each encryption."""
+    """Publishes with the scheme (docs/scheme.md); counts and times each encryption."""
 
     def __init__(self, group: PairingGroup, workload: Workload) -> None:
         self.group = group
@@ -195,7 +195,7 @@ def plot(report: dict[str, Any], path: Any) -> None:
     rows = report["rows"]
     labels = {"public_key": "public key per subscriber", "op_simple": "Opyrchal-Prakash cache",
               "op_clustered": "Opyrchal-Prakash clustered cache",
-              "kbz": "Koglin-Bertino-Zou", "ours": "ours (SCHEME.md, measured)"}
+              "kbz": "Koglin-Bertino-Zou", "ours": "ours (docs/scheme.md, measured)"}
     x = [r["subscribers"] for r in rows]
     with figure(path, "Publisher work per event", "subscribers",
                 [("operations per event", "ops_per_event"),

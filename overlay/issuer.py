@@ -3,7 +3,7 @@
 :func:`plan_virtual_peers` decides which trees a subscription joins (one virtual
 peer per constrained credential, or the first attribute's root credential when
 it constrains nothing) and the fine credentials of each (MCR).
-:class:`RealIssuer` runs SCHEME.md with a locally drawn master key;
+:class:`RealIssuer` runs the scheme (docs/scheme.md) with a locally drawn master key;
 :class:`ModeledIssuer` makes the plaintext objects of :class:`ModeledCrypto`.
 Both give :class:`SubscriberKit` and :class:`RootKit` objects and encrypt events.
 """
@@ -68,14 +68,15 @@ class ModeledIssuer:
     def root_kit(self, attribute: str, epoch: int, expires_at: int) -> RootKit:
         cred = root_credential(self.schema.attribute(attribute))
         return RootKit(cred, epoch, self.crypto.make_root_certificate(attribute, epoch,
-                                                                      expires_at), None)
+                                                                      expires_at), None,
+                       (cred, epoch))
 
     def encrypt(self, event: Event, epoch: int) -> bytes:
         return self.crypto.encrypt(event, epoch)
 
 
 class RealIssuer:
-    """SCHEME.md with a master key drawn here, and an Ed25519 key server signing key."""
+    """The scheme (docs/scheme.md) with a master key drawn here and an Ed25519 signing key."""
 
     def __init__(self, schema: Schema) -> None:
         group = load_group()
@@ -103,15 +104,16 @@ class RealIssuer:
                 token=codec.encode_blinded_token(credkey.token.blinded()),
                 fine_tokens=tuple(codec.encode_blinded_token(t.blinded()) for t in key.fine_tokens
                                   if t.credential in fines),
-                opener=(key.D, credkey)))
+                opener=credkey.token))
         return SubscriberKit(epoch, predicate, key, tuple(virtuals))
 
     def root_kit(self, attribute: str, epoch: int, expires_at: int) -> RootKit:
         transport = Ed25519PrivateKey.generate()
         raw = transport.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         cert = RootCertificate.issue(self.server_key, attribute, raw, epoch, expires_at)
-        return RootKit(root_credential(self.schema.attribute(attribute)), epoch,
-                       cert.to_bytes(), transport)
+        credential = root_credential(self.schema.attribute(attribute))
+        return RootKit(credential, epoch, cert.to_bytes(), transport,
+                       scheme.keygen_routing_token(self.pp, self.msk, credential, epoch))
 
     def encrypt(self, event: Event, epoch: int) -> bytes:
         """Encrypt and sign with publisher keys for the whole domain of every attribute."""

@@ -74,14 +74,24 @@ class Stats:
     forged: int = 0
 
 
+@dataclass(frozen=True)
+class _Admission:
+    """A connection request this peer opened, with what it needs to adopt the requester:
+    the SW of the entry that opened (None at a root, which proves by signature) and the
+    requester's position, which only an opener learns."""
+
+    request: Any
+    sw: bytes | None
+    position: int
+
+
 @dataclass
 class _Opened:
     """A request this peer opened (kept so a swap handover can accept the newcomer)."""
 
     vp: str
     newcomer: Node
-    sw: bytes | None
-    request: Any
+    admission: _Admission
 
 
 @dataclass
@@ -95,8 +105,7 @@ class _Search:
     waiting: set[Node]
     upstream: Node | None
     started: float
-    sw: bytes | None
-    request: Any
+    admission: _Admission
     #: The deepest peer below that may split for the newcomer, with its depth.
     splitter: tuple[int, Node] | None = None
 
@@ -369,22 +378,23 @@ class PeerMachine:
             return None, str(exc)
         return request, None
 
-    def _open(self, vp: VirtualPeer, request: Any) -> tuple[bool, bytes | None]:
-        """(opened, SW): a root opens everything without an SW."""
-        if vp.is_root:
-            return True, None
-        epoch = getattr(request, "epoch", None)
-        keys = vp.keys.get(epoch) if isinstance(epoch, int) else None
-        if keys is None:
-            return False, None
-        sw = self.crypto.open_request(keys, request)
-        return sw is not None, sw
+    def _open(self, vp: VirtualPeer, request: Any) -> _Admission | None:
+        """Open ``request`` with this virtual peer's token of the request's epoch (a root:
+        the whole-domain token, which opens every request and proves by signature)."""
+        epoch = self.crypto.request_epoch(request)
+        holder = vp.roots.get(epoch) if vp.is_root else vp.keys.get(epoch)
+        if holder is None:
+            return None
+        opening = self.crypto.open_request(holder.opener, request)
+        if opening is None:
+            return None
+        return _Admission(request, None if vp.is_root else opening.sw, opening.position)
 
-    def _prove(self, vp: VirtualPeer, sw: bytes | None, request: Any, ctx: bytes
-               ) -> tuple[bytes, bytes]:
+    def _prove(self, vp: VirtualPeer, admission: _Admission, ctx: bytes) -> tuple[bytes, bytes]:
         """(proof, certificate): HMAC under SW, or the root's signature and certificate."""
-        if sw is not None:
-            return self.crypto.acceptance_proof(sw, request, ctx), b""
+        request = admission.request
+        if admission.sw is not None:
+            return self.crypto.acceptance_proof(admission.sw, request, ctx), b""
         root = vp.roots[max(vp.roots)]
         return self.crypto.root_proof(root, request, ctx), root.certificate
 
@@ -398,28 +408,31 @@ class PeerMachine:
             return [Log("warning", f"join from {frm[0]} dropped: {error}")]
         self._seen_joins.put((vp.vp, m.join_id), None)
         newcomer = (m.origin, m.origin_vp)
-        position = self.crypto.request_position(request)
-        opened, sw = self._open(vp, request)
-        if not opened:
+        admission = self._open(vp, request)
+        if admission is None:
             if frm not in vp.parents:
                 return self._forward(vp, m, list(vp.parents), [])
             # From the parent (a full peer that covers the newcomer): offer a swap, which
-            # only a coarser newcomer (on its first join) can take; on a retry the offer
-            # also tells the newcomer where a split may take it (the parent).
-            keys = vp.keys.get(getattr(request, "epoch", -1))
-            if keys is None or m.depth >= 0 or (vp.credential.position <= position
-                                                 and not m.split):
+            # only a newcomer that covers this peer (on its first join) can take; on a retry
+            # the offer also tells the newcomer where a split may take it (the parent). This
+            # peer cannot tell whether the newcomer is coarser: only an opener learns the
+            # requester's position, so the newcomer decides by opening this peer's request.
+            epoch = self.crypto.request_epoch(request)
+            keys = vp.keys.get(epoch)
+            if keys is None or m.depth >= 0:
                 return self._miss(vp, frm, m)
-            vp.swaps[m.join_id] = SwapOffered(frm, newcomer, request.epoch)
-            return [Send(m.origin, SwapOffer(vp.vp, m.origin_vp, m.join_id, keys.request, *frm)),
+            vp.swaps[m.join_id] = SwapOffered(frm, newcomer, epoch)
+            return [Send(m.origin, SwapOffer(vp.vp, m.origin_vp, m.join_id, keys.request, *frm,
+                                             _depth(vp))),
                     *self._miss(vp, frm, m)]
-        self._opened.put(m.join_id, _Opened(vp.vp, newcomer, sw, request))
+        position = admission.position
+        self._opened.put(m.join_id, _Opened(vp.vp, newcomer, admission))
         ups = [p for p in vp.parents if p != frm]
         if not vp.attached or not vp.precedes(position, m.origin_vp):
             # Nobody below this peer may take it either.
             return self._forward(vp, m, ups, []) + self._miss(vp, frm, m)
         fresh = not self._linked(vp, newcomer)
-        taken = self._take(vp, newcomer, m.join_id, sw, request, now) if fresh else None
+        taken = self._take(vp, newcomer, m.join_id, admission, now) if fresh else None
         if taken is not None:
             return taken
         # Full: search the children that may cover the newcomer and precede it (coarser, or
@@ -435,7 +448,7 @@ class PeerMachine:
         climbed = frm in vp.children and not vp.is_root
         if fresh and m.depth < 0 and (climbed or not downs or (
                 m.split and frm == newcomer and m.dst_vp == vp.vp)):
-            return self._split_or_climb(vp, m, sw, request, now)
+            return self._split_or_climb(vp, m, admission, now)
         # The search stays below the first peer that may take the newcomer, so it costs
         # the covering part of that subtree, not of the whole tree.
         out = self._forward(vp, m, downs, others if m.depth < 0 else [])
@@ -444,28 +457,28 @@ class PeerMachine:
         if fresh and m.depth < 0:
             upstream = frm if frm in vp.parents else None
             self._searches.put((vp.vp, m.join_id),
-                               _Search(m, set(downs), upstream, now, sw, request))
+                               _Search(m, set(downs), upstream, now, admission))
         return out
 
-    def _take(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
-              request: Any, now: float) -> list[Action] | None:
+    def _take(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, admission: _Admission,
+              now: float) -> list[Action] | None:
         """Adopt a newcomer not linked to them yet (see :meth:`_linked`) into a free slot of
         ``vp`` or of one of its relays; None when all are full."""
         free = next((r for r in (vp, *self._relays(self._creator(vp)))
                      if len(r.children) < self.config.max_children), None)
-        return None if free is None else self._adopt(free, newcomer, join_id, sw, request, now)
+        return None if free is None else self._adopt(free, newcomer, join_id, admission, now)
 
     def _linked(self, vp: VirtualPeer, node: Node) -> bool:
         """Is ``node`` a parent of ``vp``, or a child of it or of one of its relays?"""
         return node in vp.parents or any(node in r.children
                                          for r in (vp, *self._relays(self._creator(vp))))
 
-    def _split_or_climb(self, vp: VirtualPeer, m: Join, sw: bytes | None, request: Any,
-                        now: float) -> list[Action]:
+    def _split_or_climb(self, vp: VirtualPeer, m: Join, admission: _Admission, now: float
+                        ) -> list[Action]:
         """Take the newcomer by a split; where no relay may be split off, pass the join on
         from the peer the relays copy."""
         creator = self._creator(vp)
-        return (self._split(vp, (m.origin, m.origin_vp), m.join_id, sw, request, now)
+        return (self._split(vp, (m.origin, m.origin_vp), m.join_id, admission, now)
                 or self._forward(creator, m, list(creator.parents), []))
 
     def _miss(self, vp: VirtualPeer, frm: Node, m: Join) -> list[Action]:
@@ -505,16 +518,16 @@ class PeerMachine:
         if search.splitter is not None:
             target = search.splitter[1]
             return [Send(target[0], JoinSplit(vp.vp, target[1], m.join_id))]
-        return (self._take(vp, newcomer, join.join_id, search.sw, search.request, now)
-                or self._split_or_climb(vp, join, search.sw, search.request, now))
+        return (self._take(vp, newcomer, join.join_id, search.admission, now)
+                or self._split_or_climb(vp, join, search.admission, now))
 
     def _on_join_split(self, vp: VirtualPeer, frm: Node, m: JoinSplit, now: float
                        ) -> list[Action]:
         opened = self._opened.get(m.join_id)
         if opened is None or opened.vp != vp.vp or self._linked(vp, opened.newcomer):
             return [Log("debug", f"{vp.vp}: split request from {frm[0]} for no open join")]
-        return (self._take(vp, opened.newcomer, m.join_id, opened.sw, opened.request, now)
-                or self._split(vp, opened.newcomer, m.join_id, opened.sw, opened.request, now)
+        return (self._take(vp, opened.newcomer, m.join_id, opened.admission, now)
+                or self._split(vp, opened.newcomer, m.join_id, opened.admission, now)
                 or [Log("debug", f"{vp.vp}: asked to split for {opened.newcomer[0]}, cannot")])
 
     def _forward(self, vp: VirtualPeer, m: Join, targets: list[Node], swap_probes: list[Node]
@@ -526,13 +539,13 @@ class PeerMachine:
         return [Send(n[0], _retarget(m, vp.vp, n[1], m.hops - 1)) for n in targets] + [
             Send(n[0], _retarget(m, vp.vp, n[1], 1)) for n in swap_probes]
 
-    def _adopt(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
-               request: Any, now: float) -> list[Action]:
-        vp.children[newcomer] = ChildLink(now, self.crypto.request_position(request),
-                                          self.crypto.request_nonce(request))
+    def _adopt(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, admission: _Admission,
+               now: float) -> list[Action]:
+        vp.children[newcomer] = ChildLink(now, admission.position,
+                                          self.crypto.request_nonce(admission.request))
         self._due(now + self.config.failure_timeout)
-        proof, cert = self._prove(vp, sw, request, context("join", (self.address, vp.vp),
-                                                           newcomer))
+        proof, cert = self._prove(vp, admission, context("join", (self.address, vp.vp),
+                                                         newcomer))
         return [Send(newcomer[0], Accept(vp.vp, newcomer[1], join_id, proof, cert))]
 
     def _creator(self, vp: VirtualPeer) -> VirtualPeer:
@@ -554,8 +567,8 @@ class PeerMachine:
             self._relay_lists[vp.vp] = queue
         return queue
 
-    def _split(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, sw: bytes | None,
-               request: Any, now: float) -> list[Action]:
+    def _split(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, admission: _Admission,
+               now: float) -> list[Action]:
         """A full peer that covers the newcomer but none of whose children may: a relay
         copy of this virtual peer takes the slot of one child (of the peer it copies or of
         its shallowest relay that has one), that child and the newcomer."""
@@ -573,7 +586,7 @@ class PeerMachine:
         host.children[(self.address, relay.vp)] = ChildLink(now, vp.credential.position)
         return [Log("info", f"{vp.vp}: full, split off relay {relay.vp}"),
                 Send(moved[0], Handover(host.vp, moved[1], self.address, relay.vp)),
-                *self._adopt(relay, newcomer, join_id, sw, request, now)]
+                *self._adopt(relay, newcomer, join_id, admission, now)]
 
     def _split_host(self, creator: VirtualPeer, newcomer: Node) -> VirtualPeer | None:
         """Where a split of ``creator`` would take a child from, None if it may not split.
@@ -686,20 +699,20 @@ class PeerMachine:
         request, error = self._check_request(m.request, vp.attribute, now)
         if error is not None:
             return [Log("warning", f"swap offer from {frm[0]} dropped: {error}")]
-        position = self.crypto.request_position(request)
-        opened, sw = (self._open(vp, request) if position > vp.credential.position
-                      else (False, None))
-        if (not opened or sw is None or len(vp.children) >= self.config.max_children
-                or not vp.precedes(position, frm[1])):
+        admission = self._open(vp, request)
+        if (admission is None or admission.sw is None
+                or len(vp.children) >= self.config.max_children
+                or not vp.precedes(admission.position, frm[1])):
             # The offerer's parent covers this peer and is full: a retry may split there;
-            # the finest offerer's parent is likely the deepest such peer.
-            if not pending.recruit and (vp.split_hint is None or position > vp.split_hint[0]):
-                vp.split_hint = (position, (m.parent, m.parent_vp))
+            # the deepest offerer's parent is the deepest such peer.
+            if not pending.recruit and (vp.split_hint is None or m.depth > vp.split_hint[0]):
+                vp.split_hint = (m.depth, (m.parent, m.parent_vp))
             return [Log("debug", f"{vp.vp}: swap offer from {frm[0]} not taken")]
-        vp.children[frm] = ChildLink(now, position, self.crypto.request_nonce(request))
+        vp.children[frm] = ChildLink(now, admission.position,
+                                     self.crypto.request_nonce(request))
         self._due(now + self.config.failure_timeout)
-        proof = self.crypto.acceptance_proof(sw, request, context("swap", (self.address, vp.vp),
-                                                                  frm))
+        proof = self.crypto.acceptance_proof(admission.sw, request,
+                                             context("swap", (self.address, vp.vp), frm))
         return [Send(frm[0], SwapAccept(vp.vp, frm[1], m.join_id, proof))]
 
     def _on_swap_accept(self, vp: VirtualPeer, frm: Node, m: SwapAccept, now: float
@@ -733,10 +746,10 @@ class PeerMachine:
         del vp.children[frm]
         opened = self._opened.get(m.join_id)
         if (opened is None or opened.vp != vp.vp or opened.newcomer in vp.children
-                or not vp.attached or not vp.precedes(
-                    self.crypto.request_position(opened.request), opened.newcomer[1])):
+                or not vp.attached or not vp.precedes(opened.admission.position,
+                                                      opened.newcomer[1])):
             return [Log("debug", f"{vp.vp}: {frm[0]} swapped away, its newcomer not taken")]
-        return self._adopt(vp, opened.newcomer, m.join_id, opened.sw, opened.request, now)
+        return self._adopt(vp, opened.newcomer, m.join_id, opened.admission, now)
 
     # -- links -------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ uses; the simulator only moves their actions around and records:
 - messages per event (``Publish`` sends), false positives, duplicates.
 
 Crypto modes: ``"modeled"`` (default costs or a ``bench crypto`` JSON),
-``"plaintext"`` (no security costs), ``"real"`` (SCHEME.md, small populations).
+``"plaintext"`` (no security costs), ``"real"`` (the scheme (docs/scheme.md), small populations).
 """
 
 from __future__ import annotations

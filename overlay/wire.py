@@ -114,13 +114,15 @@ class Detach(Message):
 @dataclass(frozen=True)
 class SwapOffer(Message):
     """A peer that could not open ``join_id`` offers itself as the newcomer's child, and names
-    its parent (which opened the request but was full) as where a retry may ask for a split."""
+    its parent (which opened the request but was full) as where a retry may ask for a split,
+    with its own depth (-1 if unknown): the deepest such parent is the best place."""
 
     TAG: ClassVar[int] = 4
     join_id: bytes
     request: bytes
     parent: str
     parent_vp: str
+    depth: int
 
 
 @dataclass(frozen=True)

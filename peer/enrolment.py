@@ -26,6 +26,7 @@ from keyserver.bundles import (
     decode_params,
     decode_publisher_bundle,
     decode_root_certificate,
+    decode_root_token,
     decode_subscriber_bundle,
 )
 from keyserver.client import KeyServerClient
@@ -70,7 +71,7 @@ def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: P
         virtuals.append(VirtualKeys(
             credential=cred, request=codec.encode_request(issued.request),
             sws=issued.secrets, token=codec.encode_blinded_token(credkey.token.blinded()),
-            fine_tokens=fines, opener=(key.D, credkey)))
+            fine_tokens=fines, opener=credkey.token))
     return SubscriberKit(bundle.epoch, predicate, key, tuple(virtuals))
 
 
@@ -87,13 +88,15 @@ def enrol_subscriber(client: KeyServerClient, params: ServerParams, predicate: P
 
 def enrol_root(client: KeyServerClient, params: ServerParams, attribute: str,
                signer: Ed25519PrivateKey, next_epoch: bool = False) -> tuple[RootKit, float]:
-    """A certificate over the root's transport key, as the overlay's root kit."""
+    """A certificate over the root's transport key and the whole-domain routing token, as the
+    overlay's root kit."""
     raw = signer.public_key().public_bytes_raw()
     doc = client.enrol_root(attribute, base64.b64encode(raw).decode(),
                             epoch="next" if next_epoch else None)
     cert = decode_root_certificate(doc, params.server_key)
     credential = root_credential(params.pp.schema.attribute(attribute))
-    return RootKit(credential, cert.epoch, cert.to_bytes(), signer), \
+    token = decode_root_token(params.pp.group, doc, credential, cert.epoch)
+    return RootKit(credential, cert.epoch, cert.to_bytes(), signer, token), \
         float(doc["epoch_end"])
 
 

@@ -91,13 +91,16 @@ def test_issued_keys_encrypt_decrypt_and_requests_verify(keyserver):
     for issued in sub.requests:
         check_connection_request(pp, issued.request, server_key, time.time(), {sub.epoch})
         assert len(issued.secrets) == issued.credential.position + 1
-    # A holder of the whole-domain price credential opens every price request at position 0.
+        assert len(issued.request.entries) == pp.schema.attribute(issued.attribute).positions
+    # A holder of the whole-domain price credential opens every price request at position 0,
+    # and learns the requester's position.
     wide = decode_subscriber_bundle(group, _identity(keyserver, "subscriber")[0]
                                     .enrol_subscriber("", fine_depth=0))
     wide_price = wide.key.for_attribute("price")[0]
     request = next(r for r in sub.requests if r.attribute == "price")
-    assert open_connection_request(pp, wide.key.D, wide_price, request.request) == \
-        request.secrets[0]
+    opening = open_connection_request(pp, wide_price.token, request.request)
+    assert opening is not None and opening.sw == request.secrets[0]
+    assert opening.position == request.credential.position
 
 
 def test_policy_bounds_enrolment_with_403_naming_the_clause(keyserver):

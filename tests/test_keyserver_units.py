@@ -65,3 +65,21 @@ def test_metrics_render_prometheus_text():
     assert 'ibe_keyserver_request_seconds_bucket{route="/v1/params",le="0.025"} 1' in text
     assert 'ibe_keyserver_request_seconds_bucket{route="/v1/params",le="+Inf"} 2' in text
     assert 'ibe_keyserver_request_seconds_count{route="/v1/params"} 2' in text
+
+
+def test_a_key_store_of_scheme_version_1_is_refused_with_what_to_do(tmp_path):
+    """A sealed master secret written by a version-1 build (two scalars, format byte 1)
+    does not load: the operator is told to run `keyserver init` again."""
+    import msgpack
+
+    from credentials.codec import TAG_MSK
+    from credentials.schema import default_schema
+    from keyserver.keystore import SEALED_FILE, KeyStoreError, create_keystore, load_keystore
+
+    store, _ = create_keystore(tmp_path, default_schema(), "pass")
+    v1_msk = bytes((TAG_MSK, 1)) + store.msk.alpha.to_bytes(32, "big") + store.msk.phi.to_bytes(
+        32, "big")
+    (tmp_path / SEALED_FILE).write_bytes(seal_secret(msgpack.packb(
+        {"msk": v1_msk, "signing_key": store.signing_key_bytes()}), "pass"))
+    with pytest.raises(KeyStoreError, match=r"format version 1 .*keyserver init"):
+        load_keystore(tmp_path, "pass")

@@ -1,4 +1,4 @@
-"""The protocol with the real cryptography of SCHEME.md (small populations), and the
+"""The protocol with the real cryptography of docs/scheme.md (small populations), and the
 machine's resistance to malformed and forged messages of every type."""
 
 import dataclasses
@@ -112,7 +112,7 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (stranger, Recruit(stranger[1], vp.vp, b"j" * 16, request)),         # not a child
         (child, Recruit(child[1], vp.vp, b"j" * 16, tamper(request))),       # bad signature
         (child, Recruit(child[1], vp.vp, b"j" * 16, request)),               # not its request
-        (parent, SwapOffer(parent[1], vp.vp, b"j" * 16, request, "p:1", "p")),
+        (parent, SwapOffer(parent[1], vp.vp, b"j" * 16, request, "p:1", "p", 1)),
         (stranger, SwapAccept(stranger[1], vp.vp, b"j" * 16, b"proof")),
         (stranger, SwapHandover(stranger[1], vp.vp, b"j" * 16)),
         (stranger, Tokens(stranger[1], vp.vp, (b"t",))),

@@ -31,7 +31,7 @@ SAMPLES: list[Message] = [
     Recruit("a", "b", b"j" * 16, b"req"),
     Accept("a", "b", b"j", b"proof", b""),
     Detach("a", "b"),
-    SwapOffer("a", "b", b"j", b"req", "h:2", "p"),
+    SwapOffer("a", "b", b"j", b"req", "h:2", "p", 3),
     SwapAccept("a", "b", b"j", b"proof"),
     SwapHandover("a", "b", b"j"),
     Tokens("a", "b", (b"t1", b"t2")),
