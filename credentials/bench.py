@@ -5,7 +5,8 @@ measured in the same run: the group counts each operation it performs, so the
 floor is ``sum(count_op * cost_op)`` and the ratio ``measured / floor`` is the
 price of everything that is not pairing arithmetic (Python, hashing, AEAD).
 A multi-pairing of n pairs is priced as n Miller loops and one final
-exponentiation, its native cost.
+exponentiation, its native cost. ``route`` and ``open_request`` are what a peer does
+with bytes off the wire: decode (the one element it uses is checked then) and test.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from credentials import codec
 from credentials import scheme as S
 from credentials.credential import Credential
 from credentials.groups import G2, PairingGroup
@@ -27,7 +29,8 @@ from credentials.schema import Schema
 
 BATCHES = 5
 ALGORITHMS = ("keygen_publisher", "keygen_subscriber", "encrypt_and_sign", "route_test",
-              "decrypt", "verify", "build_connection_request", "open_connection_request")
+              "route", "decrypt", "verify", "build_connection_request",
+              "open_connection_request", "open_request")
 
 
 def batch_time(fn: Callable[[], object], seconds: float, min_calls: int = 2) -> float:
@@ -59,7 +62,7 @@ class RawOps:
 
     def __init__(self, group: PairingGroup, batch_seconds: float) -> None:
         self.group, self.batch_seconds = group, batch_seconds
-        P = group.hash_to_g1(b"bench")
+        P = group.hash_to_g1(b"bench", S.DST_ID)
         Q = group.generator(G2) ** group.random_scalar()
         Qp, e = group.prepare(Q), group.pair(P, Q)
         k, short, n = group.random_scalar(), random.getrandbits(64) | 1, self.N_PAIRS + 1
@@ -69,11 +72,13 @@ class RawOps:
             "pairs_n": lambda: group.multi_pair([(P, Q)] * n),
             "prepared_1": lambda: group.multi_pair([(P, Qp)]),
             "prepared_n": lambda: group.multi_pair([(P, Qp)] * n),
-            "hash_G1": lambda: group.hash_to_g1(b"some identity string"),
+            "hash_G1": lambda: group.hash_to_g1(b"some identity string", S.DST_ID),
         }
         for name, base in (("G1", P), ("G2", Q), ("GT", e)):
             self._fns[f"exp_{name}"] = lambda b=base: b ** k
             self._fns[f"exp_{name}_short"] = lambda b=base: b ** short
+        for name, base in (("G1", P), ("G2", Q)):
+            self._fns[f"exp_{name}_ct"] = lambda b=base: group.exp_secret(b, k)
         self.best: dict[str, float] = {}
 
     @staticmethod
@@ -140,17 +145,21 @@ def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random
     joiner = Credential(attrs[0].name, "num", format(values[attrs[0].name], f"0{attrs[0].bits}b"))
     request, _ = S.build_connection_request(pp, server, joiner, epoch, 2 ** 40)
     token = subscriber.credentials[0].token
+    event_bytes, request_bytes = codec.encode_event(ct), codec.encode_request(request)
+    blinded = codec.decode_blinded_token(group, codec.encode_blinded_token(token.blinded()))
     return {
         "keygen_publisher": lambda: S.keygen_publisher(pp, msk, mine[0], epoch),
         "keygen_subscriber": lambda: S.keygen_subscriber(pp, msk, epoch, mine),
         "encrypt_and_sign": lambda: S.encrypt_and_sign(pp, publisher, event),
         "route_test": lambda: S.route_test(pp, token, ct),
+        "route": lambda: S.route_test(pp, blinded, codec.decode_event(group, event_bytes)),
         "decrypt": lambda: S.decrypt(pp, subscriber, ct),
         "verify": lambda: S.verify(pp, ct),
         "build_connection_request": lambda: S.build_connection_request(
             pp, server, joiner, epoch, 2 ** 40),
-        "open_connection_request": lambda: S.open_connection_request(
-            pp, subscriber.D, subscriber.credentials[0], request),
+        "open_connection_request": lambda: S.open_connection_request(pp, token, request),
+        "open_request": lambda: S.open_connection_request(
+            pp, blinded, codec.decode_request(group, request_bytes)),
     }
 
 
