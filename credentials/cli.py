@@ -1,11 +1,11 @@
-"""Commands of the credentials package: `bench crypto`."""
+"""Commands of the credentials package: `bench crypto`, `crypto vectors`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from peer.arguments import bench_group, int_list
+from peer.arguments import CommandError, bench_group, int_list, non_negative_int
 
 
 def _run_crypto(args: argparse.Namespace) -> int:
@@ -23,11 +23,69 @@ def _run_crypto(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_vectors(args: argparse.Namespace) -> int:
+    import json
+
+    from credentials.schema import SchemaError
+    from credentials.vectors import write_vectors
+
+    values = None
+    if args.values is not None:
+        try:
+            values = json.loads(args.values)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--values is not valid JSON: {exc}") from exc
+        if not isinstance(values, dict):
+            raise CommandError("--values must be a JSON object of attribute values")
+    try:
+        path = write_vectors(Path(args.out), args.seed, values)
+    except (SchemaError, ValueError) as exc:  # bad values, or a seed beyond 64 bits
+        raise CommandError(str(exc)) from exc
+    except OSError as exc:
+        raise CommandError(f"cannot write the vectors to {args.out}: {exc}") from exc
+    print(f"wrote {path}")
+    return 0
+
+
+def _crypto_group(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The `crypto` command group (created on first use, so other commands can join it)."""
+    crypto = subparsers.choices.get("crypto")
+    if crypto is None:
+        crypto = subparsers.add_parser(
+            "crypto", help="tools around the cryptographic scheme (e.g. test vectors)",
+            description="Tools around the pairing-based scheme (version 2).")
+        crypto.add_subparsers(dest="crypto", metavar="COMMAND")
+    return next(a for a in crypto._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def _register_vectors(subparsers: argparse._SubParsersAction) -> None:
+    vectors = _crypto_group(subparsers).add_parser(
+        "vectors", help="write deterministic test vectors of the scheme as JSON",
+        description="Write deterministic test vectors of scheme version 2 (BLS12-381) to "
+        "DIR/vectors.json, for checking another implementation: the master public and "
+        "secret keys, the keys of one publisher and of two subscribers (one matching the "
+        "3-attribute event, one not), a 1-attribute and a 3-attribute event, and a "
+        "connection request, every group element in hex next to the identity bytes it was "
+        "hashed from. All randomness, the key server's Ed25519 key included, is derived "
+        "from --seed, so equal seeds and values give byte-identical files. The keys are "
+        "public by construction: use them for tests only. Field names: docs/wire-format.md.")
+    vectors.add_argument("--out", required=True, metavar="DIR",
+                         help="directory to write vectors.json into (created if missing)")
+    vectors.add_argument("--seed", type=non_negative_int, default=0,
+                         help="seed of all randomness, 0 to 2^64-1 (default 0)")
+    vectors.add_argument("--values", default=None, metavar="JSON",
+                         help="JSON object with values of the 3-attribute event, e.g. "
+                         '\'{"symbol": "IBM", "price": 42.5, "qty": 7}\' (attributes '
+                         "left out keep these defaults; the 1-attribute event reuses price)")
+    vectors.set_defaults(handler=_run_vectors)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_vectors(subparsers)
     crypto = bench_group(subparsers).add_parser(
-        "crypto", help="raw pairing operations and every algorithm of SCHEME.md vs its floor",
+        "crypto", help="raw pairing operations and every algorithm of docs/scheme.md vs its floor",
         description="Measure the pairing backend's raw operations and each algorithm of "
-        "SCHEME.md for several attribute counts and widths; write JSON and a PNG plot.")
+        "docs/scheme.md for several attribute counts and widths; write JSON and a PNG plot.")
     crypto.add_argument("--json", default="bench/crypto.json", help="output JSON file "
                         "(the plot is written next to it as .png)")
     crypto.add_argument("--dims", type=int_list, default=[1, 2, 4, 8],
@@ -36,6 +94,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="bits per attribute, comma-separated (default 8,16,32)")
     crypto.add_argument("--min-seconds", type=float, default=0.3,
                         help="minimum measuring time per operation (default 0.3)")
-    crypto.add_argument("--backend", choices=["mcl", "pymcl", "charm"], default=None,
+    crypto.add_argument("--backend", choices=["mcl", "charm"], default=None,
                         help="pairing backend (default: $IBE_PUBSUB_BACKEND or mcl)")
     crypto.set_defaults(handler=_run_crypto)

@@ -1,0 +1,382 @@
+"""Deterministic test vectors of scheme version 2, for checking other implementations.
+
+Everything an independent implementation needs to replay the scheme's equations is
+written out in hex: the MPK and MSK, the keys of one publisher and two subscribers
+(each element next to the identity bytes it was hashed from), a 1-attribute and a
+3-attribute event (per position the tag, the mask and the position key), and a
+connection request. All randomness comes from :meth:`PairingGroup.seed`, so one seed
+always gives the same bytes; the key server's Ed25519 key is derived from the seed too.
+The field names are documented in docs/wire-format.md ("Test vectors").
+
+These keys are public by construction: never use them for anything but tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from credentials import codec
+from credentials import scheme as S
+from credentials.backend_mcl import MclNativeGroup
+from credentials.credential import Credential
+from credentials.decompose import enclosing_path
+from credentials.groups import G1, Element, PairingGroup
+from credentials.keys import MasterSecretKey, PublisherKey, SubscriberKey
+from credentials.messages import ConnectionRequest, EncryptedEvent
+from credentials.schema import Attribute, Schema
+from credentials.symmetric import KDF, KDF_PREFIX
+
+#: Bumped whenever a field of the vectors file changes meaning.
+VECTORS_FORMAT = 1
+VECTORS_FILE = "vectors.json"
+EPOCH = 1
+#: A fixed expiry (2100-01-01T00:00:00Z) keeps the connection request reproducible.
+REQUEST_EXPIRES_AT = 4_102_444_800
+#: Position of the matching subscriber's credential on each value path (capped by its length).
+SUBSCRIBER_DEPTH = 2
+#: Position of the connection request's requester credential (capped likewise).
+REQUESTER_DEPTH = 3
+
+THREE = "three_attribute"
+ONE = "one_attribute"
+PRICE = Attribute("price", "float", min=0.0, max=100.0, bits=5)
+THREE_ATTRIBUTE_SCHEMA = Schema("vectors-3", (
+    Attribute("symbol", "string", max_length=4),
+    PRICE,
+    Attribute("qty", "int", min=0, max=31, bits=4),
+))
+#: The 1-attribute variant shares ``price`` with the 3-attribute schema, so the same keys
+#: (whose identity strings name only attribute, role, epoch and credential) serve both.
+ONE_ATTRIBUTE_SCHEMA = Schema("vectors-1", (PRICE,))
+DEFAULT_VALUES: dict[str, Any] = {"symbol": "IBM", "price": 42.5, "qty": 7}
+EVENT_IDS = {ONE: "vectors-event-1", THREE: "vectors-event-3"}
+BODIES = {ONE: b"one-attribute event body", THREE: b"three-attribute event body"}
+SEED_BYTES = 8
+
+
+class VectorError(RuntimeError):
+    """The generated vectors contradict the scheme's own algorithms (a bug, not bad input)."""
+
+
+def seed_bytes(seed: int) -> bytes:
+    """The bytes handed to :meth:`PairingGroup.seed`: the seed as 8 bytes big-endian."""
+    if not 0 <= seed < 1 << (8 * SEED_BYTES):
+        raise ValueError(f"seed must be in 0..2^64-1, got {seed}")
+    return seed.to_bytes(SEED_BYTES, "big")
+
+
+def server_signing_key(seed: int) -> Ed25519PrivateKey:
+    """The key server's Ed25519 key, from the seed, so signed requests are reproducible."""
+    digest = hashlib.sha256(b"IBE-PUBSUB-V2 test vectors: key server" + seed_bytes(seed))
+    return Ed25519PrivateKey.from_private_bytes(digest.digest())
+
+
+def seeded_group(seed: int) -> MclNativeGroup:
+    """A group of its own (seeding is per instance) whose every random byte follows the seed."""
+    group = MclNativeGroup()
+    group.seed(seed_bytes(seed))
+    return group
+
+
+def _hex(x: Element | bytes) -> str:
+    return (x if isinstance(x, bytes) else bytes(x)).hex()
+
+
+def _scalar(group: PairingGroup, k: int) -> str:
+    return k.to_bytes(group.scalar_size, "big").hex()
+
+
+def _credential(c: Credential) -> dict[str, Any]:
+    return {"attribute": c.attribute, "label": c.label(), "position": c.position,
+            "bytes": c.encode().hex()}
+
+
+def _non_matching(c: Credential, value_path: Sequence[Credential]) -> Credential:
+    """A credential at ``c``'s position that does not cover the value: the sibling bit
+    string (numeric), or a prefix whose last character differs from the value's."""
+    if c.kind == "num":
+        return Credential(c.attribute, "num", c.path[:-1] + ("1" if c.path[-1] == "0" else "0"))
+    text = value_path[-1].path
+    base, p = text[:c.position - 1], c.position - 1
+    last = text[p] if p < len(text) else ""
+    return Credential(c.attribute, "str", base + ("B" if last == "A" else "A"))
+
+
+def _at_depth(path: Sequence[Credential], depth: int) -> Credential:
+    return path[min(depth, len(path) - 1)]
+
+
+# -- sections of the vectors file -------------------------------------------------------------
+
+def _schema_section(schema: Schema) -> dict[str, Any]:
+    return {"id": schema.id, "definition": schema.to_dict(),
+            "positions": {a.name: a.positions for a in schema.attributes}}
+
+
+def _mpk_section(pp: S.PublicParams) -> dict[str, Any]:
+    mpk = pp.mpk
+    return {"bytes": _hex(codec.encode_mpk(mpk)), "g": _hex(mpk.g), "g_hat": _hex(mpk.g_hat),
+            "g2": _hex(mpk.g2), "h": _hex(mpk.h), "hd": _hex(mpk.hd), "Y": _hex(mpk.Y)}
+
+
+def _msk_section(group: PairingGroup, msk: MasterSecretKey) -> dict[str, Any]:
+    return {"bytes": _hex(codec.encode_msk(group, msk)), "alpha": _scalar(group, msk.alpha),
+            "phi": _scalar(group, msk.phi), "beta": _scalar(group, msk.beta)}
+
+
+def _publisher_section(pp: S.PublicParams, keys: Sequence[PublisherKey]) -> dict[str, Any]:
+    out = []
+    for k in keys:
+        identity = S.identity_string(k.credential.attribute, S.PUB, k.epoch, k.credential)
+        out.append({"credential": _credential(k.credential), "identity": identity.hex(),
+                    "F": _hex(pp.F(identity)), "P1": _hex(k.P1), "P2": _hex(k.P2),
+                    "bytes": _hex(codec.encode_publisher_key(k))})
+    return {"epoch": EPOCH, "keys": out}
+
+
+def _subscriber_section(pp: S.PublicParams, key: SubscriberKey) -> dict[str, Any]:
+    creds = []
+    for k in key.credentials:
+        identity = S.identity_string(k.credential.attribute, S.SUB, k.epoch, k.credential)
+        creds.append({"credential": _credential(k.credential), "identity": identity.hex(),
+                      "F": _hex(pp.F(identity)), "S1": _hex(k.S1), "S2": _hex(k.S2),
+                      "T": _hex(k.T)})
+    return {"epoch": key.epoch, "D": _hex(key.D), "credentials": creds,
+            "bytes": _hex(codec.encode_subscriber_key(key))}
+
+
+def _attribute_section(pp: S.PublicParams, msk: MasterSecretKey, event: EncryptedEvent, i: int,
+                       path: Sequence[Credential]) -> dict[str, Any]:
+    """C1, R, E, and per real position its identity, F, K = e(F^phi, C1) and the unmasked
+    C2 = F^b (computed with the MSK, as every token holder would)."""
+    group, attribute, ct = pp.group, pp.schema.attributes[i], event.attributes[i]
+    positions = []
+    for j, c in enumerate(path):
+        identity = S.identity_string(attribute.name, S.SUB, event.header.epoch, c)
+        F = pp.F(identity)
+        K = group.pair(group.exp_secret(F, msk.phi), ct.C1)
+        mask = KDF(K, S._mask_info(event.header.event_id, i, j), group.sizes[G1])
+        positions.append({"position": j, "credential": _credential(c),
+                          "identity": identity.hex(), "F": _hex(F), "K": _hex(K),
+                          "mask_info": S._mask_info(event.header.event_id, i, j).hex(),
+                          "C2": S._xor(ct.E[j], mask).hex()})
+    return {"index": i, "name": attribute.name, "positions": attribute.positions,
+            "C1": _hex(ct.C1), "R": [r.hex() for r in ct.R], "E": [e.hex() for e in ct.E],
+            "path": positions, "padding_positions": list(range(len(path), attribute.positions))}
+
+
+def _signature_section(pp: S.PublicParams, event: EncryptedEvent) -> list[dict[str, Any]]:
+    out = []
+    for c, s in zip(event.header.publisher_credentials, event.signatures, strict=True):
+        identity = S.identity_string(c.attribute, S.PUB, event.header.epoch, c)
+        out.append({"credential": _credential(c), "identity": identity.hex(),
+                    "F": _hex(pp.F(identity)), "Sig": _hex(s.Sig), "P2": _hex(s.P2)})
+    return out
+
+
+def _batch_section(pp: S.PublicParams, event: EncryptedEvent, m: Element) -> dict[str, Any]:
+    """Deterministic weights (drawn from the seeded stream, odd, 64 bits) and the combined
+    sides of the batch equation, which :func:`scheme.verify` draws afresh each time."""
+    group = pp.group
+    w = [int.from_bytes(group.random_bytes(S.BATCH_WEIGHT_BITS // 8), "big") | 1
+         for _ in event.signatures]
+    Fs = [pp.F(S.identity_string(c.attribute, S.PUB, event.header.epoch, c))
+          for c in event.header.publisher_credentials]
+    return {
+        "weights": w,
+        "Sig_combined": _hex(group.multi_exp([s.Sig for s in event.signatures], w)),
+        "F_weighted": [_hex(F ** w_i) for F, w_i in zip(Fs, w, strict=True)],
+        "C1_combined": _hex(group.multi_exp([a.C1 for a in event.attributes], w)),
+        "Y_power": _hex(pp.mpk.Y ** sum(w)),
+        "lhs": _hex(group.pair(group.multi_exp([s.Sig for s in event.signatures], w),
+                               pp.mpk.g_hat)),
+        "m": _hex(m),
+    }
+
+
+def _decryption_section(pp: S.PublicParams, key: SubscriberKey, event: EncryptedEvent
+                        ) -> dict[str, Any]:
+    """Y^s as the matching subscriber computes it: e(D, C0) * prod e(C2, S2) / e(S1, C1)."""
+    group = pp.group
+    pairs: list[tuple[Element, Element]] = [(key.D, event.C0)]
+    used = []
+    for i, a in enumerate(pp.schema.attributes):
+        k, C2 = S._unmask(pp, key, i, a.name, event)
+        pairs += [(C2, k.S2), (~k.S1, event.attributes[i].C1)]
+        used.append({"attribute": a.name, "position": k.credential.position,
+                     "credential": k.credential.label()})
+    Ys = group.multi_pair(pairs)
+    return {"subscriber": "matching", "credentials": used, "Ys": _hex(Ys),
+            "payload_key": S._payload_key(Ys, event.header.event_id).hex()}
+
+
+def _event_section(pp: S.PublicParams, msk: MasterSecretKey, key: SubscriberKey,
+                   schema_name: str, plain: S.Event, event: EncryptedEvent) -> dict[str, Any]:
+    header_bytes = codec.encode_header(event.header)
+    # The same arguments as scheme.verify passes: the digest M hashes onto G1.
+    digest = S._signed_digest(header_bytes, event.C0, event.attributes, event.signatures,
+                              event.sealed)
+    m = pp.M(digest)
+    paths = [enclosing_path(pp.schema, a.name, plain.values[a.name])
+             for a in pp.schema.attributes]
+    return {
+        "schema": schema_name,
+        "schema_id": pp.schema.id,
+        "epoch": event.header.epoch,
+        "event_id": event.header.event_id,
+        "values": plain.values,
+        "body": plain.body.hex(),
+        "payload": S._payload(plain).hex(),
+        "header": {"bytes": header_bytes.hex(), "publisher_credentials": [
+            _credential(c) for c in event.header.publisher_credentials]},
+        "encoded": codec.encode_event(event).hex(),
+        "C0": _hex(event.C0),
+        "sealed": event.sealed.hex(),
+        "attributes": [_attribute_section(pp, msk, event, i, path)
+                       for i, path in enumerate(paths)],
+        "signatures": _signature_section(pp, event),
+        "signed_digest": digest.hex(),
+        "M": _hex(m),
+        "decryption": _decryption_section(pp, key, event),
+        "batch_verification": _batch_section(pp, event, m),
+    }
+
+
+def _request_section(pp: S.PublicParams, msk: MasterSecretKey, request: ConnectionRequest,
+                     sws: Sequence[bytes], requester: Credential,
+                     server_key: Ed25519PrivateKey) -> dict[str, Any]:
+    """Real entries name the covering credential they are for, its identity and key; the
+    random padding entries past the requester's position are marked ``padding``."""
+    group = pp.group
+    ancestors = requester.ancestors()
+    entries: list[dict[str, Any]] = []
+    for j, entry in enumerate(request.entries):
+        item: dict[str, Any] = {"position": j, "padding": j >= len(ancestors),
+                                "U": _hex(entry.U), "sealed": entry.sealed.hex()}
+        if j < len(ancestors):
+            c = ancestors[j]
+            identity = S.identity_string(c.attribute, S.SUB, request.epoch, c)
+            F = pp.F(identity)
+            K = group.pair(group.exp_secret(F, msk.phi), entry.U)
+            item.update({
+                "credential": _credential(c), "identity": identity.hex(), "F": _hex(F),
+                "K": _hex(K), "key": KDF(K, S.REQUEST_INFO).hex(),
+                "ad": S._request_ad(c.attribute, request.epoch, j).hex(),
+                "plaintext": (sws[j] + requester.position.to_bytes(2, "big")).hex()})
+        entries.append(item)
+    public = server_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return {
+        "attribute": request.attribute, "epoch": request.epoch,
+        "expires_at": request.expires_at, "nonce": request.nonce.hex(),
+        "requester": _credential(requester),
+        "bytes": codec.encode_request(request).hex(),
+        "signed_body": codec.encode_request_body(request).hex(),
+        "signature": request.signature.hex(),
+        "server_public_key": public.hex(),
+        "entries": entries,
+    }
+
+
+def _self_check(events: Sequence[tuple[S.PublicParams, S.Event, EncryptedEvent]],
+                matching: SubscriberKey, other: SubscriberKey, request: ConnectionRequest,
+                sws: Sequence[bytes]) -> None:
+    """Refuse to write vectors the scheme itself would not accept: they would mislead."""
+    for pp, plain, event in events:
+        if not S.verify(pp, event):
+            raise VectorError(f"event {plain.event_id} does not verify")
+        out = S.decrypt(pp, matching, event)
+        if out.values != plain.values or out.body != plain.body:
+            raise VectorError(f"event {plain.event_id} decrypts to something else")
+        try:
+            S.decrypt(pp, other, event)
+        except S.DecryptionError:
+            pass
+        else:
+            raise VectorError(f"the non-matching subscriber decrypts {plain.event_id}")
+    pp = events[-1][0]
+    token = next(k for k in matching.credentials if k.credential.attribute == request.attribute)
+    opening = S.open_connection_request(pp, token.token, request)
+    if opening is None or opening.sw != sws[token.credential.position]:
+        raise VectorError("the matching subscriber cannot open the connection request")
+
+
+def build_vectors(seed: int = 0, values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The whole vectors document for ``seed``; ``values`` override the 3-attribute event's
+    default values (attributes left out keep theirs). The 1-attribute event carries the
+    same price, so the matching subscriber matches both events."""
+    schema = THREE_ATTRIBUTE_SCHEMA
+    values3 = schema.validate_values({**DEFAULT_VALUES, **(values or {})})
+    values1 = ONE_ATTRIBUTE_SCHEMA.validate_values({PRICE.name: values3[PRICE.name]})
+    group = seeded_group(seed)
+    server_key = server_signing_key(seed)
+    mpk, msk = S.setup(group)
+    pp3 = S.PublicParams(group, mpk, schema)
+    pp1 = S.PublicParams(group, mpk, ONE_ATTRIBUTE_SCHEMA)
+    paths = {a.name: enclosing_path(schema, a.name, values3[a.name]) for a in schema.attributes}
+
+    publisher = [S.keygen_publisher(pp3, msk, paths[n][1], EPOCH) for n in schema.names]
+    matching_creds = [_at_depth(paths[n], SUBSCRIBER_DEPTH) for n in schema.names]
+    other_creds = [_non_matching(c, paths[c.attribute]) for c in matching_creds]
+    matching = S.keygen_subscriber(pp3, msk, EPOCH, matching_creds)
+    other = S.keygen_subscriber(pp3, msk, EPOCH, other_creds)
+
+    plain3 = S.Event(EVENT_IDS[THREE], values3, BODIES[THREE])
+    plain1 = S.Event(EVENT_IDS[ONE], values1, BODIES[ONE])
+    event3 = S.encrypt_and_sign(pp3, publisher, plain3)
+    event1 = S.encrypt_and_sign(pp1, publisher, plain1)
+
+    string_attribute = next(a.name for a in schema.attributes if not a.is_numeric)
+    requester = _at_depth(paths[string_attribute], REQUESTER_DEPTH)
+    request, sws = S.build_connection_request(pp3, server_key, requester, EPOCH,
+                                              REQUEST_EXPIRES_AT)
+    _self_check([(pp1, plain1, event1), (pp3, plain3, event3)], matching, other, request, sws)
+
+    return {
+        "format": "ibe-pubsub test vectors",
+        "format_version": VECTORS_FORMAT,
+        "scheme_version": mpk.version,
+        "warning": "every secret here is derived from the seed: for tests only",
+        "seed": seed,
+        "seed_bytes": seed_bytes(seed).hex(),
+        "curve": mpk.curve,
+        "encodings": {
+            "G1": "ZCash compressed, 48 bytes", "G2": "ZCash compressed, 96 bytes",
+            "GT": "12 Fp coefficients (arkworks order), 48 bytes little-endian each, 576 bytes",
+            "scalar": "32 bytes big-endian"},
+        "hash_to_g1": {"suite": "BLS12381G1_XMD:SHA-256_SSWU_RO_",
+                       "F_dst": S.DST_ID.decode(), "M_dst": S.DST_MSG.decode()},
+        "kdf": {"algorithm": "HKDF-SHA256", "salt": None,
+                "info_prefix": KDF_PREFIX.decode()},
+        "epoch": EPOCH,
+        "gt_generator": _hex(group.pair(mpk.g, mpk.g_hat)),
+        "schemas": {THREE: _schema_section(schema), ONE: _schema_section(ONE_ATTRIBUTE_SCHEMA)},
+        "mpk": _mpk_section(pp3),
+        "msk": _msk_section(group, msk),
+        "publisher": _publisher_section(pp3, publisher),
+        "subscribers": {"matching": _subscriber_section(pp3, matching),
+                        "non_matching": _subscriber_section(pp3, other)},
+        "events": {ONE: _event_section(pp1, msk, matching, ONE, plain1, event1),
+                   THREE: _event_section(pp3, msk, matching, THREE, plain3, event3)},
+        "connection_request": _request_section(pp3, msk, request, sws, requester, server_key),
+    }
+
+
+def vectors_json(vectors: Mapping[str, Any]) -> bytes:
+    """Stable text (fixed key order and indentation): equal vectors give equal bytes."""
+    return (json.dumps(vectors, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def write_vectors(out_dir: Path, seed: int = 0, values: Mapping[str, Any] | None = None
+                  ) -> Path:
+    """Build the vectors and write them as ``out_dir/vectors.json``; returns the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / VECTORS_FILE
+    path.write_bytes(vectors_json(build_vectors(seed, values)))
+    return path
