@@ -337,13 +337,13 @@ def _payload_key(Ys: Element, event_id: str) -> bytes:
 
 # -- Route test, decrypt, verify (report 6.3, eq. 7.1) -----------------------------------------
 
-def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken | SubscriberCredentialKey,
-                  event: EncryptedEvent) -> tuple[int, Element] | None:
+def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken, event: EncryptedEvent
+                  ) -> tuple[int, Element] | None:
     """(i, K_ij = e(T, C1_i)) when the token's tag matches R_ij, j the token's position;
     None otherwise. Only the header, C1_i and R_i are read (and C1_i checked)."""
-    attribute, j = _attribute_and_position(token)
+    j = token.position
     try:
-        i = pp.schema.index(attribute)
+        i = pp.schema.index(token.attribute)
         expected = pp.schema.attributes[i].positions
     except SchemaError:
         return None
@@ -357,13 +357,6 @@ def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken | Subscri
     except GroupError:
         return None
     return (i, K) if mac_equal(H4(K), ct.R[j]) else None
-
-
-def _attribute_and_position(token: RoutingToken | BlindedToken | SubscriberCredentialKey
-                            ) -> tuple[str, int]:
-    if isinstance(token, SubscriberCredentialKey):
-        return token.credential.attribute, token.credential.position
-    return token.attribute, token.position
 
 
 def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: EncryptedEvent
@@ -392,7 +385,7 @@ def _unmask(pp: PublicParams, key: SubscriberKey, i: int, attribute: str,
     """The credential key on ``attribute`` whose tag matches (a subscriber's credentials on
     one attribute are disjoint), and C2 = E_ij XOR KDF(K_ij, ...), checked as a G1 element."""
     for k in key.for_attribute(attribute):
-        found = _position_key(pp, k, event)
+        found = _position_key(pp, k.token, event)
         if found is None:
             continue
         j = k.credential.position
