@@ -4,9 +4,11 @@ Layout of ``DIR``:
 
 * ``master.sealed`` (0600): MSK and the server's Ed25519 signing key, sealed
   (:mod:`keyserver.sealing`) under ``$IBE_PUBSUB_PASSPHRASE``.
-* ``public.json``: curve, MPK, schema, its signature, the server's verification key.
+* ``public.json`` (0600): curve, MPK, schema, its signature, the server's verification key.
 * ``admin.token`` (0600): the admin bearer token.
-* ``keyserver.db``: the SQLite database, unless a database URL says otherwise.
+* ``keyserver.db`` (0600): the SQLite database, unless a database URL says otherwise.
+
+The directory itself is 0700 (:mod:`keyserver.permissions`).
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ from credentials.groups import PairingGroup
 from credentials.keys import SCHEME_VERSION, MasterPublicKey, MasterSecretKey
 from credentials.schema import Schema
 from credentials.scheme import setup
-from keyserver.sealing import seal_secret, unseal_secret
+from keyserver.sealing import UnsealError, WrongPassphraseError, seal_secret, unseal_secret
 
 PASSPHRASE_ENV = "IBE_PUBSUB_PASSPHRASE"
 SEALED_FILE = "master.sealed"
 PUBLIC_FILE = "public.json"
 ADMIN_TOKEN_FILE = "admin.token"
 DATABASE_FILE = "keyserver.db"
+MIN_ADMIN_TOKEN_LENGTH = 16
 
 
 class KeyStoreError(Exception):
@@ -106,7 +109,7 @@ def _write_private(path: Path, data: bytes) -> None:
 def create_keystore(data_dir: Path, schema: Schema, passphrase: str) -> tuple[KeyStore, str]:
     """Run setup, seal the secret, sign the schema, write the admin token; returns the
     key store and the admin token. Refuses to touch an existing key store."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if (data_dir / SEALED_FILE).exists():
         raise KeyStoreError(f"{data_dir / SEALED_FILE} exists: refusing to overwrite a key store")
     group = load_group()
@@ -118,43 +121,80 @@ def create_keystore(data_dir: Path, schema: Schema, passphrase: str) -> tuple[Ke
                      admin_token_hash=token_hash(admin_token))
     secret = msgpack.packb({"msk": store.msk_bytes(), "signing_key": store.signing_key_bytes()})
     _write_private(data_dir / SEALED_FILE, seal_secret(secret, passphrase))
-    (data_dir / PUBLIC_FILE).write_text(json.dumps(store.public_document(), indent=1))
+    _write_private(data_dir / PUBLIC_FILE, json.dumps(store.public_document(), indent=1).encode())
     _write_private(data_dir / ADMIN_TOKEN_FILE, (admin_token + "\n").encode())
     return store, admin_token
 
 
-def load_keystore(data_dir: Path, passphrase: str) -> KeyStore:
-    """Unseal the key store of ``data_dir``; :class:`KeyStoreError` with a clear reason."""
-    sealed_path = data_dir / SEALED_FILE
-    if not sealed_path.is_file():
-        raise KeyStoreError(f"no key store in {data_dir} (run `ibe-pubsub keyserver init`)")
+def _unseal(sealed_path: Path, passphrase: str) -> tuple[bytes, bytes]:
+    """The MSK and signing-key bytes; a sealed file that opens but does not hold a map of
+    the two is as unusable as one that does not open."""
     try:
         secret = msgpack.unpackb(unseal_secret(sealed_path.read_bytes(), passphrase))
-        public = json.loads((data_dir / PUBLIC_FILE).read_text())
-        admin_token = (data_dir / ADMIN_TOKEN_FILE).read_text().strip()
     except OSError as exc:
         raise KeyStoreError(f"cannot read the key store: {exc}") from exc
-    except ValueError as exc:
+    except WrongPassphraseError as exc:
         raise KeyStoreError(f"cannot unseal the master secret in {sealed_path}: {exc} "
                             f"(check ${PASSPHRASE_ENV})") from exc
+    except UnsealError as exc:
+        raise KeyStoreError(f"cannot unseal the master secret in {sealed_path}: {exc} "
+                            "(restore the file from a backup)") from exc
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise KeyStoreError(f"the master secret in {sealed_path} is damaged: {exc}") from exc
+    if not isinstance(secret, dict) or not all(
+            isinstance(secret.get(name), bytes) for name in ("msk", "signing_key")):
+        raise KeyStoreError(
+            f"the master secret in {sealed_path} is damaged: expected a map of byte strings "
+            f"'msk' and 'signing_key', found {type(secret).__name__}")
+    return secret["msk"], secret["signing_key"]
+
+
+def read_admin_token(path: Path) -> str:
+    """The admin token, refused when missing, empty or too short to be a secret: an empty
+    file would otherwise make the empty bearer token an admin token."""
+    fix = (f"write a new random one, e.g. (umask 077; python3 -c 'import secrets; "
+           f"print(secrets.token_urlsafe(32))' > {path})")
+    try:
+        token = path.read_text().strip()
+    except (OSError, ValueError) as exc:
+        raise KeyStoreError(f"cannot read the admin token {path} ({exc}): {fix}") from exc
+    if len(token) < MIN_ADMIN_TOKEN_LENGTH:
+        raise KeyStoreError(f"the admin token in {path} is {'empty' if not token else 'too short'} "
+                            f"(at least {MIN_ADMIN_TOKEN_LENGTH} characters): {fix}")
+    return token
+
+
+def load_keystore(data_dir: Path, passphrase: str) -> KeyStore:
+    """Unseal the key store of ``data_dir``; :class:`KeyStoreError` with a clear reason."""
+    sealed_path, public_path = data_dir / SEALED_FILE, data_dir / PUBLIC_FILE
+    if not sealed_path.is_file():
+        raise KeyStoreError(f"no key store in {data_dir} (run `ibe-pubsub keyserver init`)")
+    msk_bytes, signing_key = _unseal(sealed_path, passphrase)
+    admin_token = read_admin_token(data_dir / ADMIN_TOKEN_FILE)
     group = load_group()
     try:
-        mpk = decode_mpk(group, base64.b64decode(public["mpk"]))
-        msk = decode_msk(group, secret["msk"])
+        public = json.loads(public_path.read_text())
+        mpk_bytes = base64.b64decode(public["mpk"])
+        schema = Schema.from_dict(public["schema"])
+        schema_signature = base64.b64decode(public["schema_signature"])
+    except OSError as exc:
+        raise KeyStoreError(f"cannot read the key store: {exc}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KeyStoreError(f"{public_path} is damaged: {exc!r}") from exc
+    try:
+        mpk = decode_mpk(group, mpk_bytes)
+        msk = decode_msk(group, msk_bytes)
+        signing = Ed25519PrivateKey.from_private_bytes(signing_key)
     except CodecError as exc:
         raise KeyStoreError(
             f"the key store in {data_dir} was written for another scheme or format version "
             f"({exc}); this build implements scheme version {SCHEME_VERSION}. Run "
             f"`ibe-pubsub keyserver init` again with a new data directory and re-enrol "
             f"every peer.") from exc
-    return KeyStore(
-        group=group,
-        mpk=mpk,
-        msk=msk,
-        schema=Schema.from_dict(public["schema"]),
-        signing_key=Ed25519PrivateKey.from_private_bytes(secret["signing_key"]),
-        schema_signature=base64.b64decode(public["schema_signature"]),
-        admin_token_hash=token_hash(admin_token))
+    except ValueError as exc:
+        raise KeyStoreError(f"the master secret in {sealed_path} is damaged: {exc}") from exc
+    return KeyStore(group=group, mpk=mpk, msk=msk, schema=schema, signing_key=signing,
+                    schema_signature=schema_signature, admin_token_hash=token_hash(admin_token))
 
 
 def passphrase_from_env() -> str:

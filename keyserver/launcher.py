@@ -44,14 +44,33 @@ def init_keyserver(data_dir: Path, passphrase: str, extra: Sequence[str] = ()) -
         raise RuntimeError(f"keyserver init failed: {done.stderr.strip()}")
 
 
+def _serve_command(data_dir: Path, port: int, extra: Sequence[str]) -> list[str]:
+    return cli_command("keyserver", "serve", "--data", str(data_dir), "--host", "127.0.0.1",
+                       "--port", str(port), *extra)
+
+
+def serve_expecting_exit(data_dir: Path, passphrase: str, extra: Sequence[str] = (),
+                         timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``keyserver serve`` run to its end, for start-ups that must be refused: its status
+    and output (``subprocess.TimeoutExpired`` if it started serving instead)."""
+    return subprocess.run(_serve_command(data_dir, free_port(), extra), env=child_env(passphrase),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def start_keyserver(data_dir: Path, port: int, passphrase: str, extra: Sequence[str] = (),
                     log: Path | None = None) -> subprocess.Popen[bytes]:
     """``keyserver serve`` on 127.0.0.1:``port`` in a child process (not yet ready)."""
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-    return subprocess.Popen(
-        cli_command("keyserver", "serve", "--data", str(data_dir), "--host", "127.0.0.1",
-                    "--port", str(port), *extra),
-        env=child_env(passphrase), stdout=out, stderr=subprocess.STDOUT)
+    command = _serve_command(data_dir, port, extra)
+    if log is None:
+        return subprocess.Popen(command, env=child_env(passphrase), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT)
+    # The log may sit in the data directory, whose files the server insists are 0600.
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return subprocess.Popen(command, env=child_env(passphrase), stdout=out,
+                                stderr=subprocess.STDOUT)
+    finally:
+        os.close(out)
 
 
 def wait_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:

@@ -2,18 +2,60 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import uvicorn
+from alembic.util import CommandError as MigrationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from credentials.schema import Schema
 from keyserver.app import create_app
-from keyserver.keystore import create_keystore, load_keystore, passphrase_from_env
+from keyserver.keystore import KeyStoreError, create_keystore, load_keystore, passphrase_from_env
+from keyserver.permissions import (
+    make_private_dir,
+    require_private,
+    unsafe_entries,
+    use_private_umask,
+)
 from keyserver.repository import audit
 from keyserver.state import ServerConfig, build_state, open_database
 
 log = logging.getLogger(__name__)
+ALLOW_UNSAFE_PERMISSIONS = "--allow-unsafe-permissions"
+
+
+@contextmanager
+def database_errors(url: str) -> Iterator[None]:
+    """A database that cannot be opened or migrated (damaged file, unreachable server, a
+    revision this build does not know) stops start-up with one line, not a traceback."""
+    try:
+        yield
+    except (SQLAlchemyError, MigrationError) as exc:
+        reason = exc.orig if isinstance(exc, DBAPIError) else exc
+        first_line = (str(reason).strip().splitlines() or [type(reason).__name__])[0]
+        raise KeyStoreError(f"cannot use the database {_shown(url)}: {first_line} (restore it "
+                            "from a backup, or check --database-url)") from exc
+
+
+def _shown(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except SQLAlchemyError:
+        return "given by --database-url"
+
+
+def check_data_dir(config: ServerConfig) -> None:
+    """Refuse a data directory group or others can reach, unless told to accept it."""
+    if not config.allow_unsafe_permissions:
+        require_private(config.data_dir, ALLOW_UNSAFE_PERMISSIONS)
+    for path, mode in unsafe_entries(config.data_dir):
+        log.warning("%s is open to group/other users (mode %04o); accepted because of %s",
+                    path, mode, ALLOW_UNSAFE_PERMISSIONS)
 
 
 def initialise(data_dir: Path, schema: Schema, database_url: str | None,
@@ -21,8 +63,11 @@ def initialise(data_dir: Path, schema: Schema, database_url: str | None,
     """Create keys, database and epoch schedule; returns the admin token's file."""
     config = ServerConfig(data_dir=data_dir, database_url=database_url)
     passphrase = passphrase_from_env()
+    use_private_umask()
+    make_private_dir(data_dir)
     store, _ = create_keystore(data_dir, schema, passphrase)
-    engine, sessions, clock = open_database(config.url, epoch_seconds, grace_seconds)
+    with database_errors(config.url):
+        engine, sessions, clock = open_database(config.url, epoch_seconds, grace_seconds)
     try:
         with sessions.begin() as session:
             audit(session, "admin", "init", clock.segments[0].first_epoch,
@@ -33,11 +78,39 @@ def initialise(data_dir: Path, schema: Schema, database_url: str | None,
     return str(data_dir / "admin.token")
 
 
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (also IPv4-mapped) or ``localhost``: reachable from this machine only."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def check_listen_address(host: str, tls: bool, insecure: bool) -> None:
+    """Refuse plain HTTP beyond loopback (ValueError), where bearer tokens and issued keys
+    would cross the network in the clear; ``insecure`` allows it with a warning."""
+    if tls or is_loopback(host):
+        return
+    if not insecure:
+        raise ValueError(f"refusing to serve plain HTTP on {host}, which is not a loopback "
+                         "address: give --tls-cert and --tls-key, or --insecure to accept it")
+    log.warning("serving plain HTTP on %s (--insecure): tokens and keys cross the network "
+                "unencrypted", host)
+
+
 def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
           tls_key: str | None, log_level: str = "info") -> None:
-    """Unseal (failing fast with a clear message), start the workers, then serve."""
+    """Check the data directory, unseal (failing fast with a clear message), migrate, start
+    the workers, then serve; files created from here on (SQLite's -wal/-shm) are 0600."""
+    use_private_umask()
+    check_data_dir(config)
     store = load_keystore(config.data_dir, passphrase_from_env())
-    state = build_state(config, store)
+    with database_errors(config.url):
+        state = build_state(config, store)
     app = create_app(state)
     uvicorn.run(app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
                 log_level=log_level, proxy_headers=False, server_header=False,
