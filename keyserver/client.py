@@ -7,6 +7,7 @@ Retries (with exponential back-off) only on connection errors and 5xx answers; e
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
 from typing import Any
@@ -24,6 +25,10 @@ class KeyServerError(Exception):
         self.body = body
         error = body.get("error") if isinstance(body, dict) else None
         message = error.get("message") if isinstance(error, dict) else body
+        problems = error.get("detail") if isinstance(error, dict) else None
+        if isinstance(problems, list) and problems and isinstance(problems[0], dict):
+            where = ".".join(str(p) for p in problems[0].get("loc", ()))
+            message = f"{message} ({where}: {problems[0].get('msg', '')})"
         super().__init__(f"key server answered {status}: {message}" if status
                          else f"key server unreachable: {message}")
 
@@ -47,6 +52,10 @@ class KeyServerClient:
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
                                   timeout=timeout, verify=verify)
 
+    @property
+    def base_url(self) -> str:
+        return str(self._http.base_url).rstrip("/")
+
     def __enter__(self) -> KeyServerClient:
         return self
 
@@ -57,12 +66,22 @@ class KeyServerClient:
         self._http.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """JSON (or text) of a successful answer; retries 5xx and connection errors."""
+        """JSON (or text) of a successful answer; retries 5xx and connection errors.
+
+        A ``json`` body is sent ASCII-escaped, so text that is not valid Unicode (a lone
+        surrogate from a command-line argument) reaches the server, which refuses it with a
+        422 naming the field, instead of failing to encode here."""
+        if "json" in kwargs:
+            kwargs["content"] = json.dumps(kwargs.pop("json")).encode("ascii")
+            kwargs["headers"] = {"content-type": "application/json"} | kwargs.get("headers", {})
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
+                refusal = _certificate_refusal(exc)
+                if refusal is not None:  # retrying cannot change the certificate
+                    raise KeyServerError(0, refusal) from exc
                 if last:
                     raise KeyServerError(0, str(exc)) from exc
             else:
@@ -134,6 +153,17 @@ class KeyServerClient:
 
     def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
         return self.request("GET", f"/v1/directory/{attribute}", params={"sample": sample})
+
+
+def _certificate_refusal(exc: BaseException) -> str | None:
+    """A one-line reason if ``exc`` was caused by the server's certificate not verifying."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    return (f"its TLS certificate is not trusted ({cause.verify_message}); for a private CA "
+            "give the CA's certificate as the CA file (--ca-file)")
 
 
 def _body(response: httpx.Response) -> Any:

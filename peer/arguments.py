@@ -7,6 +7,7 @@ without import cycles through the dispatcher.
 from __future__ import annotations
 
 import argparse
+import ssl
 
 
 class CommandError(Exception):
@@ -37,6 +38,23 @@ def non_negative_float(text: str) -> float:
 def int_list(text: str) -> list[int]:
     """Comma-separated integers, e.g. ``1,2,4``."""
     return [_parse(int, x, "comma-separated integers") for x in text.split(",") if x.strip()]
+
+
+def ca_file(text: str) -> str:
+    """A PEM file of CA certificates, loaded once here so a bad one fails before any work."""
+    try:
+        ssl.create_default_context(cafile=text)
+    except OSError as exc:  # ssl.SSLError is one
+        raise argparse.ArgumentTypeError(f"cannot load CA certificates from {text}: "
+                                         f"{exc.strerror or exc}") from exc
+    return text
+
+
+def add_ca_file(parser: argparse.ArgumentParser) -> None:
+    """``--ca-file``, for every command that talks to the key server."""
+    parser.add_argument("--ca-file", type=ca_file, metavar="PEM",
+                        help="trust the key server's TLS certificate if this CA signed it "
+                        "(default: the system's CAs)")
 
 
 def _parse(kind: type, text: str, expected: str):  # type: ignore[no-untyped-def]

@@ -3,7 +3,8 @@
 
 Used by the demo and by the end-to-end tests. Tokens reach the children through
 the environment (``IBE_PUBSUB_TOKEN``), never the command line; every child logs
-to its own file in the work directory.
+to its own file in the work directory, where it also records the key server's
+signing key on first contact (``IBE_PUBSUB_KNOWN_SERVERS``), not in the user's home.
 """
 
 from __future__ import annotations
@@ -85,10 +86,15 @@ class Cluster:
         """Create an identity; returns its token."""
         return str(self.admin.create_identity(name, role, policy)["token"])
 
-    def _spawn(self, name: str, role: str, token: str, args: list[str],
-               subscription: str | None = None) -> PeerProcess:
+    def _env(self, token: str) -> dict[str, str]:
         env = child_env()
         env["IBE_PUBSUB_TOKEN"] = token
+        env["IBE_PUBSUB_KNOWN_SERVERS"] = str(self.workdir / "known_servers.json")
+        return env
+
+    def _spawn(self, name: str, role: str, token: str, args: list[str],
+               subscription: str | None = None) -> PeerProcess:
+        env = self._env(token)
         log = (self.workdir / f"{name}.log").open("ab")
         verbosity = ["-v"] if self.verbose else []
         try:
@@ -143,13 +149,12 @@ class Cluster:
         events_path.write_text("".join(json.dumps(
             {k: v for k, v in event_line(e).items() if k in ("id", "values", "body")}) + "\n"
             for e in events))
-        env = child_env()
-        env["IBE_PUBSUB_TOKEN"] = token
         return subprocess.run(
             cli_command("publish", "--server", self.server, "--advertise", advertisement,
                         "--events", str(events_path), "--interval", str(interval),
                         "--sent-out", str(self.workdir / f"{name}.sent.jsonl")),
-            env=env, capture_output=True, text=True, timeout=timeout, check=False)
+            env=self._env(token), capture_output=True, text=True, timeout=timeout,
+            check=False)
 
     def sent_times(self, publisher: str) -> dict[str, float]:
         return {d["id"]: d["sent_at"] for d in read_deliveries(

@@ -12,9 +12,18 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from peer.arguments import CommandError, non_negative_float, non_negative_int, positive_int
+from peer.arguments import (
+    CommandError,
+    add_ca_file,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+)
+
+if TYPE_CHECKING:
+    from peer.known_servers import KnownServers
 
 
 def _server_key(text: str | None) -> bytes | None:
@@ -27,6 +36,15 @@ def _server_key(text: str | None) -> bytes | None:
     if len(key) != 32:
         raise CommandError("--server-key must be a raw 32-byte Ed25519 key in base64")
     return key
+
+
+def _known_servers(args: argparse.Namespace) -> KnownServers | None:
+    """Where first-use keys are recorded; none is consulted when --server-key pins the key."""
+    from peer.known_servers import KnownServers, default_path
+
+    if args.server_key:
+        return None
+    return KnownServers(Path(args.known_servers) if args.known_servers else default_path())
 
 
 def _write_json_atomically(path: str, data: dict[str, Any]) -> None:
@@ -74,7 +92,8 @@ async def _run_peer(args: argparse.Namespace) -> int:
                               failure_timeout=args.failure_timeout,
                               recruit_rounds=args.recruit_rounds),
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
-        server_key=_server_key(args.server_key))
+        server_key=_server_key(args.server_key), known_servers=_known_servers(args),
+        ca_file=args.ca_file)
     transport = Transport(lambda sender, payload: None, **_tls(args))
     try:
         node = PeerNode(options, transport)
@@ -130,6 +149,7 @@ async def _publish(args: argparse.Namespace) -> int:
 
     publisher = EventPublisher(args.server, args.token, args.advertise,
                                server_key=_server_key(args.server_key),
+                               known_servers=_known_servers(args), ca_file=args.ca_file,
                                transport=Transport(lambda s, p: None, **_tls(args)))
     try:
         await publisher.enrol()
@@ -188,8 +208,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _connection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", required=True, help="key server URL, e.g. http://127.0.0.1:8700")
     p.add_argument("--token", help="the identity's bearer token (better: IBE_PUBSUB_TOKEN)")
-    p.add_argument("--server-key", help="pin the key server's Ed25519 key (base64); "
-                   "default: trust the key the server presents")
+    p.add_argument("--server-key", help="pin the key server's Ed25519 signing key (base64); "
+                   "default: trust the key it presents on first contact and refuse another "
+                   "one later (see --known-servers)")
+    p.add_argument("--known-servers", metavar="FILE",
+                   help="where key servers' keys are recorded on first contact (default: "
+                   "ibe-pubsub/known_servers.json in $XDG_CONFIG_HOME or ~/.config)")
+    add_ca_file(p)
     p.add_argument("--tls-cert", help="this peer's TLS certificate (PEM) for peer links")
     p.add_argument("--tls-key", help="its private key (PEM)")
     p.add_argument("--tls-ca", help="CA certificate (PEM) that signed every peer's certificate")

@@ -11,6 +11,7 @@ each virtual peer hands its parents under multi-credential routing.
 from __future__ import annotations
 
 import base64
+import logging
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -32,6 +33,9 @@ from keyserver.bundles import (
 from keyserver.client import KeyServerClient
 from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from overlay.crypto_real import RealCrypto
+from peer.known_servers import KnownServers, fingerprint
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,18 @@ class Publisher:
     keys: tuple[PublisherKey, ...]
 
 
-def fetch_params(client: KeyServerClient, pinned_key: bytes | None = None) -> ServerParams:
-    """Public parameters with the schema signature checked (and the server key pinned)."""
-    return decode_params(load_group(), client.params(), pinned_key)
+def fetch_params(client: KeyServerClient, pinned_key: bytes | None = None,
+                 known: KnownServers | None = None) -> ServerParams:
+    """Public parameters with the schema signature checked, under the server key pinned or,
+    without a pin, the one ``known`` records for the URL (trusted and recorded on first use;
+    ServerKeyChanged if it differs). Without either, whichever key the server presents."""
+    params = decode_params(load_group(), client.params(), pinned_key)
+    if pinned_key is None and known is not None and known.check(client.base_url,
+                                                                params.server_key):
+        log.warning("first contact with the key server at %s: trusting its signing key %s "
+                    "(recorded in %s)", client.base_url, fingerprint(params.server_key),
+                    known.path)
+    return params
 
 
 def real_crypto(params: ServerParams) -> RealCrypto:

@@ -30,6 +30,7 @@ from overlay.crypto import RootKit, SubscriberKit
 from overlay.machine import PeerMachine
 from overlay.wire import Message, Publish, WireError, decode
 from peer import enrolment
+from peer.known_servers import KnownServers
 from peer.transport import Transport, split_address
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,12 @@ class NodeOptions:
     fine_depth: int = 1
     tick: float = 0.2
     directory_ttl: int = 30
-    #: Expected Ed25519 key of the key server (raw 32 bytes); None trusts on first use.
+    #: Expected Ed25519 key of the key server (raw 32 bytes); None trusts on first use
+    #: (recorded in ``known_servers``; with neither, whichever key the server presents).
     server_key: bytes | None = None
+    known_servers: KnownServers | None = None
+    #: CA certificates (PEM) to check the key server's TLS certificate with; None: the system's.
+    ca_file: str | None = None
     seed: int | None = None
 
 
@@ -75,7 +80,8 @@ class PeerNode:
         self.rng = random.Random(options.seed)
         self.transport = transport or Transport(self._received)
         self.transport.on_message = self._received
-        self.client = KeyServerClient(options.server, options.token)
+        self.client = KeyServerClient(options.server, options.token,
+                                      verify=options.ca_file or True)
         self.machine: PeerMachine | None = None
         self.params: ServerParams | None = None
         self.predicate: Predicate | None = None
@@ -173,7 +179,8 @@ class PeerNode:
     # -- enrolment and the directory ----------------------------------------------------------
 
     def _enrol(self) -> None:
-        params = self.params = enrolment.fetch_params(self.client, self.options.server_key)
+        params = self.params = enrolment.fetch_params(self.client, self.options.server_key,
+                                                      self.options.known_servers)
         config = self.options.overlay
         crypto = enrolment.real_crypto(params)
         rng = random.Random(self.rng.getrandbits(64))

@@ -20,6 +20,7 @@ from overlay.actions import Send
 from overlay.config import OverlayConfig
 from overlay.machine import PeerMachine
 from peer import enrolment
+from peer.known_servers import KnownServers
 from peer.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -30,13 +31,17 @@ class PublishRefused(Exception):
 
 
 class EventPublisher:
-    """Publish events with keys issued for ``advertisement`` in the current epoch."""
+    """Publish events with keys issued for ``advertisement`` in the current epoch; the key
+    server's key is trusted as in :func:`peer.enrolment.fetch_params`."""
 
     def __init__(self, server: str, token: str, advertisement: str,
-                 server_key: bytes | None = None, transport: Transport | None = None) -> None:
-        self.client = KeyServerClient(server, token)
+                 server_key: bytes | None = None, transport: Transport | None = None,
+                 known_servers: KnownServers | None = None, ca_file: str | None = None
+                 ) -> None:
+        self.client = KeyServerClient(server, token, verify=ca_file or True)
         self.advertisement_text = advertisement
         self.server_key = server_key
+        self.known_servers = known_servers
         self.transport = transport or Transport(self._received)
         self.params: ServerParams | None = None
         self.keys: enrolment.Publisher | None = None
@@ -74,7 +79,7 @@ class EventPublisher:
                                    random.Random())
 
     def _enrol(self) -> None:
-        self.params = enrolment.fetch_params(self.client, self.server_key)
+        self.params = enrolment.fetch_params(self.client, self.server_key, self.known_servers)
         advertisement = parse_predicate(self.params.pp.schema, self.advertisement_text)
         self.keys = enrolment.enrol_publisher(self.client, self.params, advertisement)
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from peer.arguments import CommandError, bench_group, positive_int
+from peer.arguments import CommandError, add_ca_file, bench_group, positive_int
 
 if TYPE_CHECKING:
     from credentials.schema import Schema
@@ -84,7 +84,8 @@ def _issue(args: argparse.Namespace) -> int:
     if args.chunk_size > MAX_CHUNK_SIZE:
         raise CommandError(f"--chunk-size is at most {MAX_CHUNK_SIZE}")
     options = IssueOptions(args.chunk_size, args.chunk_rows, "next" if args.next_epoch else None)
-    with KeyServerClient(args.server, args.admin_token, timeout=args.timeout) as client:
+    with KeyServerClient(args.server, args.admin_token, timeout=args.timeout,
+                         verify=args.ca_file or True) as client:
         try:
             report = issue_bulk(client, Path(args.input), Path(args.output), options)
         except (IssueError, KeyDirError, LayoutError) as exc:
@@ -174,6 +175,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     issue.add_argument("--admin-token", default=None,
                        help="the key server's admin token (required; better given as "
                        "$IBE_PUBSUB_ADMIN_TOKEN than on the command line)")
+    add_ca_file(issue)
     issue.add_argument("--input", required=True, help="the output DIR of `bulk decompose`")
     issue.add_argument("--output", required=True, help="directory KEYDIR for the bundles")
     issue.add_argument("--chunk-size", type=positive_int, default=50,

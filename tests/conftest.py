@@ -1,5 +1,16 @@
 """Shared fixtures. Key server: see tests/keyserver_fixtures.py."""
 
+import pytest
 from keyserver_fixtures import keyserver, keyserver_factory, postgres_url
 
 __all__ = ["keyserver", "keyserver_factory", "postgres_url"]
+
+
+@pytest.fixture(autouse=True)
+def _known_servers_in_tmp(tmp_path_factory: pytest.TempPathFactory,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peers the tests start (they inherit the environment) record key-server keys on first
+    contact in a file of the test's own, never in the user's home directory, and never
+    meet a key recorded by another test for a port reused since."""
+    path = tmp_path_factory.mktemp("known-servers") / "known_servers.json"
+    monkeypatch.setenv("IBE_PUBSUB_KNOWN_SERVERS", str(path))
