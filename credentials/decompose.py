@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from credentials import numeric, strings
+from credentials import numeric, policy_regions, strings
 from credentials.credential import Credential
-from credentials.predicates import NumericRange, Predicate, StringConstraint
+from credentials.predicates import Constraint, NumericRange, Predicate, StringConstraint
 from credentials.schema import Attribute, Schema
 
 
@@ -24,31 +24,46 @@ def root_credential(attr: Attribute) -> Credential:
     return Credential(attr.name, attr.kind, "")
 
 
-def attribute_credentials(attr: Attribute, constraint: NumericRange | StringConstraint | None,
-                          max_credentials: int | None = None) -> tuple[Credential, ...]:
-    """Disjoint credentials covering what ``constraint`` selects on ``attr``."""
-    if constraint is None:
-        return (root_credential(attr),)
-    if isinstance(constraint, StringConstraint):
-        if attr.is_numeric:
+def attribute_credentials(attr: Attribute, constraint: Constraint | None,
+                          max_credentials: int | None = None,
+                          policy: Constraint | None = None) -> tuple[Credential, ...]:
+    """Disjoint credentials covering what ``constraint`` selects on ``attr``.
+
+    With a ``policy`` constraint every credential lies inside it: a numeric cover
+    is cut to the policy's inner cells, a string credential must fit as it is
+    (``policy_regions``; OutsidePolicy where that cannot be done).
+    """
+    if attr.is_numeric:
+        if isinstance(constraint, StringConstraint) or isinstance(policy, StringConstraint):
             raise ValueError(f"string constraint on numeric attribute {attr.name!r}")
-        if constraint.equals is not None:
-            return (strings.equality_credential(attr, constraint.equals),)
-        return (strings.prefix_credential(attr, constraint.prefix),)  # type: ignore[arg-type]
-    if not attr.is_numeric:
+        if policy is not None:
+            return policy_regions.numeric_within(attr, constraint, policy, max_credentials)
+        if constraint is None:
+            return (root_credential(attr),)
+        c = constraint
+        return numeric.range_credentials(attr, c.lo, c.hi, c.lo_open, c.hi_open, max_credentials)
+    if isinstance(constraint, NumericRange) or isinstance(policy, NumericRange):
         raise ValueError(f"numeric constraint on string attribute {attr.name!r}")
-    c = constraint
-    return numeric.range_credentials(attr, c.lo, c.hi, c.lo_open, c.hi_open, max_credentials)
+    if constraint is None:
+        cred = root_credential(attr)
+    elif constraint.equals is not None:
+        cred = strings.equality_credential(attr, constraint.equals)
+    else:
+        cred = strings.prefix_credential(attr, constraint.prefix)  # type: ignore[arg-type]
+    return (cred if policy is None else policy_regions.string_within(attr, cred, policy),)
 
 
-def decompose(schema: Schema, predicate: Predicate,
-              max_credentials: int | None = None) -> dict[str, tuple[Credential, ...]]:
+def decompose(schema: Schema, predicate: Predicate, max_credentials: int | None = None,
+              policy: Predicate | None = None) -> dict[str, tuple[Credential, ...]]:
     """One entry per schema attribute, in schema order (unconstrained -> root credential).
 
     ``max_credentials`` caps the credentials per numeric attribute by coarsening
     the cover (a superset); string constraints always yield one credential.
+    With a ``policy`` (an identity's), every credential lies inside the policy's
+    region and coarsening stays there; OutsidePolicy if the request cannot be met.
     """
-    return {a.name: attribute_credentials(a, predicate.get(a.name), max_credentials)
+    return {a.name: attribute_credentials(a, predicate.get(a.name), max_credentials,
+                                          None if policy is None else policy.get(a.name))
             for a in schema.attributes}
 
 

@@ -149,6 +149,34 @@ def free_interval(attr: Attribute, lo: Number | None, hi: Number | None,
     return min(fa, a), max(fb, b)
 
 
+def inner_interval(attr: Attribute, lo: Number | None, hi: Number | None,
+                   lo_open: bool = False, hi_open: bool = False) -> tuple[int, int] | None:
+    """The cells lying entirely inside the range (every value they hold matches), or None.
+
+    The inner counterpart of ``free_interval``: a cell that straddles a bound is
+    left out, so blocks of these cells never enclose a value outside the range.
+    Float cells count as real intervals; int cells that hold no value are inside.
+    """
+    last = attr.cells - 1
+    if attr.type == "int":
+        lo_i, hi_i = int_bounds(attr, lo, hi, lo_open, hi_open)
+        if lo_i > hi_i:
+            return None
+        first = value_cell(attr, lo_i - 1) + 1 if lo_i > attr.min else 0  # type: ignore[operator]
+        end = value_cell(attr, hi_i + 1) - 1 if hi_i < attr.max else last  # type: ignore[operator]
+        return (first, end) if first <= end else None
+    dmin, dmax = attr.min, attr.max
+    first, end = 0, last
+    if lo is not None and (lo > dmin or (lo == dmin and lo_open)):  # type: ignore[operator]
+        # cell c starts at ratio c: it must start at (or, if open, after) the bound
+        r = _ratio(attr, lo)
+        first = math.floor(r) + 1 if lo_open else math.ceil(r)
+    if hi is not None and (hi < dmax or (hi == dmax and hi_open)):  # type: ignore[operator]
+        # cell c ends at ratio c + 1 (exclusive); the last cell holds max, outside the range
+        end = min(math.floor(_ratio(attr, hi)) - 1, last - 1)
+    return (first, end) if 0 <= first <= end <= last else None
+
+
 def maximal_blocks(first: int, last: int, bits: int) -> tuple[str, ...]:
     """The canonical (minimal) decomposition of cells [first, last] into dyadic blocks.
 
@@ -195,13 +223,29 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
+class OutsideCells(ValueError):
+    """No cover of a range stays inside the allowed cells (see ``range_cover``).
+
+    ``needed``: the fewest blocks a cover inside takes (None: no cell of it is left).
+    """
+
+    def __init__(self, message: str, needed: int | None = None) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 def coarsen(paths: tuple[str, ...], bits: int, cap: int,
-            weight: Callable[[int, int], int] | None = None) -> tuple[str, ...]:
+            weight: Callable[[int, int], int] | None = None,
+            within: tuple[int, int] | None = None) -> tuple[str, ...]:
     """Shrink a disjoint cover to at most ``cap`` blocks by greedy merging.
 
     Each step replaces two neighbouring blocks (and whatever lies between them)
     by their common ancestor, choosing the step that adds the least ``weight``
     (default: the number of extra cells). The result is a disjoint superset.
+    With ``within`` = [first, last] (holding every block), only ancestors inside
+    those cells are taken; the merging then stops at one block per maximal dyadic
+    block of ``within`` that the cover meets, which is the fewest any cover inside
+    can have, and OutsideCells says so if that is still more than ``cap``.
     """
     if cap < 1:
         raise ValueError("max_credentials must be at least 1")
@@ -212,12 +256,16 @@ def coarsen(paths: tuple[str, ...], bits: int, cap: int,
         for i in range(len(blocks) - 1):
             anc = _common_prefix(blocks[i], blocks[i + 1])
             s, e = path_cells(anc, bits)
+            if within is not None and not within[0] <= s <= e <= within[1]:
+                continue
             inside = [j for j, p in enumerate(blocks) if s <= path_cells(p, bits)[0] <= e]
             extra = weight(s, e) - sum(weight(*path_cells(blocks[j], bits)) for j in inside)
             cand = (extra, -len(inside), i, anc, inside[0], inside[-1])
             if best is None or cand[:3] < best[:3]:
                 best = cand
-        assert best is not None
+        if best is None:
+            raise OutsideCells(f"at least {len(blocks)} credentials are needed to stay inside "
+                               f"the allowed cells, max_credentials is {cap}", len(blocks))
         _, _, _, anc, j0, j1 = best
         blocks[j0:j1 + 1] = [anc]
     return tuple(blocks)
@@ -240,22 +288,36 @@ def value_weight(attr: Attribute) -> Callable[[int, int], int]:
 
 def range_cover(attr: Attribute, lo: Number | None, hi: Number | None,
                 lo_open: bool = False, hi_open: bool = False,
-                max_credentials: int | None = None) -> tuple[str, ...]:
-    """Bit-string prefixes of the minimal disjoint cover of a range (optionally capped)."""
+                max_credentials: int | None = None,
+                within: tuple[int, int] | None = None) -> tuple[str, ...]:
+    """Bit-string prefixes of the minimal disjoint cover of a range (optionally capped).
+
+    ``within`` = [first, last] confines every block to those cells (e.g. the
+    ``inner_interval`` of a policy): the range's cells are clipped to it and
+    coarsening merges only inside it. OutsideCells if no cell of the range is
+    left, or if ``max_credentials`` blocks cannot cover it inside.
+    """
     bits = _numeric(attr)
     a, b = cell_interval(attr, lo, hi, lo_open, hi_open)
-    cover = dyadic_cover(a, b, bits, free_interval(attr, lo, hi, lo_open, hi_open))
+    fa, fb = free_interval(attr, lo, hi, lo_open, hi_open)
+    if within is not None:
+        a, b = max(a, within[0]), min(b, within[1])
+        fa, fb = max(fa, within[0]), min(fb, within[1])
+        if a > b:
+            raise OutsideCells("no cell of the range lies inside the allowed cells")
+    cover = dyadic_cover(a, b, bits, (fa, fb))
     if max_credentials is not None:
-        cover = coarsen(cover, bits, max_credentials, value_weight(attr))
+        cover = coarsen(cover, bits, max_credentials, value_weight(attr), within)
     return cover
 
 
 def range_credentials(attr: Attribute, lo: Number | None, hi: Number | None,
                       lo_open: bool = False, hi_open: bool = False,
-                      max_credentials: int | None = None) -> tuple[Credential, ...]:
-    """The credentials for a range, ordered by cell."""
+                      max_credentials: int | None = None,
+                      within: tuple[int, int] | None = None) -> tuple[Credential, ...]:
+    """The credentials for a range, ordered by cell (``within``: see ``range_cover``)."""
     return tuple(Credential(attr.name, "num", p)
-                 for p in range_cover(attr, lo, hi, lo_open, hi_open, max_credentials))
+                 for p in range_cover(attr, lo, hi, lo_open, hi_open, max_credentials, within))
 
 
 def fine_split(attr: Attribute, cred: Credential, depth: int = 1) -> tuple[Credential, ...]:
