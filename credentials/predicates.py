@@ -7,7 +7,8 @@ A predicate is one line of clauses joined by ``and``::
 Clauses: ``a in [x, y]`` (inclusive), ``a < x``, ``a <= x``, ``a > x``,
 ``a >= x``, ``a = x`` on numeric attributes; ``a = "s"`` and ``a prefix "s"``
 on string attributes (double quotes, backslash escapes ``\\\\ \\" \\n \\t \\r
-\\uXXXX``). An attribute not named ranges over its whole domain; clauses on the
+\\uXXXX``; a surrogate pair of escapes is one character, a lone surrogate is an error,
+as it is no text). An attribute not named ranges over its whole domain; clauses on the
 same attribute intersect. A predicate that selects nothing inside the domain
 is an error, never an empty set, so a typo cannot silently subscribe to
 nothing. The empty text selects every event.
@@ -40,7 +41,8 @@ class PredicateError(ValueError):
         self.message = message
         self.text = text
         self.position = position
-        line = "".join(" " if ch.isspace() else ch for ch in text)
+        line = "".join(" " if ch.isspace() else "?" if _is_surrogate(ord(ch)) else ch
+                       for ch in text)
         super().__init__(f"{message} (at position {position})\n  {line}\n  {' ' * position}^")
 
 
@@ -249,17 +251,45 @@ def _read_string(text: str, start: int) -> tuple[str, int]:
                 i += 2
                 continue
             if esc == "u":
-                digits = text[i + 2:i + 6]
-                if len(digits) == 4 and all(c in "0123456789abcdefABCDEF" for c in digits):
-                    out.append(chr(int(digits, 16)))
-                    i += 6
-                    continue
-                raise PredicateError("\\u needs four hex digits", text, i)
+                char, i = _read_unicode_escape(text, i)
+                out.append(char)
+                continue
             raise PredicateError(f"unknown escape \\{esc}" if esc else "dangling backslash",
                                  text, i)
+        if _is_surrogate(ord(ch)):
+            raise PredicateError(_LONE_SURROGATE, text, i)
         out.append(ch)
         i += 1
     raise PredicateError("unterminated string", text, start)
+
+
+_LONE_SURROGATE = "lone UTF-16 surrogate (not a character)"
+
+
+def _is_surrogate(code: int) -> bool:
+    return 0xD800 <= code <= 0xDFFF
+
+
+def _hex4(text: str, i: int) -> int:
+    """The code unit of the ``\\uXXXX`` escape at ``i``."""
+    digits = text[i + 2:i + 6]
+    if len(digits) != 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+        raise PredicateError("\\u needs four hex digits", text, i)
+    return int(digits, 16)
+
+
+def _read_unicode_escape(text: str, i: int) -> tuple[str, int]:
+    """The character of the ``\\uXXXX`` escape at ``i`` and the index after it. A surrogate
+    pair of escapes is one character; a lone surrogate is refused, since it is no text (it
+    cannot be encoded as UTF-8, so it could be neither hashed, stored nor sent)."""
+    code = _hex4(text, i)
+    if 0xD800 <= code < 0xDC00 and text[i + 6:i + 8] == "\\u":
+        low = _hex4(text, i + 6)
+        if 0xDC00 <= low <= 0xDFFF:
+            return chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)), i + 12
+    if _is_surrogate(code):
+        raise PredicateError(_LONE_SURROGATE, text, i)
+    return chr(code), i + 6
 
 
 # --------------------------------------------------------------------------- parser

@@ -1,22 +1,57 @@
 """Request and response bodies of the HTTP API (pydantic; they make /openapi.json).
 
 Keys travel as standard padded base64 of the ``credentials.codec`` encodings.
-Unknown fields in requests are rejected (422), so typos do not pass silently.
+Unknown fields in requests are rejected (422), so typos do not pass silently, and so is
+every string that is no text (see ``Text``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_PREDICATE = 4096
+_NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def _text(value: Any) -> Any:
+    """Refuse lone UTF-16 surrogates (JSON can carry them, UTF-8 cannot: hashing, the
+    database and the JSON answer would fail) and control characters other than tab and
+    line breaks (PostgreSQL refuses NUL; none belongs in a name, address or predicate)."""
+    if isinstance(value, str) and (bad := _NOT_TEXT.search(value)):
+        kind = "lone UTF-16 surrogate" if bad.group() >= "\ud800" else "control character"
+        raise ValueError(f"{kind} {bad.group()!r} at position {bad.start()} is not text")
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+"""Every string the API accepts: a ``str`` that is valid text."""
+
 Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.@:+-]+$")
 Role = Literal["subscriber", "publisher", "root"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields and lax coercions (``"2"`` or ``2.0`` for an integer,
+    ``"true"`` or ``1`` for a boolean) are refused, so the server accepts exactly what
+    /openapi.json describes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ErrorDetail(BaseModel):
+    status: int
+    code: str
+    message: str
+    detail: Any = Field(default=None, description="structured data, e.g. the policy clause")
+
+
+class ErrorOut(BaseModel):
+    """Every error answer (keyserver.errors)."""
+
+    error: ErrorDetail
 
 
 # -- public ---------------------------------------------------------------------------------
@@ -33,6 +68,15 @@ class PublicParamsOut(BaseModel):
     epoch_end: float
     epoch_length: int
     grace: int
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class SchemaOut(BaseModel):
+    schema_: dict[str, Any] = Field(alias="schema")
+    schema_id: str
+    schema_signature: str
+    server_key: str
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -54,9 +98,9 @@ class Health(BaseModel):
 # -- admin ----------------------------------------------------------------------------------
 
 class IdentityIn(Strict):
-    name: str = Name
+    name: Text = Name
     role: Role
-    policy: str | None = Field(default=None, max_length=MAX_PREDICATE)
+    policy: Text | None = Field(default=None, max_length=MAX_PREDICATE)
 
 
 class IdentityOut(BaseModel):
@@ -89,8 +133,8 @@ class AuditOut(BaseModel):
 # -- enrolment ------------------------------------------------------------------------------
 
 class SubscriberEnrolment(Strict):
-    subscription: str = Field(max_length=MAX_PREDICATE,
-                              description="predicate in the schema's language")
+    subscription: Text = Field(max_length=MAX_PREDICATE,
+                               description="predicate in the schema's language")
     fine_depth: int = Field(default=1, ge=0, le=4,
                             description="split depth of fine credentials (0: none)")
     max_credentials: int | None = Field(default=None, ge=1, le=64,
@@ -99,15 +143,15 @@ class SubscriberEnrolment(Strict):
 
 
 class PublisherEnrolment(Strict):
-    advertisement: str = Field(max_length=MAX_PREDICATE)
+    advertisement: Text = Field(max_length=MAX_PREDICATE)
     max_credentials: int | None = Field(default=None, ge=1, le=64)
     epoch: Literal["next"] | None = None
 
 
 class RootEnrolment(Strict):
-    attribute: str = Field(min_length=1, max_length=200)
-    transport_key: str = Field(min_length=1, max_length=64,
-                               description="base64 raw Ed25519 public key (32 bytes)")
+    attribute: Text = Field(min_length=1, max_length=200)
+    transport_key: Text = Field(min_length=1, max_length=64,
+                                description="base64 raw Ed25519 public key (32 bytes)")
     epoch: Literal["next"] | None = None
 
 
@@ -149,20 +193,20 @@ class RootCertificate(BaseModel):
 # -- bulk -----------------------------------------------------------------------------------
 
 class BulkCredential(Strict):
-    attribute: str = Field(min_length=1, max_length=200)
-    credential: str = Field(min_length=1, max_length=300, description="Credential.label()")
+    attribute: Text = Field(min_length=1, max_length=200)
+    credential: Text = Field(min_length=1, max_length=300, description="Credential.label()")
     fine: bool = False
     position: int = Field(ge=0, le=1000)
 
 
 class BulkItem(Strict):
-    identity: str = Name
+    identity: Text = Name
     role: Literal["subscriber", "publisher"]
     credentials: list[BulkCredential] = Field(min_length=1, max_length=512)
 
 
 class BulkIn(Strict):
-    chunk_id: str = Field(min_length=1, max_length=200)
+    chunk_id: Text = Field(min_length=1, max_length=200)
     epoch: Literal["next"] | None = None
     items: list[BulkItem] = Field(min_length=1, max_length=2000)
 
@@ -176,9 +220,9 @@ class BulkOut(BaseModel):
 # -- directory ------------------------------------------------------------------------------
 
 class DirectoryIn(Strict):
-    address: str = Field(min_length=3, max_length=300, pattern=r"^[^\s/]+:[0-9]{1,5}$",
-                         description="host:port")
-    attribute: str = Field(min_length=1, max_length=200)
+    address: Text = Field(min_length=3, max_length=300, pattern=r"^[^\s/]+:[0-9]{1,5}$",
+                          description="host:port")
+    attribute: Text = Field(min_length=1, max_length=200)
     role: Role
     ttl: int = Field(ge=1, le=86400, description="seconds")
 

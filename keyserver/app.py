@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from keyserver import routes_admin, routes_bulk, routes_directory, routes_enrol, routes_public
 from keyserver.errors import install_error_handlers
-from keyserver.middleware import BodyLimit, RequestMetrics
+from keyserver.middleware import Gate, RequestMetrics, route_rules
 from keyserver.state import AppState
 
 
@@ -27,9 +27,11 @@ def create_app(state: AppState) -> FastAPI:
                   description="Issues credential keys for broker-less content-based "
                   "publish/subscribe with identity-based encryption.")
     app.state.keyserver = state
-    install_error_handlers(app)
     for module in (routes_public, routes_admin, routes_enrol, routes_bulk, routes_directory):
         app.include_router(module.router)
-    app.add_middleware(BodyLimit, max_body=state.config.max_body)
+    # Outermost last: metrics see every answer; the error handlers' catch-all also covers
+    # the gate (a database failure while checking a token is a JSON 500).
+    app.add_middleware(Gate, state=state, rules=route_rules(state.config.bulk_max_body))
+    install_error_handlers(app)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     return app

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keyserver.epochs import check_lengths, default_grace
-from peer.arguments import CommandError, bench_group, non_negative_int, positive_int
+from peer.arguments import (
+    CommandError,
+    add_ca_file,
+    bench_group,
+    non_negative_int,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from keyserver.client import KeyServerClient
@@ -33,22 +40,40 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     print(f"key store created in {args.data}; schema {schema.name!r} ({schema.id[:16]}...); "
           f"admin token in {token_file}", file=sys.stderr)
+    _print_server_key(Path(args.data))
     return 0
+
+
+def _print_server_key(data_dir: Path) -> None:
+    """What peers trusting on first use will show, and what pins it (--server-key)."""
+    from keyserver.keystore import PUBLIC_FILE
+    from peer.known_servers import fingerprint
+
+    key = json.loads((data_dir / PUBLIC_FILE).read_text())["server_key"]
+    print(f"signing key {fingerprint(base64.b64decode(key))}; peers pin it with "
+          f"--server-key {key}", file=sys.stderr)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from keyserver.keystore import KeyStoreError
-    from keyserver.server import serve
+    from keyserver.server import check_listen_address, serve
     from keyserver.state import ServerConfig
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise CommandError("--tls-cert and --tls-key go together")
+    try:
+        check_listen_address(args.host, bool(args.tls_cert), args.insecure)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
     config = ServerConfig(
         data_dir=Path(args.data), database_url=args.database_url,
         epoch_seconds=args.epoch_seconds, grace_seconds=args.grace_seconds,
         workers=args.workers, identity_rate=args.rate, identity_burst=args.burst,
+        key_rate=args.key_rate, key_burst=args.key_burst,
         address_rate=args.address_rate, address_burst=args.address_burst,
-        max_body=args.max_body)
+        bulk_max_body=args.bulk_max_body, jobs_per_identity=args.jobs_per_identity,
+        credentials_per_job=args.credentials_per_job,
+        allow_unsafe_permissions=args.allow_unsafe_permissions)
     try:
         serve(config, args.host, args.port, args.tls_cert, args.tls_key,
               "debug" if args.verbose > 1 else "info" if args.verbose else "warning")
@@ -84,6 +109,9 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=8700, help="listen port")
     serve.add_argument("--tls-cert", help="TLS certificate (PEM)")
     serve.add_argument("--tls-key", help="TLS private key (PEM)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow plain HTTP on an address other than loopback (tokens and "
+                       "keys then cross the network in the clear)")
     serve.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
     serve.add_argument("--epoch-seconds", type=positive_int,
                        help="change the epoch length from the next epoch on")
@@ -91,14 +119,29 @@ def _register_keyserver(subparsers: Any) -> None:
                        help="change the grace window from the next epoch on")
     serve.add_argument("--workers", type=positive_int, help="issuer processes (default: cores)")
     serve.add_argument("--rate", type=float, default=100.0,
-                       help="requests/s per identity on enrolment and admin calls")
+                       help="requests/s per identity and for the admin on token routes")
     serve.add_argument("--burst", type=positive_int, default=400, help="burst per identity")
-    serve.add_argument("--address-rate", type=float, default=500.0,
-                       help="requests/s per client address")
-    serve.add_argument("--address-burst", type=positive_int, default=2000,
+    serve.add_argument("--key-rate", type=float, default=500.0,
+                       help="keys/s issued per identity (an enrolment costs its credentials "
+                       "plus fine credentials)")
+    serve.add_argument("--key-burst", type=positive_int, default=5000,
+                       help="keys per identity in a burst")
+    serve.add_argument("--address-rate", type=float, default=100.0,
+                       help="requests/s per client address, on every route")
+    serve.add_argument("--address-burst", type=positive_int, default=1000,
                        help="burst per client address")
-    serve.add_argument("--max-body", type=positive_int, default=16 * 1024 * 1024,
-                       help="largest request body in bytes (413 beyond)")
+    serve.add_argument("--bulk-max-body", type=positive_int, default=16 * 1024 * 1024,
+                       help="largest body of POST /v1/admin/bulk in bytes (413 beyond; other "
+                       "routes have fixed limits of a few KiB)")
+    serve.add_argument("--jobs-per-identity", type=positive_int,
+                       help="issuer jobs one identity may run at once (default: workers - 1, "
+                       "at least 1)")
+    serve.add_argument("--credentials-per-job", type=positive_int, default=4,
+                       help="credentials per issuer job: smaller keeps the wait of other "
+                       "identities shorter, larger costs less overhead")
+    serve.add_argument("--allow-unsafe-permissions", action="store_true",
+                       help="start even if group/other users can reach the data directory or "
+                       "its files (refused by default; the fix is chmod -R go= DIR)")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -112,7 +155,7 @@ def _admin_client(args: argparse.Namespace) -> KeyServerClient:
         token = Path(args.admin_token_file).read_text().strip()
     if not token:
         raise CommandError("give --admin-token or --admin-token-file")
-    return KeyServerClient(args.server, token)
+    return KeyServerClient(args.server, token, verify=args.ca_file or True)
 
 
 def _call(args: argparse.Namespace, action: Any) -> Any:
@@ -170,6 +213,7 @@ def _register_identity(subparsers: Any) -> None:
         p.add_argument("--server", required=True, help="key server URL, e.g. http://127.0.0.1:8700")
         p.add_argument("--admin-token", help="admin bearer token")
         p.add_argument("--admin-token-file", help="file holding it (DIR/admin.token)")
+        add_ca_file(p)
 
     add = sub.add_parser("add", help="create an identity and print its token",
                          description="Create an identity; prints its bearer token (once).")

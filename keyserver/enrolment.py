@@ -12,6 +12,7 @@ from typing import Any
 
 from credentials.credential import Credential
 from credentials.decompose import decompose, fine_credentials
+from credentials.policy_regions import OutsidePolicy, clause_text, first_outside
 from credentials.predicates import Predicate, PredicateError, check_within, parse_predicate
 from credentials.schema import Schema, SchemaError
 from keyserver.api_models import BulkCredential
@@ -34,15 +35,53 @@ def parse(schema: Schema, text: str, what: str) -> Predicate:
         raise ApiError(422, f"{what}: {exc}", "invalid_predicate") from exc
 
 
-def within_policy(schema: Schema, text: str, policy: str | None, what: str) -> Predicate:
+def stored_policy(schema: Schema, policy: str | None) -> Predicate | None:
+    """An identity's parsed policy (None: no policy, everything is allowed)."""
+    return None if policy is None else parse(schema, policy, "stored policy")
+
+
+def within_policy(schema: Schema, text: str, policy: Predicate | None, what: str) -> Predicate:
     """The parsed predicate; 403 naming the offending policy clause if it exceeds it."""
     predicate = parse(schema, text, what)
     if policy is not None:
-        clause = check_within(schema, predicate, parse(schema, policy, "stored policy"))
+        clause = check_within(schema, predicate, policy)
         if clause is not None:
             raise ApiError(403, f"{what} exceeds the identity's policy at: {clause}",
                            "outside_policy", {"clause": clause})
     return predicate
+
+
+def _decompose_inside(schema: Schema, predicate: Predicate, max_credentials: int | None,
+                      policy: Predicate | None, what: str) -> list[Credential]:
+    """The credentials of ``predicate``, each inside the policy's region (403 if impossible)."""
+    try:
+        return flat(decompose(schema, predicate, max_credentials, policy))
+    except OutsidePolicy as exc:
+        raise ApiError(403, f"{what} cannot be served inside the identity's policy: "
+                       f"{exc.reason}", "outside_policy",
+                       {"clause": exc.clause, "attribute": exc.attribute,
+                        "reason": exc.reason}) from exc
+
+
+def check_issued(schema: Schema, credentials: Iterable[Credential],
+                 policy: Predicate | None) -> str | None:
+    """Why a credential about to be issued leaves the policy's region, or None if none does.
+
+    The last check before keys are made, whatever produced the credentials.
+    """
+    outside = first_outside(schema, credentials, policy)
+    if outside is None or policy is None:
+        return None
+    constraint = policy.get(outside.attribute)
+    where = "" if constraint is None else f" at: {clause_text(outside.attribute, constraint)}"
+    return f"credential {outside} encloses values outside the identity's policy{where}"
+
+
+def _refuse_outside(schema: Schema, credentials: Iterable[Credential],
+                    policy: Predicate | None) -> None:
+    problem = check_issued(schema, credentials, policy)
+    if problem is not None:
+        raise ApiError(403, problem, "outside_policy")
 
 
 def check_role(role: str, wanted: str) -> None:
@@ -72,20 +111,26 @@ def flat(credentials: Mapping[str, Sequence[Credential]]) -> list[Credential]:
 
 
 def plan_subscriber(schema: Schema, predicate: Predicate, max_credentials: int | None,
-                    fine_depth: int) -> tuple[list[Credential], list[Credential]]:
-    creds = flat(decompose(schema, predicate, max_credentials))
-    if fine_depth == 0:
-        return creds, []
-    fine = [c for cs in fine_credentials(schema, creds, fine_depth).values() for c in cs]
+                    fine_depth: int, policy: Predicate | None = None
+                    ) -> tuple[list[Credential], list[Credential]]:
+    """Credentials and fine credentials of a subscription, all inside ``policy``."""
+    creds = _decompose_inside(schema, predicate, max_credentials, policy, "subscription")
+    fine: list[Credential] = []
+    if fine_depth:
+        fine = [c for cs in fine_credentials(schema, creds, fine_depth).values() for c in cs]
     if len(fine) > MAX_FINE_CREDENTIALS:
         raise ApiError(422, f"{len(fine)} fine credentials exceed the limit of "
                        f"{MAX_FINE_CREDENTIALS}; lower fine_depth", "too_many_credentials")
+    _refuse_outside(schema, creds + fine, policy)
     return creds, fine
 
 
-def plan_publisher(schema: Schema, predicate: Predicate, max_credentials: int | None
-                   ) -> list[Credential]:
-    return flat(decompose(schema, predicate, max_credentials))
+def plan_publisher(schema: Schema, predicate: Predicate, max_credentials: int | None,
+                   policy: Predicate | None = None) -> list[Credential]:
+    """Credentials of an advertisement, all inside ``policy``."""
+    creds = _decompose_inside(schema, predicate, max_credentials, policy, "advertisement")
+    _refuse_outside(schema, creds, policy)
+    return creds
 
 
 def check_root_policy(schema: Schema, attribute: str, policy: str | None) -> None:
@@ -128,17 +173,18 @@ def parse_bulk_credential(schema: Schema, item: BulkCredential) -> Credential:
     return cred
 
 
-async def issue_bundle(state: AppState, role: str, epoch: Epoch, credentials: list[Credential],
-                       fine: list[Credential]) -> dict[str, Any]:
-    """Keys for ``credentials`` in ``epoch``, in the enrolment response shape."""
+async def issue_bundle(state: AppState, who: str, role: str, epoch: Epoch,
+                       credentials: list[Credential], fine: list[Credential]) -> dict[str, Any]:
+    """Keys for ``credentials`` in ``epoch``, in the enrolment response shape, issued in the
+    fair queue of actor ``who``."""
     base: dict[str, Any] = {"epoch": epoch.number, "epoch_end": epoch.end,
                             "credentials": labels(credentials)}
     if role == "publisher":
-        issued = await state.pool.publisher(epoch.number, credentials)
+        issued = await state.issuer.publisher(who, epoch.number, credentials)
         state.metrics.keys_issued("publisher", len(credentials))
         return base | issued
     expires_at = int(epoch.end + epoch.grace)
-    issued = await state.pool.subscriber(epoch.number, credentials, fine, expires_at)
+    issued = await state.issuer.subscriber(who, epoch.number, credentials, fine, expires_at)
     state.metrics.keys_issued("subscriber_credential", len(credentials))
     state.metrics.keys_issued("routing_token", len(fine))
     state.metrics.keys_issued("connection_request", len(credentials))

@@ -4,6 +4,10 @@ The event loop only awaits; each worker process holds the public parameters, the
 master secret and the server's signing key (handed over once, through the pool's
 private pipe, at start) and returns keys already encoded as base64 text, so the
 server process does no group arithmetic at all. One worker per core by default.
+
+Because the workers hold the master secret they must not outlive the server: a server
+killed with SIGKILL cannot shut its pool down, and the pool's pipes do not close while the
+workers hold both ends, so each worker watches its parent and exits when it is gone.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -49,10 +55,22 @@ class _Secrets:
 
 
 _worker: _Secrets | None = None
+PARENT_POLL_SECONDS = 0.5
 
 
-def _init_worker(mpk: bytes, msk: bytes, schema: dict[str, Any], signing_key: bytes) -> None:
+def _exit_with_parent(parent_pid: int) -> None:
+    """Poll the parent pid; an orphan is re-parented, so a change means the server died.
+    (Portable, unlike a parent-death signal, which Linux ties to the spawning thread.)"""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
+
+
+def _init_worker(parent_pid: int, mpk: bytes, msk: bytes, schema: dict[str, Any],
+                 signing_key: bytes) -> None:
     global _worker
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="parent-watch",
+                     daemon=True).start()
     group = load_group()
     _worker = _Secrets(PublicParams(group, decode_mpk(group, mpk), Schema.from_dict(schema)),
                        decode_msk(group, msk), Ed25519PrivateKey.from_private_bytes(signing_key))
@@ -69,19 +87,33 @@ def _ready(_: int = 0) -> int:
     return os.getpid()
 
 
-def issue_subscriber(epoch: int, credentials: Sequence[Credential],
-                     fine: Sequence[Credential], expires_at: int) -> dict[str, Any]:
-    """D, S1/S2/T per credential, fine tokens, and one signed connection request per
-    credential (expiring at ``expires_at``), encoded for the wire."""
+def issue_subscriber_key(epoch: int, credentials: Sequence[Credential],
+                         fine: Sequence[Credential]) -> str:
+    """D, S1/S2/T per credential and the fine tokens, encoded for the wire: the cheap part
+    of a subscriber's issuance, bound together by one gamma_s, so issued in one piece."""
     s = _secrets()
-    key = keygen_subscriber(s.pp, s.msk, epoch, credentials, fine)
+    return b64(encode_subscriber_key(keygen_subscriber(s.pp, s.msk, epoch, credentials, fine)))
+
+
+def issue_connection_requests(epoch: int, credentials: Sequence[Credential],
+                              expires_at: int) -> list[dict[str, Any]]:
+    """One signed connection request per credential (expiring at ``expires_at``): most of a
+    subscriber's issuance, independent per credential, so it can be issued in chunks."""
+    s = _secrets()
     requests = []
     for cred in credentials:
         request, sws = build_connection_request(s.pp, s.signing_key, cred, epoch, expires_at)
         requests.append({"attribute": cred.attribute, "credential": cred.label(),
                          "request": b64(encode_request(request)),
                          "secrets": [b64(sw) for sw in sws]})
-    return {"subscriber_key": b64(encode_subscriber_key(key)), "connection_requests": requests}
+    return requests
+
+
+def issue_subscriber(epoch: int, credentials: Sequence[Credential],
+                     fine: Sequence[Credential], expires_at: int) -> dict[str, Any]:
+    """A whole subscriber bundle's keys in one call (the benchmark's floor)."""
+    return {"subscriber_key": issue_subscriber_key(epoch, credentials, fine),
+            "connection_requests": issue_connection_requests(epoch, credentials, expires_at)}
 
 
 def issue_publisher(epoch: int, credentials: Sequence[Credential]) -> dict[str, Any]:
@@ -98,6 +130,9 @@ def issue_root_token(epoch: int, credential: Credential) -> str:
     return b64(encode_routing_token(keygen_routing_token(s.pp, s.msk, credential, epoch)))
 
 
+T = TypeVar("T")
+
+
 class IssuerPool:
     """Worker processes that issue keys; awaitable from the event loop."""
 
@@ -107,27 +142,17 @@ class IssuerPool:
         self._executor = ProcessPoolExecutor(
             max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(encode_mpk(store.mpk), store.msk_bytes(), store.schema.to_dict(),
+            initargs=(os.getpid(), encode_mpk(store.mpk), store.msk_bytes(), store.schema.to_dict(),
                       store.signing_key_bytes()))
 
     def warm_up(self) -> None:
         """Start every worker now rather than on the first enrolment."""
         list(self._executor.map(_ready, range(self.workers)))
 
-    async def subscriber(self, epoch: int, credentials: Sequence[Credential],
-                         fine: Sequence[Credential], expires_at: int) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, issue_subscriber, epoch,
-                                          tuple(credentials), tuple(fine), expires_at)
-
-    async def publisher(self, epoch: int, credentials: Sequence[Credential]) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, issue_publisher, epoch,
-                                          tuple(credentials))
-
-    async def root_token(self, epoch: int, credential: Credential) -> str:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, issue_root_token, epoch, credential)
+    def submit(self, job: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run ``job(*args)`` in a worker. The server submits through
+        ``keyserver.fair_pool.FairIssuer``, which keeps at most one job per worker here."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, job, *args)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

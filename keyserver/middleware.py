@@ -1,65 +1,113 @@
-"""ASGI middleware: a hard cap on request bodies (413), and request metrics."""
+"""ASGI middleware: the gate in front of every request, and request metrics."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keyserver.errors import error_body
+from keyserver.auth import Need, authenticate, check_address
+from keyserver.errors import ApiError, error_body
 from keyserver.metrics import Metrics
+from keyserver.refusals import audit_refusal
+from keyserver.state import AppState
+
+KIB = 1024
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
-    body = json.dumps(error_body(status, message)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+@dataclass(frozen=True)
+class RouteRule:
+    """What the routes under ``prefix`` need: a token (None: public) and at most
+    ``max_body`` bytes of body."""
+
+    prefix: str
+    need: Need | None
+    max_body: int
+
+    def matches(self, path: str) -> bool:
+        return not self.prefix or path == self.prefix or path.startswith(self.prefix + "/")
+
+
+def route_rules(bulk_max_body: int) -> tuple[RouteRule, ...]:
+    """Most specific first; the last one (public, small bodies) matches every path.
+    Identity and enrolment bodies are a name, a policy or a predicate: kilobytes."""
+    return (RouteRule("/v1/admin/bulk", "admin", bulk_max_body),
+            RouteRule("/v1/admin", "admin", 64 * KIB),
+            RouteRule("/v1/enrol", "identity", 64 * KIB),
+            RouteRule("/v1/directory", "any", 8 * KIB),
+            RouteRule("", None, 4 * KIB))
+
+
+async def _refuse(scope: Scope, send: Send, error: ApiError) -> None:
+    """Audit the refusal, then answer it and close the connection (its body is unread)."""
+    audit_refusal(scope, error.status, error.code, error.message)
+    body = json.dumps(error_body(error.status, error.message, error.code)).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    headers += [(k.lower().encode(), v.encode()) for k, v in (error.headers or {}).items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyLimit:
-    """Reads the whole body up front (at most ``max_body`` bytes), then replays it; answers
-    413 as soon as the declared or received length exceeds the limit."""
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> Receive:
+    """Read the body chunk by chunk, never more than ``limit`` bytes (413 beyond, before
+    reading anything if the declared length is larger), and replay it to the app."""
+    too_big = ApiError(413, f"request body exceeds {limit} bytes for this route")
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length" and (not value.isdigit() or int(value) > limit):
+            raise too_big
+    chunks: list[bytes] = []
+    size, more = 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    body, replayed = b"".join(chunks), False
 
-    def __init__(self, app: ASGIApp, max_body: int) -> None:
-        self.app, self.max_body = app, max_body
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+class Gate:
+    """Before any byte of a request's body is read: the client-address limit, then the
+    token its route needs (``keyserver.auth``); then the body, up to the route's limit.
+    Each refusal is audited and answered here, so a caller without a valid token can
+    make the server hold no more than the headers of its request."""
+
+    def __init__(self, app: ASGIApp, state: AppState, rules: Sequence[RouteRule]) -> None:
+        self.app, self.state, self.rules = app, state, rules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_big = f"request body exceeds {self.max_body} bytes"
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and (not value.isdigit()
-                                              or int(value) > self.max_body):
-                await _send_error(send, 413, too_big)
-                return
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                await _send_error(send, 413, too_big)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        rule = next(r for r in self.rules if r.matches(scope["path"]))
+        try:
+            check_address(self.state, scope)
+            if rule.need is not None:
+                await authenticate(self.state, scope, rule.need)
+            receive = await _read_body(scope, receive, rule.max_body)
+        except ApiError as error:
+            await _refuse(scope, send, error)
+            return
+        await self.app(scope, receive, send)
 
 
 class RequestMetrics:
@@ -67,6 +115,18 @@ class RequestMetrics:
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
+        self._templates: list[tuple[re.Pattern[str], str]] | None = None
+
+    def _route_name(self, scope: Scope) -> str:
+        """The template of the route the request was routed to or, if the gate refused it
+        before routing, of the API path it was meant for (from the OpenAPI document)."""
+        route = scope.get("route")
+        if route is not None:
+            return getattr(route, "path", None) or "unmatched"
+        if self._templates is None:
+            self._templates = [(compile_path(t)[0], t) for t in scope["app"].openapi()["paths"]]
+        return next((t for regex, t in self._templates if regex.match(scope["path"])),
+                    "unmatched")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -83,7 +143,5 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, watch)
         finally:
-            route: Any = scope.get("route")
-            name = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe_request(scope["method"], name, status,
+            self.metrics.observe_request(scope["method"], self._route_name(scope), status,
                                          time.perf_counter() - start)

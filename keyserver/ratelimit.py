@@ -14,7 +14,12 @@ class _Bucket:
 
 
 class RateLimiter:
-    """``rate`` requests per second on average, bursts of up to ``burst`` (per key)."""
+    """``rate`` units per second on average, bursts of up to ``burst`` units (per key).
+
+    A unit is a request or, for issuance, one key. A cost larger than the burst is let
+    through once the bucket is full and leaves it in debt, so it is neither refused
+    forever nor cheaper than its size in the long run.
+    """
 
     def __init__(self, rate: float, burst: int, max_keys: int = 100_000) -> None:
         if rate <= 0 or burst < 1:
@@ -23,9 +28,10 @@ class RateLimiter:
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
 
-    def acquire(self, key: str, now: float | None = None) -> float | None:
-        """Take one token; None if allowed, else the seconds until one is available."""
+    def acquire(self, key: str, cost: float = 1.0, now: float | None = None) -> float | None:
+        """Take ``cost`` units; None if allowed, else the seconds until they are available."""
         now = time.monotonic() if now is None else now
+        needed = min(cost, self.burst)
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
@@ -34,7 +40,7 @@ class RateLimiter:
                 bucket = self._buckets[key] = _Bucket(float(self.burst), now)
             bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
             bucket.updated = now
-            if bucket.tokens >= 1:
-                bucket.tokens -= 1
+            if bucket.tokens >= needed:
+                bucket.tokens -= cost
                 return None
-            return (1 - bucket.tokens) / self.rate
+            return (needed - bucket.tokens) / self.rate

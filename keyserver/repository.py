@@ -48,9 +48,10 @@ def load_clock(session: Session, now: float, length: int | None, grace: int | No
 
 
 def audit(session: Session, actor: str, action: str, epoch: int | None,
-          detail: dict[str, Any]) -> None:
-    session.add(AuditEntry(at=time.time(), actor=actor, action=action, epoch=epoch,
-                           detail=detail))
+          detail: dict[str, Any], at: float | None = None) -> None:
+    """Append an audit entry; ``at`` (default: now) for entries written after the fact."""
+    session.add(AuditEntry(at=time.time() if at is None else at, actor=actor, action=action,
+                           epoch=epoch, detail=detail))
 
 
 def audit_entries(session: Session, after: int, limit: int) -> list[AuditEntry]:

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Path, Query
 from sqlalchemy.exc import IntegrityError
 
 from keyserver.api_models import AuditOut, IdentityCreated, IdentityIn, IdentityOut
-from keyserver.auth import Admin, State
+from keyserver.auth import Admin, State, check_names
 from keyserver.db import Identity
 from keyserver.enrolment import parse
-from keyserver.errors import ApiError
+from keyserver.errors import ApiError, error_responses
 from keyserver.keystore import new_token, token_hash
 from keyserver.repository import audit, audit_entries, identities, remove_directory_entries
 
@@ -26,10 +26,13 @@ def _out(identity: Identity) -> dict[str, Any]:
             "revoked_at": identity.revoked_at, "revoked_epoch": identity.revoked_epoch}
 
 
-@router.post("/identities", response_model=IdentityCreated, status_code=201)
+@router.post("/identities", response_model=IdentityCreated, status_code=201,
+             responses=error_responses(401, 409, 422))
 def create_identity(body: IdentityIn, caller: Admin,
                     state: State) -> dict[str, Any]:
-    """Create an identity; the response carries its bearer token, which is never shown again."""
+    """Create an identity; the response carries its bearer token, which is never shown again.
+    Names of the server's own actors (``admin``, ...) are refused in any letter case."""
+    check_names([body.name])
     policy = None if body.policy is None else str(
         parse(state.store.schema, body.policy, "policy"))
     token = new_token(body.role[:3])
@@ -48,14 +51,15 @@ def create_identity(body: IdentityIn, caller: Admin,
             "policy": policy, "token": token}
 
 
-@router.get("/identities", response_model=list[IdentityOut])
+@router.get("/identities", response_model=list[IdentityOut], responses=error_responses(401))
 def list_identities(_: Admin,
                     state: State) -> list[dict[str, Any]]:
     with state.sessions() as session:
         return [_out(i) for i in identities(session)]
 
 
-@router.get("/identities/{identity_id}", response_model=IdentityOut)
+@router.get("/identities/{identity_id}", response_model=IdentityOut,
+            responses=error_responses(401, 404, 422))
 def get_identity(identity_id: IdentityId, _: Admin,
                  state: State) -> dict[str, Any]:
     with state.sessions() as session:
@@ -65,7 +69,8 @@ def get_identity(identity_id: IdentityId, _: Admin,
         return _out(identity)
 
 
-@router.post("/identities/{identity_id}/revoke", response_model=IdentityOut)
+@router.post("/identities/{identity_id}/revoke", response_model=IdentityOut,
+             responses=error_responses(401, 404, 422))
 def revoke(identity_id: IdentityId, caller: Admin,
            state: State) -> dict[str, Any]:
     """Revoke now: enrolment answers 403 at once, so nothing is issued from the next epoch
@@ -83,7 +88,7 @@ def revoke(identity_id: IdentityId, caller: Admin,
         return _out(identity)
 
 
-@router.get("/audit", response_model=list[AuditOut])
+@router.get("/audit", response_model=list[AuditOut], responses=error_responses(401, 422))
 def read_audit(_: Admin, state: State, after: Annotated[int, Query(ge=0, le=2**62)] = 0,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
     """Audit entries with id > ``after``, oldest first."""

@@ -4,9 +4,10 @@ The result of each chunk is kept in the database sealed with ChaCha20-Poly1305 u
 a key derived (HKDF) from the master secret, with the chunk id as associated data.
 A chunk id seen before returns that stored result and issues nothing; the same id
 with different content is a 409. Identities named in a chunk are created if missing
-(without a usable token: they receive keys only through bulk issuance). Items of
-revoked identities, or whose role differs from the stored one, get an ``error``
-field instead of keys.
+(without a usable token: they receive keys only through bulk issuance) and without a
+policy. Items of revoked identities, whose role differs from the stored one, or with
+a credential whose region leaves the identity's stored policy (the same check as
+enrolment, ``enrolment.check_issued``) get an ``error`` field instead of keys.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -25,12 +27,20 @@ from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
 from credentials.credential import Credential
+from keyserver.actors import ADMIN
 from keyserver.api_models import BulkIn, BulkItem, BulkOut
-from keyserver.auth import Admin, Caller, State
+from keyserver.auth import Admin, Caller, State, check_names
 from keyserver.db import BulkChunk, Identity
-from keyserver.enrolment import issuance_detail, issue_bundle, parse_bulk_credential, target_epoch
+from keyserver.enrolment import (
+    check_issued,
+    issuance_detail,
+    issue_bundle,
+    parse_bulk_credential,
+    stored_policy,
+    target_epoch,
+)
 from keyserver.epochs import Epoch
-from keyserver.errors import ApiError
+from keyserver.errors import ApiError, error_responses
 from keyserver.keystore import token_hash
 from keyserver.repository import audit, bulk_chunk, identity_by_name
 from keyserver.state import AppState
@@ -67,13 +77,22 @@ def _stored(state: AppState, chunk_id: str, request_hash: str) -> dict[str, Any]
         return _unseal(state, chunk)
 
 
+@dataclass(frozen=True)
+class Known:
+    """What bulk issuance needs of a stored identity."""
+
+    role: str
+    revoked: bool
+    policy: str | None
+
+
 def _identity_states(state: AppState, caller: Caller, items: list[BulkItem], epoch: int
-                     ) -> dict[str, tuple[str, bool]]:
-    """Role and revoked flag of every named identity, creating the missing ones."""
+                     ) -> dict[str, Known]:
+    """Role, revoked flag and policy of every named identity, creating the missing ones."""
     for attempt in range(2):
         try:
             with state.sessions.begin() as session:
-                out: dict[str, tuple[str, bool]] = {}
+                out: dict[str, Known] = {}
                 for item in items:
                     if item.identity in out:
                         continue
@@ -85,7 +104,8 @@ def _identity_states(state: AppState, caller: Caller, items: list[BulkItem], epo
                         session.add(identity)
                         audit(session, caller.name, "create_identity", epoch,
                               {"identity": item.identity, "role": item.role, "via": "bulk"})
-                    out[item.identity] = (identity.role, identity.revoked_at is not None)
+                    out[item.identity] = Known(identity.role, identity.revoked_at is not None,
+                                               identity.policy)
                 return out
         except IntegrityError:
             if attempt:
@@ -115,24 +135,29 @@ def _store(state: AppState, caller: Caller, body: BulkIn, request_hash: str,
 
 
 async def _bundle(state: AppState, item: BulkItem, creds: list[Credential],
-                  known: dict[str, tuple[str, bool]], epoch: Epoch) -> dict[str, Any]:
-    role, revoked = known[item.identity]
+                  known: dict[str, Known], epoch: Epoch) -> dict[str, Any]:
+    stored = known[item.identity]
     head = {"identity": item.identity, "role": item.role}
-    if revoked:
+    if stored.revoked:
         return head | {"error": "identity is revoked"}
-    if role != item.role:
-        return head | {"error": f"identity is a {role}"}
+    if stored.role != item.role:
+        return head | {"error": f"identity is a {stored.role}"}
+    outside = check_issued(state.store.schema, creds,
+                           stored_policy(state.store.schema, stored.policy))
+    if outside is not None:
+        return head | {"error": outside}
     coarse = [c for c, spec in zip(creds, item.credentials, strict=True) if not spec.fine]
     fine = [c for c, spec in zip(creds, item.credentials, strict=True) if spec.fine]
     if item.role == "publisher" and fine:
         return head | {"error": "fine credentials are for subscribers"}
-    return head | await issue_bundle(state, item.role, epoch, coarse, fine)
+    return head | await issue_bundle(state, ADMIN, item.role, epoch, coarse, fine)
 
 
-@router.post("/bulk", response_model=BulkOut)
+@router.post("/bulk", response_model=BulkOut, responses=error_responses(401, 409, 422))
 async def bulk(body: BulkIn, caller: Admin,
                state: State) -> dict[str, Any]:
     """Issue keys for a chunk of decomposed credentials; repeating a chunk id is safe."""
+    check_names(item.identity for item in body.items)
     request_hash = _request_hash(body)
     lock = state.chunk_locks.setdefault(body.chunk_id, asyncio.Lock())
     try:

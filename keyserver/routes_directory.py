@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path, Query
 
 from keyserver.api_models import DirectoryEntryOut, DirectoryIn, DirectoryOut
 from keyserver.auth import AnIdentity, AnyCaller, State
-from keyserver.errors import ApiError
+from keyserver.errors import ApiError, error_responses
 from keyserver.repository import lookup_peers, register_peer
 from keyserver.state import AppState
 
@@ -24,7 +24,8 @@ def _check_attribute(state: AppState, attribute: str) -> None:
                        "unknown_attribute")
 
 
-@router.post("", response_model=DirectoryEntryOut, status_code=201)
+@router.post("", response_model=DirectoryEntryOut, status_code=201,
+             responses=error_responses(401, 403, 422))
 def register(body: DirectoryIn, caller: AnIdentity,
              state: State) -> dict[str, Any]:
     """Register (or refresh) this peer's address in one tree; the role must be the
@@ -42,7 +43,8 @@ def register(body: DirectoryIn, caller: AnIdentity,
             "expires_at": expires_at}
 
 
-@router.get("/{attribute}", response_model=DirectoryOut)
+@router.get("/{attribute}", response_model=DirectoryOut,
+            responses=error_responses(401, 403, 422))
 def lookup(attribute: Annotated[str, Path(max_length=200)], _: AnyCaller, state: State,
            sample: Annotated[int, Query(ge=0, le=100)] = 8) -> dict[str, Any]:
     """Live roots of the tree and up to ``sample`` random other live members."""

@@ -25,7 +25,7 @@ from keyserver.api_models import (
     SubscriberBundle,
     SubscriberEnrolment,
 )
-from keyserver.auth import AnIdentity, Caller, State
+from keyserver.auth import AnIdentity, Caller, State, charge_keys
 from keyserver.enrolment import (
     check_role,
     check_root_policy,
@@ -33,10 +33,11 @@ from keyserver.enrolment import (
     issue_bundle,
     plan_publisher,
     plan_subscriber,
+    stored_policy,
     target_epoch,
     within_policy,
 )
-from keyserver.errors import ApiError
+from keyserver.errors import ApiError, error_responses
 from keyserver.repository import audit
 from keyserver.state import AppState
 
@@ -54,25 +55,31 @@ async def _audited(state: AppState, caller: Caller, action: str, epoch: int,
     await run_in_threadpool(_record, state, caller.name, action, epoch, detail)
 
 
-@router.post("/subscriber", response_model=SubscriberBundle)
+@router.post("/subscriber", response_model=SubscriberBundle,
+             responses=error_responses(401, 403, 409, 422))
 async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
                            state: State) -> dict[str, Any]:
-    """Keys for a subscription inside the identity's policy (403 names the clause it exceeds)."""
+    """Keys for a subscription inside the identity's policy (403 names the clause it exceeds);
+    every credential lies inside the policy's region, whatever max_credentials asks."""
     identity = caller.identity
     assert identity is not None
     check_role(identity.role, "subscriber")
     schema = state.store.schema
-    predicate = within_policy(schema, body.subscription, identity.policy, "subscription")
+    policy = stored_policy(schema, identity.policy)
+    predicate = within_policy(schema, body.subscription, policy, "subscription")
     epoch = target_epoch(state, body.epoch)
-    creds, fine = plan_subscriber(schema, predicate, body.max_credentials, body.fine_depth)
-    bundle = await issue_bundle(state, "subscriber", epoch, creds, fine)
+    creds, fine = plan_subscriber(schema, predicate, body.max_credentials, body.fine_depth,
+                                  policy)
+    charge_keys(state, caller, len(creds) + len(fine))
+    bundle = await issue_bundle(state, caller.name, "subscriber", epoch, creds, fine)
     await _audited(state, caller, "issue_subscriber", epoch.number,
                    issuance_detail(identity.name, "subscriber", bundle)
                    | {"subscription": str(predicate)})
     return bundle
 
 
-@router.post("/publisher", response_model=PublisherBundle)
+@router.post("/publisher", response_model=PublisherBundle,
+             responses=error_responses(401, 403, 409, 422))
 async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
                           state: State) -> dict[str, Any]:
     """Publisher keys for an advertisement inside the identity's policy."""
@@ -80,17 +87,20 @@ async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
     assert identity is not None
     check_role(identity.role, "publisher")
     schema = state.store.schema
-    predicate = within_policy(schema, body.advertisement, identity.policy, "advertisement")
+    policy = stored_policy(schema, identity.policy)
+    predicate = within_policy(schema, body.advertisement, policy, "advertisement")
     epoch = target_epoch(state, body.epoch)
-    creds = plan_publisher(schema, predicate, body.max_credentials)
-    bundle = await issue_bundle(state, "publisher", epoch, creds, [])
+    creds = plan_publisher(schema, predicate, body.max_credentials, policy)
+    charge_keys(state, caller, len(creds))
+    bundle = await issue_bundle(state, caller.name, "publisher", epoch, creds, [])
     await _audited(state, caller, "issue_publisher", epoch.number,
                    issuance_detail(identity.name, "publisher", bundle)
                    | {"advertisement": str(predicate)})
     return bundle
 
 
-@router.post("/root", response_model=RootCertificate)
+@router.post("/root", response_model=RootCertificate,
+             responses=error_responses(401, 403, 409, 422))
 async def enrol_root(body: RootEnrolment, caller: AnIdentity,
                      state: State) -> dict[str, Any]:
     """Certify a root peer's Ed25519 transport key for one attribute tree
@@ -110,12 +120,13 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
         raise ApiError(422, "transport_key must be a raw 32-byte Ed25519 public key",
                        "invalid_key")
     check_root_policy(schema, body.attribute, identity.policy)
+    charge_keys(state, caller, 1)
     epoch = target_epoch(state, body.epoch, time.time())
     expires_at = int(epoch.end + epoch.grace)
     certificate = SignedRootCertificate.issue(state.store.signing_key, body.attribute,
                                               transport_key, epoch.number, expires_at).signature
-    token = await state.pool.root_token(epoch.number,
-                                        root_credential(schema.attribute(body.attribute)))
+    token = await state.issuer.root_token(caller.name, epoch.number,
+                                          root_credential(schema.attribute(body.attribute)))
     state.metrics.keys_issued("root_certificate", 1)
     state.metrics.keys_issued("routing_token", 1)
     await _audited(state, caller, "issue_root", epoch.number,

@@ -6,16 +6,17 @@ import time
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 
-from keyserver.api_models import EpochOut, Health, PublicParamsOut
+from keyserver.api_models import EpochOut, Health, PublicParamsOut, SchemaOut
 from keyserver.auth import State
+from keyserver.errors import error_responses
 
 router = APIRouter()
 
 
 @router.get("/v1/params", response_model=PublicParamsOut, response_model_by_alias=True,
-            tags=["public"])
+            tags=["public"], responses=error_responses())
 def params(state: State) -> dict[str, Any]:
     """Master public key, signed schema, the server's Ed25519 key and the current epoch."""
     e = state.epoch()
@@ -24,14 +25,14 @@ def params(state: State) -> dict[str, Any]:
         "epoch_length": e.length, "grace": e.grace}
 
 
-@router.get("/v1/schema", tags=["public"])
+@router.get("/v1/schema", response_model=SchemaOut, tags=["public"], responses=error_responses())
 def schema(state: State) -> dict[str, Any]:
     """The schema, its id and the key server's signature (credentials.certificates)."""
     doc = state.store.public_document()
     return {k: doc[k] for k in ("schema", "schema_id", "schema_signature", "server_key")}
 
 
-@router.get("/v1/epoch", response_model=EpochOut, tags=["public"])
+@router.get("/v1/epoch", response_model=EpochOut, tags=["public"], responses=error_responses())
 def epoch(state: State) -> dict[str, Any]:
     now = time.time()
     e = state.epoch(now)
@@ -39,12 +40,16 @@ def epoch(state: State) -> dict[str, Any]:
             "epoch_length": e.length, "grace": e.grace, "in_grace": e.in_grace(now)}
 
 
-@router.get("/healthz", response_model=Health, tags=["operations"])
+@router.get("/healthz", response_model=Health, tags=["operations"], responses=error_responses())
 def healthz(state: State) -> dict[str, Any]:
     return {"status": "ok", "epoch": state.epoch().number}
 
 
-@router.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
-def metrics(state: State) -> str:
+# A plain Response class: with PlainTextResponse the OpenAPI would list the JSON errors as text.
+@router.get("/metrics", response_class=Response, tags=["operations"],
+            responses={200: {"description": "Prometheus text format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}}
+            | error_responses())
+def metrics(state: State) -> PlainTextResponse:
     """Prometheus text format."""
-    return state.metrics.render()
+    return PlainTextResponse(state.metrics.render())

@@ -12,11 +12,13 @@ from sqlalchemy.orm import sessionmaker
 
 from keyserver.db import make_engine, make_sessions, sqlite_url
 from keyserver.epochs import Epoch, EpochClock
+from keyserver.fair_pool import FairIssuer
 from keyserver.issuer import IssuerPool
 from keyserver.keystore import DATABASE_FILE, KeyStore
 from keyserver.metrics import Metrics
 from keyserver.migrate import upgrade
 from keyserver.ratelimit import RateLimiter
+from keyserver.refusals import RefusalLog
 from keyserver.repository import load_clock
 
 MIB = 1024 * 1024
@@ -33,9 +35,14 @@ class ServerConfig:
     workers: int | None = None
     identity_rate: float = 100.0
     identity_burst: int = 400
-    address_rate: float = 500.0
-    address_burst: int = 2000
-    max_body: int = 16 * MIB
+    key_rate: float = 500.0
+    key_burst: int = 5000
+    address_rate: float = 100.0
+    address_burst: int = 1000
+    bulk_max_body: int = 16 * MIB
+    jobs_per_identity: int | None = None
+    credentials_per_job: int = 4
+    allow_unsafe_permissions: bool = False
 
     @property
     def url(self) -> str:
@@ -50,8 +57,11 @@ class AppState:
     sessions: sessionmaker
     clock: EpochClock
     pool: IssuerPool
+    issuer: FairIssuer
     identity_limits: RateLimiter
+    key_limits: RateLimiter
     address_limits: RateLimiter
+    refusals: RefusalLog
     metrics: Metrics = field(default_factory=Metrics)
     chunk_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
@@ -60,6 +70,7 @@ class AppState:
 
     def close(self) -> None:
         self.pool.shutdown()
+        self.refusals.close()
         self.engine.dispose()
 
 
@@ -79,7 +90,11 @@ def build_state(config: ServerConfig, store: KeyStore) -> AppState:
                                             config.grace_seconds)
     pool = IssuerPool(store, config.workers)
     pool.warm_up()
+    # By default one identity may fill all workers but one, so another finds one free.
+    per_identity = config.jobs_per_identity or max(1, pool.workers - 1)
     return AppState(config=config, store=store, engine=engine, sessions=sessions, clock=clock,
-                    pool=pool,
+                    pool=pool, issuer=FairIssuer(pool, per_identity, config.credentials_per_job),
                     identity_limits=RateLimiter(config.identity_rate, config.identity_burst),
-                    address_limits=RateLimiter(config.address_rate, config.address_burst))
+                    key_limits=RateLimiter(config.key_rate, config.key_burst),
+                    address_limits=RateLimiter(config.address_rate, config.address_burst),
+                    refusals=RefusalLog(sessions))

@@ -1,0 +1,116 @@
+"""The audit of refusals: every answer that refuses a request (400, 401, 403, 409, 413, 415,
+422, 429) becomes an audit entry with action ``refuse``.
+
+An entry holds the status, code and message of the answer, the method and path, the
+client address and, as its actor, the caller's name (``anonymous`` while the caller is
+unknown). It never holds a token or a token's hash: those are secrets.
+
+A flood of refusals must not stall the event loop or the database, so entries are queued
+(bounded) and written by one background thread, many per transaction. A refusal that
+finds the queue full is counted instead; the count is written with the next batch as an
+entry with action ``refuse_dropped`` and actor ``keyserver``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
+from starlette.types import Scope
+
+from keyserver.actors import ANONYMOUS, SERVER
+from keyserver.repository import audit
+
+log = logging.getLogger(__name__)
+
+REFUSALS = frozenset({400, 401, 403, 409, 413, 415, 422, 429})
+MAX_TEXT = 300
+
+
+@dataclass(frozen=True)
+class _Entry:
+    at: float
+    actor: str
+    epoch: int | None
+    detail: dict[str, Any]
+
+
+class RefusalLog:
+    """Writes refusal entries from a queue of at most ``capacity``, ``batch`` per transaction."""
+
+    def __init__(self, sessions: sessionmaker, capacity: int = 4096, batch: int = 256) -> None:
+        self._sessions, self._batch = sessions, batch
+        self._queue: queue.Queue[_Entry] = queue.Queue(capacity)
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="refusal-audit", daemon=True)
+        self._thread.start()
+
+    def record(self, actor: str, epoch: int | None, detail: dict[str, Any]) -> None:
+        """Queue an entry; never blocks."""
+        try:
+            self._queue.put_nowait(_Entry(time.time(), actor, epoch, detail))
+        except queue.Full:
+            with self._lock:
+                self._dropped += 1
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then stop the thread."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not (self._stop.is_set() and self._queue.empty()):
+            entries = self._take()
+            if entries or self._dropped:
+                self._write(entries)
+
+    def _take(self) -> list[_Entry]:
+        try:
+            entries = [self._queue.get(timeout=0.2)]
+        except queue.Empty:
+            return []
+        while len(entries) < self._batch:
+            try:
+                entries.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return entries
+
+    def _write(self, entries: list[_Entry]) -> None:
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        try:
+            with self._sessions.begin() as session:
+                for e in entries:
+                    audit(session, e.actor, "refuse", e.epoch, e.detail, e.at)
+                if dropped:
+                    audit(session, SERVER, "refuse_dropped", None, {"dropped": dropped})
+        except SQLAlchemyError:
+            log.exception("could not write %d refusal audit entries", len(entries))
+            with self._lock:
+                self._dropped += dropped + len(entries)
+
+
+def audit_refusal(scope: Scope, status: int, code: str, message: str) -> None:
+    """Queue the audit entry of a refusal answer (a no-op for other statuses): the one
+    function the error handlers and the middleware both call."""
+    if status not in REFUSALS:
+        return
+    state = getattr(scope["app"].state, "keyserver", None)
+    if state is None:  # the error handlers installed on an app that is no key server
+        return
+    caller = scope.get("state", {}).get("caller")
+    client = scope.get("client")
+    state.refusals.record(
+        ANONYMOUS if caller is None else caller.name, state.epoch().number,
+        {"status": status, "code": code, "message": message[:MAX_TEXT],
+         "method": scope.get("method"), "route": scope.get("path", "")[:MAX_TEXT],
+         "client": client[0] if client else None})
