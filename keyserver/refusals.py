@@ -9,6 +9,11 @@ A flood of refusals must not stall the event loop or the database, so entries ar
 (bounded) and written by one background thread, many per transaction. A refusal that
 finds the queue full is counted instead; the count is written with the next batch as an
 entry with action ``refuse_dropped`` and actor ``keyserver``.
+
+Rate-limit refusals (429) are what a flood produces once the limits bite, and the limits
+do not bound them, so they are coalesced: the first 429 of a caller and client address
+is written at once; those that follow within ``window`` seconds are counted and written
+as one entry (``count``, ``first_at``, ``last_at``) when the window closes.
 """
 
 from __future__ import annotations
@@ -41,33 +46,75 @@ class _Entry:
     detail: dict[str, Any]
 
 
-class RefusalLog:
-    """Writes refusal entries from a queue of at most ``capacity``, ``batch`` per transaction."""
+@dataclass
+class _Limited:
+    """The 429s of one caller and address after the first, in the current window."""
 
-    def __init__(self, sessions: sessionmaker, capacity: int = 4096, batch: int = 256) -> None:
-        self._sessions, self._batch = sessions, batch
+    first: _Entry
+    count: int = 0
+    last_at: float = 0.0
+
+
+class RefusalLog:
+    """Writes refusal entries from a queue of at most ``capacity``, ``batch`` per transaction;
+    429s coalesced per caller and address over ``window`` seconds."""
+
+    def __init__(self, sessions: sessionmaker, capacity: int = 4096, batch: int = 256,
+                 window: float = 60.0) -> None:
+        self._sessions, self._batch, self._window = sessions, batch, window
         self._queue: queue.Queue[_Entry] = queue.Queue(capacity)
         self._dropped = 0
+        self._limited: dict[tuple[str, str | None], _Limited] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="refusal-audit", daemon=True)
         self._thread.start()
 
     def record(self, actor: str, epoch: int | None, detail: dict[str, Any]) -> None:
-        """Queue an entry; never blocks."""
+        """Queue an entry (or count a repeated 429); never blocks."""
+        entry = _Entry(time.time(), actor, epoch, detail)
+        if detail.get("status") == 429:
+            key = (actor, detail.get("client"))
+            with self._lock:
+                limited = self._limited.get(key)
+                if limited is not None:
+                    limited.count += 1
+                    limited.last_at = entry.at
+                    return
+                if len(self._limited) < self._queue.maxsize:
+                    self._limited[key] = _Limited(entry)
+        self._queue_entry(entry)
+
+    def _queue_entry(self, entry: _Entry) -> None:
         try:
-            self._queue.put_nowait(_Entry(time.time(), actor, epoch, detail))
+            self._queue.put_nowait(entry)
         except queue.Full:
             with self._lock:
                 self._dropped += 1
 
+    def _close_windows(self, everything: bool = False) -> None:
+        """Queue one entry per caller and address whose 429 window has closed."""
+        now = time.time()
+        with self._lock:
+            closed = [k for k, v in self._limited.items()
+                      if everything or now - v.first.at >= self._window]
+            done = [self._limited.pop(k) for k in closed]
+        for limited in done:
+            if limited.count:
+                first = limited.first
+                self._queue_entry(_Entry(limited.last_at, first.actor, first.epoch, first.detail | {
+                    "message": f"{limited.count} more rate-limited requests",
+                    "count": limited.count, "first_at": first.at, "last_at": limited.last_at}))
+
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then stop the thread."""
+        """Write what is queued and counted, then stop the thread."""
+        self._close_windows(everything=True)
         self._stop.set()
         self._thread.join(timeout)
 
     def _run(self) -> None:
         while not (self._stop.is_set() and self._queue.empty()):
+            self._close_windows()
             entries = self._take()
             if entries or self._dropped:
                 self._write(entries)

@@ -7,9 +7,11 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
+from sqlalchemy.exc import IntegrityError
 
 from keyserver.api_models import DirectoryEntryOut, DirectoryIn, DirectoryOut
 from keyserver.auth import AnIdentity, AnyCaller, State
+from keyserver.db import Identity
 from keyserver.errors import ApiError, error_responses
 from keyserver.repository import lookup_peers, register_peer
 from keyserver.state import AppState
@@ -22,6 +24,12 @@ def _check_attribute(state: AppState, attribute: str) -> None:
     if attribute not in schema.names:
         raise ApiError(422, f"schema {schema.name!r} has no attribute {attribute!r}",
                        "unknown_attribute")
+
+
+def _register(state: AppState, identity: Identity, body: DirectoryIn, expires_at: float
+              ) -> None:
+    with state.sessions.begin() as session:
+        register_peer(session, identity, body.attribute, body.address, body.role, expires_at)
 
 
 @router.post("", response_model=DirectoryEntryOut, status_code=201,
@@ -37,8 +45,10 @@ def register(body: DirectoryIn, caller: AnIdentity,
         raise ApiError(403, f"a {identity.role} identity cannot register as {body.role}",
                        "wrong_role")
     expires_at = time.time() + body.ttl
-    with state.sessions.begin() as session:
-        register_peer(session, identity, body.attribute, body.address, body.role, expires_at)
+    try:
+        _register(state, identity, body, expires_at)
+    except IntegrityError:  # a concurrent first registration of the same entry won the insert
+        _register(state, identity, body, expires_at)
     return {"address": body.address, "role": body.role, "identity": identity.name,
             "expires_at": expires_at}
 

@@ -27,6 +27,7 @@ from keyserver.state import ServerConfig, build_state, open_database
 
 log = logging.getLogger(__name__)
 ALLOW_UNSAFE_PERMISSIONS = "--allow-unsafe-permissions"
+MAX_HEADER_BYTES = 32 * 1024  # request line and headers together
 
 
 @contextmanager
@@ -112,6 +113,9 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
     with database_errors(config.url):
         state = build_state(config, store)
     app = create_app(state)
+    # h11 bounds the request line and headers (httptools buffers them without limit, so a
+    # client that never ends its headers could grow the server's memory before the gate)
     uvicorn.run(app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
                 log_level=log_level, proxy_headers=False, server_header=False,
-                timeout_graceful_shutdown=10)
+                timeout_graceful_shutdown=10, http="h11",
+                h11_max_incomplete_event_size=MAX_HEADER_BYTES)

@@ -189,3 +189,28 @@ def test_identity_names_of_the_servers_own_actors_are_refused(keyserver):
     suffix = secrets.token_hex(3)
     for name in (f"admin{suffix}", f"the-admin-{suffix}"):
         assert admin.create_identity(name, "subscriber")["name"] == name
+
+
+def test_rate_limit_refusals_are_coalesced_and_every_one_is_counted(tmp_path):
+    """A flood of 429s from one caller and address becomes two rows (the first, then a
+    count when the window closes), not one row per request; other callers and statuses
+    are not coalesced. Control: 401s from the same flood are written one by one."""
+    engine, sessions, _ = open_database(sqlite_url(str(tmp_path / "audit.db")), 3600, 300)
+    log = RefusalLog(sessions, window=0.5)
+    for i in range(300):
+        log.record("anonymous", 1, {"status": 429, "client": "10.0.0.1", "n": i})
+        log.record("alice", 1, {"status": 429, "client": "10.0.0.1", "n": i})
+    for i in range(20):
+        log.record("anonymous", 1, {"status": 401, "client": "10.0.0.1", "n": i})
+    time.sleep(1.0)
+    log.record("anonymous", 1, {"status": 429, "client": "10.0.0.1", "n": 300})  # new window
+    log.close()
+    with sessions() as session:
+        rows = session.query(AuditEntry).filter(AuditEntry.action == "refuse").all()
+    engine.dispose()
+    limited = [r for r in rows if r.detail["status"] == 429]
+    by_actor = {actor: sum(r.detail.get("count", 1) for r in limited if r.actor == actor)
+                for actor in ("anonymous", "alice")}
+    assert by_actor == {"anonymous": 301, "alice": 300}
+    assert len(limited) == 5  # anonymous: first, count, new first; alice: first, count
+    assert sum(1 for r in rows if r.detail["status"] == 401) == 20
