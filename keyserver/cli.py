@@ -136,7 +136,7 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--jobs-per-identity", type=positive_int,
                        help="issuer jobs one identity may run at once (default: workers - 1, "
                        "at least 1)")
-    serve.add_argument("--credentials-per-job", type=positive_int, default=4,
+    serve.add_argument("--credentials-per-job", type=positive_int, default=8,
                        help="credentials per issuer job: smaller keeps the wait of other "
                        "identities shorter, larger costs less overhead")
     serve.add_argument("--allow-unsafe-permissions", action="store_true",
