@@ -7,6 +7,9 @@ process on a free 127.0.0.1 port). Reusable by every area's tests:
   server of its own (e.g. ``init_args=("--epoch-seconds", "4", "--grace-seconds", "2")``);
   all are stopped at the end of the test. ``restart(server)`` restarts one on its data.
 * ``postgres_url`` (session): a throwaway PostgreSQL cluster (skips if none can start).
+
+Helpers: ``bearer_client`` (an httpx client carrying a token) and ``rss_mib`` (a process's
+resident memory, for the tests that flood a server).
 """
 
 from __future__ import annotations
@@ -22,11 +25,25 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import httpx
 import pytest
 
 from keyserver.launcher import free_port, init_keyserver, start_keyserver, stop, wait_ready
 
 PASSPHRASE = "correct horse battery staple (tests)"
+
+
+def bearer_client(base_url: str, token: str, timeout: float = 60) -> httpx.Client:
+    return httpx.Client(base_url=base_url, timeout=timeout,
+                        headers={"Authorization": f"Bearer {token}"})
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
 
 
 class KeyServer(NamedTuple):

@@ -17,10 +17,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import pytest
+from keyserver_fixtures import rss_mib
 
 from keyserver.client import KeyServerClient
 
@@ -35,11 +35,6 @@ PUBLIC_ROUTES = ("/v1/params", "/v1/schema", "/v1/epoch", "/healthz", "/metrics"
                  "/openapi.json", "/docs")
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _push(port: int, path: str, headers: dict[str, str], chunked: bool) -> str:
@@ -72,7 +67,7 @@ class Flood:
     def __init__(self, base_url: str, pid: int) -> None:
         self.base_url, self.pid = base_url, pid
         self.port = int(base_url.rsplit(":", 1)[1])
-        self.baseline = _rss_mib(pid)
+        self.baseline = rss_mib(pid)
         self.peak = self.baseline
         self.health: list[float] = []
         self.answers: Counter[str] = Counter()
@@ -110,7 +105,7 @@ class Flood:
 
     def _sample(self, clients: list[threading.Thread]) -> None:
         while any(t.is_alive() for t in clients):
-            self.peak = max(self.peak, _rss_mib(self.pid))
+            self.peak = max(self.peak, rss_mib(self.pid))
             time.sleep(0.005)
 
     @property

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from keyserver_fixtures import bearer_client
 
 from keyserver.client import KeyServerClient
 from keyserver.db import AuditEntry, sqlite_url
@@ -48,9 +49,6 @@ def _wait_for(admin: httpx.Client, done: Callable[[list[dict[str, Any]]], bool]
         time.sleep(0.2)
 
 
-def _client(base_url: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=base_url, timeout=60,
-                        headers={"Authorization": f"Bearer {token}"})
 
 
 def _stored_bytes(data_dir: Path) -> bytes:
@@ -61,14 +59,14 @@ def _stored_bytes(data_dir: Path) -> bytes:
 def test_every_refusal_is_audited_with_reason_route_address_and_caller(keyserver_factory):
     server = keyserver_factory.start(serve_args=("--workers", "1", "--key-rate", "0.2",
                                                  "--key-burst", "50"))
-    admin = _client(server.base_url, server.admin_token)
+    admin = bearer_client(server.base_url, server.admin_token)
     created = {name: admin.post("/v1/admin/identities",
                                 json={"name": name, "role": "subscriber"}).json()
                for name in ("alice", "bob")}
-    alice = _client(server.base_url, created["alice"]["token"])
-    bob = _client(server.base_url, created["bob"]["token"])
+    alice = bearer_client(server.base_url, created["alice"]["token"])
+    bob = bearer_client(server.base_url, created["bob"]["token"])
     refused_token = "sub_" + secrets.token_urlsafe(32)
-    stranger = _client(server.base_url, refused_token)
+    stranger = bearer_client(server.base_url, refused_token)
     assert admin.post(f"/v1/admin/identities/{created['bob']['id']}/revoke").status_code == 200
 
     probes = {  # (status, code, actor, route): the answer
@@ -126,7 +124,7 @@ def test_a_flood_of_refusals_is_audited_or_counted(keyserver_factory):
     lock = threading.Lock()
 
     def flood() -> None:
-        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        with httpx.Client(base_url=server.base_url) as client:
             got = [client.post("/v1/enrol/root", json={}).status_code
                    for _ in range(per_thread)]
         with lock:
@@ -148,7 +146,7 @@ def test_a_flood_of_refusals_is_audited_or_counted(keyserver_factory):
                       if e["action"] == "refuse_dropped")
         return audited, dropped
 
-    admin = _client(server.base_url, server.admin_token)
+    admin = bearer_client(server.base_url, server.admin_token)
     entries = _wait_for(admin, lambda e: sum(accounted(e)) >= len(statuses))
     audited, dropped = accounted(entries)
     print(f"{len(statuses)} refusals in {elapsed:.1f} s: {audited} audited, {dropped} counted "
@@ -175,7 +173,7 @@ def test_refusals_beyond_the_queue_are_counted_in_a_later_entry(tmp_path):
 
 def test_identity_names_of_the_servers_own_actors_are_refused(keyserver):
     admin = KeyServerClient(keyserver.base_url, keyserver.admin_token, retries=0)
-    with _client(keyserver.base_url, keyserver.admin_token) as client:
+    with bearer_client(keyserver.base_url, keyserver.admin_token) as client:
         for name in ("admin", "Admin", "ADMIN", "anonymous", "KeyServer"):
             answer = client.post("/v1/admin/identities",
                                  json={"name": name, "role": "subscriber"})

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+from keyserver_fixtures import bearer_client
 
 from keyserver.client import KeyServerClient
 
@@ -34,9 +35,6 @@ def _p99(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-def _client(base_url: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=base_url, timeout=300,
-                        headers={"Authorization": f"Bearer {token}"})
 
 
 def _enrol(client: httpx.Client, subscription: str, fine_depth: int) -> float:
@@ -53,7 +51,7 @@ def _attack(base_url: str, token: str) -> Iterator[list[float]]:
     stop, done = threading.Event(), []
 
     def attacker() -> None:
-        with _client(base_url, token) as client:
+        with bearer_client(base_url, token, timeout=300) as client:
             while not stop.is_set():
                 try:
                     done.append(_enrol(client, BIG, 4))
@@ -78,7 +76,7 @@ def _measure(keyserver_factory, serve_args: tuple[str, ...], loaded_samples: int
     attacker, victim = (admin.create_identity(n, "subscriber")["token"]
                         for n in ("attacker", "victim"))
     try:
-        with _client(server.base_url, victim) as client:
+        with bearer_client(server.base_url, victim, timeout=300) as client:
             for _ in range(3):
                 _enrol(client, SMALL, 1)  # warm up
             unloaded = [_enrol(client, SMALL, 1) for _ in range(SAMPLES)]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
+from keyserver_fixtures import rss_mib
 
 from keyserver.client import KeyServerClient
 
@@ -25,11 +25,6 @@ PROBE_MIB = 64
 RSS_GROWTH_LIMIT_MIB = 20
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _push(port: int, head: bytes, filler: bytes, mib: int) -> tuple[int, bytes]:
@@ -62,9 +57,9 @@ def test_endless_headers_are_cut_off(keyserver_factory, head: bytes, filler: byt
     server = keyserver_factory.start(serve_args=("--workers", "1"))
     pid = keyserver_factory.processes[server.base_url].pid
     port = int(server.base_url.rsplit(":", 1)[1])
-    before = _rss_mib(pid)
+    before = rss_mib(pid)
     sent, answer = _push(port, head, filler, PROBE_MIB)
-    growth = _rss_mib(pid) - before
+    growth = rss_mib(pid) - before
     print(f"{head[:20]!r}: {sent} of {PROBE_MIB} MiB sent before the server closed; "
           f"RSS +{growth:.1f} MiB; answer {answer[:40]!r}")
     assert sent < PROBE_MIB, "the server kept reading an endless request head"
