@@ -4,6 +4,8 @@
 * Root certificates: a root peer holds no D/S1/S2 (docs/scheme.md), so it proves that it
   accepted a connection request by signing with a transport key the key server
   certified for one attribute tree, one epoch, until an expiry.
+* The peer-link CA certificate (:mod:`credentials.peer_certificates`), so peers take the
+  CA from the public parameters under the key they already trust.
 
 Every signed message starts with its own domain tag and length-prefixes each field,
 so a signature over one kind of message can never pass for another.
@@ -11,6 +13,8 @@ so a signature over one kind of message can never pass for another.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass
 
 import msgpack
@@ -21,7 +25,13 @@ from credentials.schema import Schema
 
 SCHEMA_TAG = b"ibe-pubsub/v1/schema"
 ROOT_TAG = b"ibe-pubsub/v1/root-certificate"
+PEER_CA_TAG = b"ibe-pubsub/v2/peer-link-ca"
 ED25519_KEY_BYTES = 32
+
+
+def fingerprint(key: bytes) -> str:
+    """SHA-256 of a raw public key in unpadded base64, as SSH shows host keys."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key).digest()).decode().rstrip("=")
 
 
 def _fields(*parts: bytes) -> bytes:
@@ -44,6 +54,16 @@ def schema_message(schema: Schema) -> bytes:
 def verify_schema(server_key: bytes, schema: Schema, signature: bytes) -> bool:
     """True iff ``signature`` is the key server's (raw Ed25519 key) signature of ``schema``."""
     return _verify(server_key, schema_message(schema), signature)
+
+
+def peer_ca_message(ca_der: bytes) -> bytes:
+    """tag || the DER of the peer-link CA certificate."""
+    return _fields(PEER_CA_TAG, ca_der)
+
+
+def verify_peer_ca(server_key: bytes, ca_der: bytes, signature: bytes) -> bool:
+    """True iff the key server signed this peer-link CA certificate."""
+    return _verify(server_key, peer_ca_message(ca_der), signature)
 
 
 def root_certificate_message(attribute: str, transport_key: bytes, epoch: int,

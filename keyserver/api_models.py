@@ -12,7 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from credentials.peer_certificates import MAX_ADDRESSES
+
 MAX_PREDICATE = 4096
+#: Neighbours one directory registration may vouch for.
+MAX_SEEN = 32
 _NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
 
@@ -30,6 +34,9 @@ Text = Annotated[str, BeforeValidator(_text)]
 """Every string the API accepts: a ``str`` that is valid text."""
 
 Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.@:+-]+$")
+Address = Annotated[Text, Field(min_length=3, max_length=300, pattern=r"^[^\s/]+:[0-9]{1,5}$",
+                                description="host:port in canonical form "
+                                "(credentials.peer_certificates.canonical_address)")]
 Role = Literal["subscriber", "publisher", "root"]
 
 
@@ -63,6 +70,9 @@ class PublicParamsOut(BaseModel):
     schema_id: str
     schema_signature: str
     server_key: str
+    peer_ca: str = Field(description="PEM of the peer-link CA certificate")
+    peer_ca_signature: str = Field(description="base64 Ed25519 signature of the server key "
+                                   "over credentials.certificates.peer_ca_message(DER)")
     epoch: int
     epoch_start: float
     epoch_end: float
@@ -155,6 +165,27 @@ class RootEnrolment(Strict):
     epoch: Literal["next"] | None = None
 
 
+class TransportEnrolment(Strict):
+    public_key: Text = Field(min_length=1, max_length=64,
+                             description="base64 raw Ed25519 public key (32 bytes)")
+    addresses: list[Address] = Field(default=[], max_length=MAX_ADDRESSES,
+                                     description="the addresses the peer listens on; they "
+                                     "become the identity's own")
+    epoch: Literal["current", "next"] | None = Field(
+        default=None, description='null or "current"; "next" in the grace window')
+
+
+class TransportCertificateOut(BaseModel):
+    certificate: str = Field(description="PEM X.509 certificate from the peer-link CA")
+    epoch: int
+    epoch_end: float
+    not_after: float = Field(description="end of validity (Unix time): epoch end + grace")
+    identity: str
+    role: Role
+    addresses: list[str]
+    attributes: list[str] = Field(description="trees a root may serve (others: none)")
+
+
 class ConnectionRequestOut(BaseModel):
     attribute: str
     credential: str
@@ -220,11 +251,13 @@ class BulkOut(BaseModel):
 # -- directory ------------------------------------------------------------------------------
 
 class DirectoryIn(Strict):
-    address: Text = Field(min_length=3, max_length=300, pattern=r"^[^\s/]+:[0-9]{1,5}$",
-                          description="host:port")
+    address: Address
     attribute: Text = Field(min_length=1, max_length=200)
     role: Role
-    ttl: int = Field(ge=1, le=86400, description="seconds")
+    ttl: int = Field(ge=1, le=86400, description="seconds (the lease ends with the address's "
+                     "certificate at the latest)")
+    seen: list[Address] = Field(default=[], max_length=MAX_SEEN,
+                                description="neighbours in this tree that answered recently")
 
 
 class DirectoryEntryOut(BaseModel):
@@ -232,6 +265,8 @@ class DirectoryEntryOut(BaseModel):
     role: Role
     identity: str
     expires_at: float
+    vouched: bool = Field(description="a root, or a member another identity saw answering "
+                          "recently")
 
 
 class DirectoryOut(BaseModel):

@@ -1,7 +1,9 @@
 """Decoding key-server responses into library objects, checking what can be checked.
 
-``decode_params`` verifies the schema's id and the key server's signature on it, so a
-peer that pins the server key (or trusts it on first use) cannot be fed another schema.
+``decode_params`` verifies the schema's id and the key server's signatures on it and on
+the peer-link CA, so a peer that pins the server key (or trusts it on first use) cannot be
+fed another schema or another CA; ``decode_transport_certificate`` checks a peer-link
+certificate against that CA and the peer's own key.
 """
 
 from __future__ import annotations
@@ -10,7 +12,12 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from credentials.certificates import RootCertificate, verify_schema
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from credentials.certificates import RootCertificate, verify_peer_ca, verify_schema
 from credentials.codec import (
     decode_mpk,
     decode_publisher_key,
@@ -22,6 +29,11 @@ from credentials.credential import Credential
 from credentials.groups import PairingGroup
 from credentials.keys import PublisherKey, RoutingToken, SubscriberKey
 from credentials.messages import ConnectionRequest
+from credentials.peer_certificates import (
+    PeerCertificate,
+    PeerCertificateError,
+    read_peer_certificate,
+)
 from credentials.schema import Schema
 from credentials.scheme import PublicParams
 
@@ -44,6 +56,16 @@ class ServerParams:
     epoch_end: float
     epoch_length: int
     grace: int
+    peer_ca: str
+    """PEM of the peer-link CA certificate, signed by the server key."""
+
+
+@dataclass(frozen=True)
+class TransportCertificate:
+    """A peer-link certificate checked against the CA and the peer's key, and its binding."""
+
+    pem: str
+    certificate: PeerCertificate
 
 
 @dataclass(frozen=True)
@@ -79,6 +101,15 @@ def _credentials(doc: dict[str, list[str]]) -> dict[str, tuple[Credential, ...]]
             for a, labels in doc.items()}
 
 
+def _certificate(pem: Any, what: str) -> x509.Certificate:
+    if not isinstance(pem, str):
+        raise BundleError(f"{what} is not PEM text")
+    try:
+        return x509.load_pem_x509_certificate(pem.encode("utf-8"))
+    except ValueError as exc:
+        raise BundleError(f"{what} does not decode: {exc}") from exc
+
+
 def decode_params(group: PairingGroup, doc: dict[str, Any],
                   server_key: bytes | None = None) -> ServerParams:
     """Public parameters; ``server_key`` pins the expected Ed25519 key if given."""
@@ -86,10 +117,11 @@ def decode_params(group: PairingGroup, doc: dict[str, Any],
         schema = Schema.from_dict(doc["schema"])
         key = _b64(doc["server_key"])
         signature = _b64(doc["schema_signature"])
+        ca_signature = _b64(doc["peer_ca_signature"])
         mpk = decode_mpk(group, _b64(doc["mpk"]))
         out = ServerParams(PublicParams(group, mpk, schema), key, signature, int(doc["epoch"]),
                            float(doc["epoch_start"]), float(doc["epoch_end"]),
-                           int(doc["epoch_length"]), int(doc["grace"]))
+                           int(doc["epoch_length"]), int(doc["grace"]), doc["peer_ca"])
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"public parameters do not decode: {exc}") from exc
     if server_key is not None and key != server_key:
@@ -98,7 +130,32 @@ def decode_params(group: PairingGroup, doc: dict[str, Any],
         raise BundleError("schema id does not match the schema")
     if not verify_schema(key, schema, signature):
         raise BundleError("the schema signature does not verify")
+    ca_der = _certificate(out.peer_ca, "the peer-link CA").public_bytes(
+        serialization.Encoding.DER)
+    if not verify_peer_ca(key, ca_der, ca_signature):
+        raise BundleError("the peer-link CA signature does not verify")
     return out
+
+
+def decode_transport_certificate(doc: dict[str, Any], params: ServerParams,
+                                 public_key: bytes) -> TransportCertificate:
+    """A peer-link certificate (``POST /v1/enrol/transport``), after checking that the CA of
+    ``params`` issued it and that it certifies exactly ``public_key`` (raw Ed25519)."""
+    pem = doc.get("certificate") if isinstance(doc, dict) else None
+    certificate = _certificate(pem, "the peer-link certificate")
+    try:
+        certificate.verify_directly_issued_by(_certificate(params.peer_ca, "the peer-link CA"))
+    except (ValueError, TypeError, InvalidSignature) as exc:
+        raise BundleError("the peer-link certificate is not issued by the key server's "
+                          f"peer-link CA ({exc or type(exc).__name__})") from exc
+    certified = certificate.public_key()
+    if not isinstance(certified, Ed25519PublicKey) or certified.public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw) != public_key:
+        raise BundleError("the peer-link certificate certifies another key")
+    try:
+        return TransportCertificate(pem, read_peer_certificate(certificate))
+    except PeerCertificateError as exc:
+        raise BundleError(f"the peer-link certificate binds no peer: {exc}") from exc
 
 
 def decode_subscriber_bundle(group: PairingGroup, doc: dict[str, Any]) -> SubscriberBundle:

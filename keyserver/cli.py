@@ -46,8 +46,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def _print_server_key(data_dir: Path) -> None:
     """What peers trusting on first use will show, and what pins it (--server-key)."""
+    from credentials.certificates import fingerprint
     from keyserver.keystore import PUBLIC_FILE
-    from peer.known_servers import fingerprint
 
     key = json.loads((data_dir / PUBLIC_FILE).read_text())["server_key"]
     print(f"signing key {fingerprint(base64.b64decode(key))}; peers pin it with "
@@ -73,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address_rate=args.address_rate, address_burst=args.address_burst,
         bulk_max_body=args.bulk_max_body, jobs_per_identity=args.jobs_per_identity,
         credentials_per_job=args.credentials_per_job,
+        max_peer_addresses=args.max_peer_addresses,
         allow_unsafe_permissions=args.allow_unsafe_permissions)
     try:
         serve(config, args.host, args.port, args.tls_cert, args.tls_key,
@@ -139,6 +140,9 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--credentials-per-job", type=positive_int, default=8,
                        help="credentials per issuer job: smaller keeps the wait of other "
                        "identities shorter, larger costs less overhead")
+    serve.add_argument("--max-peer-addresses", type=positive_int, default=4,
+                       help="listening addresses one identity may hold certified; certifying "
+                       "more evicts its oldest, with their directory entries")
     serve.add_argument("--allow-unsafe-permissions", action="store_true",
                        help="start even if group/other users can reach the data directory or "
                        "its files (refused by default; the fix is chmod -R go= DIR)")

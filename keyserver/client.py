@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import ssl
 import time
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -126,6 +128,13 @@ class KeyServerClient:
         return self.request("POST", "/v1/enrol/root", json={
             "attribute": attribute, "transport_key": transport_key, "epoch": epoch})
 
+    def enrol_transport(self, public_key_b64: str, addresses: Sequence[str],
+                        epoch: str | None = None) -> dict[str, Any]:
+        """A peer-link certificate of the link key (base64 of the raw 32-byte Ed25519 public
+        key) for the ``host:port`` addresses it listens on (canonical form)."""
+        return self.request("POST", "/v1/enrol/transport", json={
+            "public_key": public_key_b64, "addresses": list(addresses), "epoch": epoch})
+
     # -- admin --
     def create_identity(self, name: str, role: str, policy: str | None = None
                         ) -> dict[str, Any]:
@@ -147,9 +156,19 @@ class KeyServerClient:
                             json={"chunk_id": chunk_id, "epoch": epoch, "items": items})
 
     # -- directory --
-    def register(self, address: str, attribute: str, role: str, ttl: int) -> dict[str, Any]:
+    def register(self, address: str, attribute: str, role: str, ttl: int,
+                 seen: Sequence[str] = ()) -> dict[str, Any]:
+        """Lease ``address`` (certified to this identity) in a tree, vouching for the ``seen``
+        neighbours there that answered recently."""
         return self.request("POST", "/v1/directory", json={
-            "address": address, "attribute": attribute, "role": role, "ttl": ttl})
+            "address": address, "attribute": attribute, "role": role, "ttl": ttl,
+            "seen": list(seen)})
+
+    def deregister(self, address: str, timeout: float | None = None) -> None:
+        """Remove this identity's entries for ``address`` in every tree; ``timeout`` bounds
+        each attempt (e.g. a peer shutting down)."""
+        extra = {} if timeout is None else {"timeout": timeout}
+        self.request("DELETE", f"/v1/directory/{quote(address, safe='')}", **extra)
 
     def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
         return self.request("GET", f"/v1/directory/{attribute}", params={"sample": sample})

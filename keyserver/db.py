@@ -68,7 +68,8 @@ class AuditEntry(Base):
 
 
 class DirectoryEntry(Base):
-    """A peer's registration in the bootstrap directory of one attribute tree."""
+    """A peer's lease in the bootstrap directory of one attribute tree; ``vouched_at`` is when
+    another identity last reported it answering (``routes_directory``)."""
 
     __tablename__ = "directory"
     __table_args__ = (
@@ -82,6 +83,21 @@ class DirectoryEntry(Base):
     role: Mapped[str] = mapped_column(String(16), nullable=False)
     identity_id: Mapped[int] = mapped_column(
         ForeignKey("identities.id", ondelete="CASCADE"), nullable=False)
+    expires_at: Mapped[float] = mapped_column(Float, nullable=False)
+    vouched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class PeerAddress(Base):
+    """Who owns a listening address: the identity whose peer-link certificate names it, until
+    that certificate expires. Only the owner may list the address in the directory."""
+
+    __tablename__ = "peer_addresses"
+    __table_args__ = (Index("ix_peer_addresses_identity", "identity_id"),)
+
+    address: Mapped[str] = mapped_column(String(300), primary_key=True)
+    identity_id: Mapped[int] = mapped_column(
+        ForeignKey("identities.id", ondelete="CASCADE"), nullable=False)
+    certified_at: Mapped[float] = mapped_column(Float, nullable=False)
     expires_at: Mapped[float] = mapped_column(Float, nullable=False)
 
 

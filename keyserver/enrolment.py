@@ -144,6 +144,13 @@ def check_root_policy(schema: Schema, attribute: str, policy: str | None) -> Non
                        f"at: {clause}", "outside_policy", {"clause": clause})
 
 
+def root_attributes(schema: Schema, policy: str | None) -> tuple[str, ...]:
+    """The attributes a root with ``policy`` may serve: those the policy leaves whole, i.e.
+    the ones ``check_root_policy`` accepts."""
+    parsed = stored_policy(schema, policy)
+    return tuple(a for a in schema.names if parsed is None or parsed.get(a) is None)
+
+
 def labels(credentials: Iterable[Credential]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for c in credentials:

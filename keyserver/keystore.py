@@ -8,7 +8,10 @@ Layout of ``DIR``:
 * ``admin.token`` (0600): the admin bearer token.
 * ``keyserver.db`` (0600): the SQLite database, unless a database URL says otherwise.
 
-The directory itself is 0700 (:mod:`keyserver.permissions`).
+The directory itself is 0700 (:mod:`keyserver.permissions`). The peer-link CA
+(:class:`PeerLinkCA`) has no file: its key is derived from the master secret and its
+certificate is deterministic, so key stores made before it existed serve it too, and
+replicas sharing a key store serve the same bytes.
 """
 
 from __future__ import annotations
@@ -19,20 +22,23 @@ import json
 import os
 import secrets
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import msgpack
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from credentials.backends import load_group
-from credentials.certificates import schema_message
+from credentials.certificates import peer_ca_message, schema_message
 from credentials.codec import CodecError, decode_mpk, decode_msk, encode_mpk, encode_msk
 from credentials.groups import PairingGroup
 from credentials.keys import SCHEME_VERSION, MasterPublicKey, MasterSecretKey
+from credentials.peer_certificates import ca_certificate, ca_key_from_seed, to_pem
 from credentials.schema import Schema
 from credentials.scheme import setup
 from keyserver.sealing import UnsealError, WrongPassphraseError, seal_secret, unseal_secret
@@ -43,6 +49,7 @@ PUBLIC_FILE = "public.json"
 ADMIN_TOKEN_FILE = "admin.token"
 DATABASE_FILE = "keyserver.db"
 MIN_ADMIN_TOKEN_LENGTH = 16
+PEER_CA_PURPOSE = b"peer-link-ca"
 
 
 class KeyStoreError(Exception):
@@ -61,6 +68,21 @@ def token_hash(token: str) -> str:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+@dataclass(frozen=True)
+class PeerLinkCA:
+    """The private CA of peer-link certificates (:mod:`credentials.peer_certificates`)."""
+
+    key: Ed25519PrivateKey
+    certificate: x509.Certificate
+    signature: bytes
+    """The key server's Ed25519 signature over ``peer_ca_message(DER)``: peers take the CA
+    from the public parameters under the server key they already trust."""
+
+    @property
+    def pem(self) -> str:
+        return to_pem(self.certificate)
 
 
 @dataclass(frozen=True)
@@ -94,7 +116,21 @@ class KeyStore:
         return HKDF(SHA256(), 32, salt=None, info=b"ibe-pubsub/v1/" + purpose).derive(
             self.msk_bytes() + self.signing_key_bytes())
 
+    @cached_property
+    def peer_ca(self) -> PeerLinkCA:
+        """The peer-link CA, the same for the same master secret (Ed25519 signatures are
+        deterministic)."""
+        key = ca_key_from_seed(self.derived_key(PEER_CA_PURPOSE))
+        certificate = ca_certificate(key)
+        der = certificate.public_bytes(serialization.Encoding.DER)
+        return PeerLinkCA(key, certificate, self.signing_key.sign(peer_ca_message(der)))
+
+    def peer_ca_document(self) -> dict[str, str]:
+        """The CA's fields of ``GET /v1/params``."""
+        return {"peer_ca": self.peer_ca.pem, "peer_ca_signature": b64(self.peer_ca.signature)}
+
     def public_document(self) -> dict[str, Any]:
+        """What ``public.json`` holds (and ``GET /v1/params`` starts from)."""
         return {"curve": self.mpk.curve, "mpk": b64(encode_mpk(self.mpk)),
                 "schema": self.schema.to_dict(), "schema_id": self.schema.id,
                 "schema_signature": b64(self.schema_signature), "server_key": b64(self.server_key)}

@@ -115,18 +115,22 @@ class RequestMetrics:
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
-        self._templates: list[tuple[re.Pattern[str], str]] | None = None
+        self._templates: list[tuple[re.Pattern[str], str, set[str]]] | None = None
 
     def _route_name(self, scope: Scope) -> str:
         """The template of the route the request was routed to or, if the gate refused it
-        before routing, of the API path it was meant for (from the OpenAPI document)."""
+        before routing, of the API path it was meant for (from the OpenAPI document; by
+        method too, as ``GET /v1/directory/{attribute}`` and ``DELETE
+        /v1/directory/{address}`` share their shape)."""
         route = scope.get("route")
         if route is not None:
             return getattr(route, "path", None) or "unmatched"
         if self._templates is None:
-            self._templates = [(compile_path(t)[0], t) for t in scope["app"].openapi()["paths"]]
-        return next((t for regex, t in self._templates if regex.match(scope["path"])),
-                    "unmatched")
+            self._templates = [(compile_path(t)[0], t, set(operations)) for t, operations
+                               in scope["app"].openapi()["paths"].items()]
+        method = scope["method"].lower()
+        return next((t for regex, t, methods in self._templates
+                     if method in methods and regex.match(scope["path"])), "unmatched")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

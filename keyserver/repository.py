@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
@@ -78,28 +79,62 @@ def remove_directory_entries(session: Session, identity_id: int) -> None:
 
 
 def register_peer(session: Session, identity: Identity, attribute: str, address: str,
-                  role: str, expires_at: float) -> None:
-    """Insert or refresh the (attribute, address) entry."""
+                  role: str, expires_at: float) -> DirectoryEntry:
+    """Insert or refresh the (attribute, address) entry. An entry left by a former owner of
+    the address is taken over without the vouches others gave it."""
     entry = session.scalars(select(DirectoryEntry).where(
         DirectoryEntry.attribute == attribute, DirectoryEntry.address == address)).first()
     if entry is None:
-        session.add(DirectoryEntry(attribute=attribute, address=address, role=role,
-                                   identity_id=identity.id, expires_at=expires_at))
+        entry = DirectoryEntry(attribute=attribute, address=address, role=role,
+                               identity_id=identity.id, expires_at=expires_at, vouched_at=None)
+        session.add(entry)
     else:
-        entry.role, entry.identity_id, entry.expires_at = role, identity.id, expires_at
+        if entry.identity_id != identity.id:
+            entry.identity_id, entry.vouched_at = identity.id, None
+        entry.role, entry.expires_at = role, expires_at
+    return entry
 
 
-def lookup_peers(session: Session, attribute: str, now: float, sample: int
-                 ) -> tuple[list[tuple[DirectoryEntry, str]], list[tuple[DirectoryEntry, str]]]:
-    """Live roots of the tree, and a random sample of its live other members."""
+def vouch(session: Session, identity_id: int, attribute: str, addresses: Sequence[str],
+          now: float) -> None:
+    """Record that the live entries of ``addresses`` in the tree answered ``identity_id``
+    just now; entries of the identity itself are left alone (no vouching for oneself)."""
+    if addresses:
+        session.execute(update(DirectoryEntry).where(
+            DirectoryEntry.attribute == attribute, DirectoryEntry.address.in_(addresses),
+            DirectoryEntry.identity_id != identity_id, DirectoryEntry.expires_at > now)
+            .values(vouched_at=now))
+
+
+def remove_entries_at(session: Session, identity_id: int, address: str) -> None:
+    """The identity's entries for ``address`` in every tree."""
+    session.execute(delete(DirectoryEntry).where(DirectoryEntry.identity_id == identity_id,
+                                                 DirectoryEntry.address == address))
+
+
+def is_vouched(entry: DirectoryEntry, since: float) -> bool:
+    """Roots are certified for their tree; a member once another identity has vouched for it
+    since ``since``."""
+    return entry.role == "root" or (entry.vouched_at is not None and entry.vouched_at >= since)
+
+
+Listed = list[tuple[DirectoryEntry, str]]
+
+
+def lookup_peers(session: Session, attribute: str, now: float, sample: int,
+                 vouched_since: float) -> tuple[Listed, Listed]:
+    """Live roots of the tree, and up to ``sample`` of its live other members: a random
+    sample of those vouched for since ``vouched_since`` first, then others at random."""
     rows = session.execute(
         select(DirectoryEntry, Identity.name).join(Identity)
         .where(DirectoryEntry.attribute == attribute, DirectoryEntry.expires_at > now,
                Identity.revoked_at.is_(None))
         .order_by(DirectoryEntry.id)).all()
     roots = [(e, n) for e, n in rows if e.role == "root"]
-    members = [(e, n) for e, n in rows if e.role != "root"]
-    return roots, random.sample(members, min(sample, len(members)))
+    vouched = [(e, n) for e, n in rows if e.role != "root" and is_vouched(e, vouched_since)]
+    others = [(e, n) for e, n in rows if e.role != "root" and not is_vouched(e, vouched_since)]
+    members = random.sample(vouched, min(sample, len(vouched)))
+    return roots, members + random.sample(others, min(sample - len(members), len(others)))
 
 
 def bulk_chunk(session: Session, chunk_id: str) -> BulkChunk | None:

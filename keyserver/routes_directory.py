@@ -1,22 +1,37 @@
-"""The bootstrap directory: peers register per attribute tree with a time-to-live; joiners
-look up the tree's root(s) and a random sample of its other members."""
+"""The bootstrap directory, owned: a peer lists only addresses certified to its identity
+(``keyserver.ownership``), as leases that end with its ttl or its certificate, whichever
+comes first. Joiners look up the tree's roots and a sample of its other members, those
+another identity saw answering recently (vouched) first."""
 
 from __future__ import annotations
 
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.exc import IntegrityError
 
 from keyserver.api_models import DirectoryEntryOut, DirectoryIn, DirectoryOut
 from keyserver.auth import AnIdentity, AnyCaller, State
-from keyserver.db import Identity
+from keyserver.db import DirectoryEntry, Identity
+from keyserver.enrolment import check_root_policy
 from keyserver.errors import ApiError, error_responses
-from keyserver.repository import lookup_peers, register_peer
+from keyserver.ownership import check_canonical, check_not_owned_by_other, owned_until
+from keyserver.repository import (
+    is_vouched,
+    lookup_peers,
+    register_peer,
+    remove_entries_at,
+    vouch,
+)
 from keyserver.state import AppState
 
 router = APIRouter(prefix="/v1/directory", tags=["directory"])
+
+VOUCH_WINDOW = 60.0
+"""Seconds a vouch counts. Peers renew their leases, vouching for the neighbours that
+answered them, every third of their ttl (30 s by default), so a member with live
+neighbours stays vouched while one that stopped answering drops back within a minute."""
 
 
 def _check_attribute(state: AppState, attribute: str) -> None:
@@ -26,43 +41,69 @@ def _check_attribute(state: AppState, attribute: str) -> None:
                        "unknown_attribute")
 
 
-def _register(state: AppState, identity: Identity, body: DirectoryIn, expires_at: float
-              ) -> None:
+def _register(state: AppState, identity: Identity, body: DirectoryIn, now: float
+              ) -> DirectoryEntry:
     with state.sessions.begin() as session:
-        register_peer(session, identity, body.attribute, body.address, body.role, expires_at)
+        expires_at = min(now + body.ttl, owned_until(session, identity.id, body.address, now))
+        entry = register_peer(session, identity, body.attribute, body.address, body.role,
+                              expires_at)
+        vouch(session, identity.id, body.attribute, body.seen, now)
+        return entry
+
+
+def _out(entry: DirectoryEntry, name: str, now: float) -> dict[str, Any]:
+    return {"address": entry.address, "role": entry.role, "identity": name,
+            "expires_at": entry.expires_at, "vouched": is_vouched(entry, now - VOUCH_WINDOW)}
 
 
 @router.post("", response_model=DirectoryEntryOut, status_code=201,
              responses=error_responses(401, 403, 422))
-def register(body: DirectoryIn, caller: AnIdentity,
-             state: State) -> dict[str, Any]:
-    """Register (or refresh) this peer's address in one tree; the role must be the
-    identity's own."""
+def register(body: DirectoryIn, caller: AnIdentity, state: State) -> dict[str, Any]:
+    """Register (or refresh) this peer's lease in one tree, for an address certified to the
+    identity (403 ``address_not_certified`` otherwise), as its own role, as a root only of a
+    tree its policy leaves whole; vouch for the ``seen`` neighbours of other identities."""
     identity = caller.identity
     assert identity is not None
     _check_attribute(state, body.attribute)
+    check_canonical([body.address], "address")
+    check_canonical(body.seen, "seen")
     if body.role != identity.role:
         raise ApiError(403, f"a {identity.role} identity cannot register as {body.role}",
                        "wrong_role")
-    expires_at = time.time() + body.ttl
+    if body.role == "root":
+        check_root_policy(state.store.schema, body.attribute, identity.policy)
+    now = time.time()
     try:
-        _register(state, identity, body, expires_at)
+        entry = _register(state, identity, body, now)
     except IntegrityError:  # a concurrent first registration of the same entry won the insert
-        _register(state, identity, body, expires_at)
-    return {"address": body.address, "role": body.role, "identity": identity.name,
-            "expires_at": expires_at}
+        entry = _register(state, identity, body, now)
+    return _out(entry, identity.name, now)
 
 
 @router.get("/{attribute}", response_model=DirectoryOut,
             responses=error_responses(401, 403, 422))
 def lookup(attribute: Annotated[str, Path(max_length=200)], _: AnyCaller, state: State,
            sample: Annotated[int, Query(ge=0, le=100)] = 8) -> dict[str, Any]:
-    """Live roots of the tree and up to ``sample`` random other live members."""
+    """Live roots of the tree and up to ``sample`` other live members: vouched ones first,
+    then unvouched ones to fill up."""
     _check_attribute(state, attribute)
+    now = time.time()
     with state.sessions() as session:
-        roots, members = lookup_peers(session, attribute, time.time(), sample)
+        roots, members = lookup_peers(session, attribute, now, sample, now - VOUCH_WINDOW)
+    return {"attribute": attribute, "roots": [_out(e, n, now) for e, n in roots],
+            "members": [_out(e, n, now) for e, n in members]}
 
-    def out(entries: list[Any]) -> list[dict[str, Any]]:
-        return [{"address": e.address, "role": e.role, "identity": name,
-                 "expires_at": e.expires_at} for e, name in entries]
-    return {"attribute": attribute, "roots": out(roots), "members": out(members)}
+
+@router.delete("/{address}", status_code=204, response_class=Response,
+               responses=error_responses(401, 403, 422))
+def deregister(address: Annotated[str, Path(max_length=300)], caller: AnIdentity,
+               state: State) -> Response:
+    """Remove the caller's entries for its address in every tree (a peer leaving); 403
+    ``not_owner`` while the address is certified to another identity."""
+    identity = caller.identity
+    assert identity is not None
+    check_canonical([address], "address")
+    with state.sessions.begin() as session:
+        check_not_owned_by_other(session, identity.id, address, time.time())
+        remove_entries_at(session, identity.id, address)
+    return Response(status_code=204)  # no body, so no content type either

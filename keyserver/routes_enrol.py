@@ -1,4 +1,5 @@
-"""Enrolment (identity bearer token): subscribers, publishers and root peers get their keys.
+"""Enrolment (identity bearer token): subscribers, publishers and root peers get their keys,
+and every peer a certificate of its link key from the peer-link CA.
 
 The issuance is recorded in the audit log before the keys are returned; if that
 write fails the caller gets an error and no keys.
@@ -11,12 +12,15 @@ import binascii
 import time
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fastapi import APIRouter
+from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
-from credentials.certificates import ED25519_KEY_BYTES
+from credentials.certificates import ED25519_KEY_BYTES, fingerprint
 from credentials.certificates import RootCertificate as SignedRootCertificate
 from credentials.decompose import root_credential
+from credentials.peer_certificates import PeerBinding, issue_peer_certificate, to_pem
 from keyserver.api_models import (
     PublisherBundle,
     PublisherEnrolment,
@@ -24,8 +28,11 @@ from keyserver.api_models import (
     RootEnrolment,
     SubscriberBundle,
     SubscriberEnrolment,
+    TransportCertificateOut,
+    TransportEnrolment,
 )
 from keyserver.auth import AnIdentity, Caller, State, charge_keys
+from keyserver.db import Identity
 from keyserver.enrolment import (
     check_role,
     check_root_policy,
@@ -33,11 +40,13 @@ from keyserver.enrolment import (
     issue_bundle,
     plan_publisher,
     plan_subscriber,
+    root_attributes,
     stored_policy,
     target_epoch,
     within_policy,
 )
 from keyserver.errors import ApiError, error_responses
+from keyserver.ownership import check_canonical, claim_addresses
 from keyserver.repository import audit
 from keyserver.state import AppState
 
@@ -53,6 +62,17 @@ def _record(state: AppState, actor: str, action: str, epoch: int, detail: dict[s
 async def _audited(state: AppState, caller: Caller, action: str, epoch: int,
                    detail: dict[str, Any]) -> None:
     await run_in_threadpool(_record, state, caller.name, action, epoch, detail)
+
+
+def _ed25519_key(text: str, field: str) -> bytes:
+    """A raw 32-byte Ed25519 public key from base64 (422 otherwise)."""
+    try:
+        key = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ApiError(422, f"{field} is not valid base64", "invalid_key") from exc
+    if len(key) != ED25519_KEY_BYTES:
+        raise ApiError(422, f"{field} must be a raw 32-byte Ed25519 public key", "invalid_key")
+    return key
 
 
 @router.post("/subscriber", response_model=SubscriberBundle,
@@ -112,13 +132,7 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
     if body.attribute not in schema.names:
         raise ApiError(422, f"schema {schema.name!r} has no attribute {body.attribute!r}",
                        "unknown_attribute")
-    try:
-        transport_key = base64.b64decode(body.transport_key, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ApiError(422, "transport_key is not valid base64", "invalid_key") from exc
-    if len(transport_key) != ED25519_KEY_BYTES:
-        raise ApiError(422, "transport_key must be a raw 32-byte Ed25519 public key",
-                       "invalid_key")
+    transport_key = _ed25519_key(body.transport_key, "transport_key")
     check_root_policy(schema, body.attribute, identity.policy)
     charge_keys(state, caller, 1)
     epoch = target_epoch(state, body.epoch, time.time())
@@ -136,3 +150,60 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
             "transport_key": body.transport_key,
             "certificate": base64.b64encode(certificate).decode(), "expires_at": expires_at,
             "routing_token": token}
+
+
+def _check_addresses(state: AppState, addresses: list[str]) -> None:
+    check_canonical(addresses, "addresses")
+    if len(set(addresses)) != len(addresses):
+        raise ApiError(422, "addresses: an address is listed twice", "duplicate_address")
+    cap = state.config.max_peer_addresses
+    if len(addresses) > cap:
+        raise ApiError(422, f"addresses: this server certifies at most {cap} addresses per "
+                       "identity", "too_many_addresses")
+
+
+def _claim_and_record(state: AppState, identity: Identity, addresses: list[str], now: float,
+                      not_after: float, epoch: int, detail: dict[str, Any]) -> None:
+    """Make the addresses the identity's and audit the issuance, in one transaction."""
+    with state.sessions.begin() as session:
+        evicted = claim_addresses(session, identity.id, addresses, now, not_after,
+                                  state.config.max_peer_addresses)
+        audit(session, identity.name, "issue_transport", epoch, detail | {"evicted": evicted})
+
+
+@router.post("/transport", response_model=TransportCertificateOut,
+             responses=error_responses(401, 403, 409, 422))
+async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
+                          state: State) -> dict[str, Any]:
+    """Certify a peer's Ed25519 link key (X.509 from the peer-link CA) for the identity, its
+    role, the addresses it listens on and, for a root, the trees its policy leaves whole,
+    until the epoch's end plus grace. The addresses become the identity's own (409
+    ``address_taken`` while another identity's certificate names one); beyond the
+    server's cap per identity its oldest addresses are evicted."""
+    identity = caller.identity
+    assert identity is not None
+    raw_key = _ed25519_key(body.public_key, "public_key")
+    _check_addresses(state, body.addresses)
+    now = time.time()
+    epoch = target_epoch(state, "next" if body.epoch == "next" else None, now)
+    attributes = (root_attributes(state.store.schema, identity.policy)
+                  if identity.role == "root" else ())
+    charge_keys(state, caller, 1)
+    binding = PeerBinding(identity.name, identity.role, tuple(body.addresses), attributes,
+                          epoch.number)
+    certificate = issue_peer_certificate(state.store.peer_ca.key,
+                                         Ed25519PublicKey.from_public_bytes(raw_key), binding,
+                                         now, epoch.end + epoch.grace)
+    not_after = certificate.not_valid_after_utc.timestamp()
+    claim = (state, identity, body.addresses, now, not_after, epoch.number,
+             {"identity": identity.name, "role": identity.role, "addresses": body.addresses,
+              "attributes": list(attributes), "key_fingerprint": fingerprint(raw_key),
+              "not_after": not_after})
+    try:
+        await run_in_threadpool(_claim_and_record, *claim)
+    except IntegrityError:  # a concurrent first claim of an address won the insert
+        await run_in_threadpool(_claim_and_record, *claim)
+    state.metrics.keys_issued("peer_certificate", 1)
+    return {"certificate": to_pem(certificate), "epoch": epoch.number,
+            "epoch_end": epoch.end, "not_after": not_after, "identity": identity.name,
+            "role": identity.role, "addresses": body.addresses, "attributes": list(attributes)}

@@ -18,9 +18,10 @@ router = APIRouter()
 @router.get("/v1/params", response_model=PublicParamsOut, response_model_by_alias=True,
             tags=["public"], responses=error_responses())
 def params(state: State) -> dict[str, Any]:
-    """Master public key, signed schema, the server's Ed25519 key and the current epoch."""
+    """Master public key, signed schema, the server's Ed25519 key, the signed peer-link CA
+    and the current epoch."""
     e = state.epoch()
-    return state.store.public_document() | {
+    return state.store.public_document() | state.store.peer_ca_document() | {
         "epoch": e.number, "epoch_start": e.start, "epoch_end": e.end,
         "epoch_length": e.length, "grace": e.grace}
 

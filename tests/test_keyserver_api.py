@@ -57,6 +57,12 @@ def _raw_key(private: Ed25519PrivateKey) -> bytes:
                                              serialization.PublicFormat.Raw)
 
 
+def _certify(client: KeyServerClient, *addresses: str) -> dict:
+    """A peer-link certificate of a fresh key, making ``addresses`` the identity's own."""
+    key = base64.b64encode(_raw_key(Ed25519PrivateKey.generate())).decode()
+    return client.enrol_transport(key, addresses)
+
+
 def test_params_are_signed_and_decode(keyserver):
     doc = KeyServerClient(keyserver.base_url).params()
     params = decode_params(load_group(), doc)
@@ -193,6 +199,7 @@ def test_root_certificate_binds_attribute_key_and_epoch(keyserver):
 def test_revoked_identity_gets_403_and_leaves_the_directory(keyserver):
     admin = _admin(keyserver)
     client, created = _identity(keyserver, "subscriber")
+    _certify(client, "127.0.0.1:7001")
     client.register("127.0.0.1:7001", "volume", "subscriber", 600)
     assert "127.0.0.1:7001" in [m["address"] for m in client.lookup("volume", 100)["members"]]
     revoked = admin.revoke(created["id"])
@@ -200,15 +207,19 @@ def test_revoked_identity_gets_403_and_leaves_the_directory(keyserver):
     err = _status(lambda: client.enrol_subscriber("price < 5"))
     assert (err.status, err.code) == (403, "revoked")
     assert "127.0.0.1:7001" not in [m["address"] for m in admin.lookup("volume", 100)["members"]]
+    # its address is free again: another identity may certify it
+    _certify(_identity(keyserver, "subscriber")[0], "127.0.0.1:7001")
     assert admin.revoke(created["id"])["revoked_at"] == revoked["revoked_at"]
     assert _status(lambda: admin.revoke(10**6)).status == 404
 
 
 def test_directory_lists_roots_and_samples_live_members(keyserver):
     root, _ = _identity(keyserver, "root")
+    _certify(root, "10.0.0.1:9000")
     root.register("10.0.0.1:9000", "symbol", "root", 600)
     members = [_identity(keyserver, "subscriber")[0] for _ in range(4)]
     for i, m in enumerate(members):
+        _certify(m, f"10.0.0.{i + 2}:9000", *(["10.0.0.99:9000"] if i == 0 else []))
         m.register(f"10.0.0.{i + 2}:9000", "symbol", "subscriber", 600)
     members[0].register("10.0.0.99:9000", "symbol", "subscriber", 1)
     time.sleep(1.2)

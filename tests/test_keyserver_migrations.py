@@ -1,5 +1,6 @@
 """Alembic migrations: upgrade from empty, downgrade, upgrade again, on SQLite and PostgreSQL;
-the migrated schema matches the models; the audit log refuses UPDATE and DELETE."""
+the migrated schema matches the models; the audit log refuses UPDATE and DELETE; a database
+of an older revision keeps its rows on upgrade."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from keyserver.client import KeyServerClient
 from keyserver.db import Base
 from keyserver.migrate import downgrade, upgrade
 
-TABLES = {"settings", "identities", "audit_log", "directory", "bulk_chunks"}
+TABLES = {"settings", "identities", "audit_log", "directory", "bulk_chunks", "peer_addresses"}
+FIRST_REVISION_TABLES = TABLES - {"peer_addresses"}
 
 
 def _tables(url: str) -> set[str]:
@@ -52,11 +54,35 @@ def _up_down_up(url: str) -> None:
     assert _tables(url) == TABLES
 
 
+def _upgrade_keeps_rows(url: str) -> None:
+    """A database made by the first release (directory without vouches, no owned addresses)
+    upgrades in place: its directory entry stays, unvouched."""
+    upgrade(url, "0001")
+    assert _tables(url) == FIRST_REVISION_TABLES
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO identities (id, name, role, token_hash, created_at) "
+                              "VALUES (1, 'old', 'subscriber', 'h', 1.0)"))
+            conn.execute(text("INSERT INTO directory (attribute, address, role, identity_id, "
+                              "expires_at) VALUES ('symbol', 'h.test:1', 'subscriber', 1, 9.0)"))
+        upgrade(url)
+        assert _tables(url) == TABLES
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT address, vouched_at FROM directory")).all() == [
+                ("h.test:1", None)]
+    finally:
+        engine.dispose()
+    _check_migrated(url)
+
+
 def test_migrations_on_sqlite(tmp_path):
     _up_down_up(f"sqlite:///{tmp_path / 'ks.db'}")
+    _upgrade_keeps_rows(f"sqlite:///{tmp_path / 'old.db'}")
 
 
-def _fresh_database(postgres_url: str) -> str:
+def fresh_database(postgres_url: str) -> str:
+    """A new, empty database on the test cluster (other test modules use it too)."""
     name = "ks_" + uuid.uuid4().hex[:12]
     engine = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     try:
@@ -68,11 +94,12 @@ def _fresh_database(postgres_url: str) -> str:
 
 
 def test_migrations_on_postgresql(postgres_url):
-    _up_down_up(_fresh_database(postgres_url))
+    _up_down_up(fresh_database(postgres_url))
+    _upgrade_keeps_rows(fresh_database(postgres_url))
 
 
 def test_key_server_runs_on_postgresql_across_restarts(postgres_url, keyserver_factory):
-    url = _fresh_database(postgres_url)
+    url = fresh_database(postgres_url)
     server = keyserver_factory.start(init_args=("--database-url", url),
                                      serve_args=("--database-url", url, "--workers", "1"))
     admin = KeyServerClient(server.base_url, server.admin_token, retries=0)

@@ -54,7 +54,7 @@ CONFIG = schemathesis.Config.from_dict({"checks": {
 CONFORMANCE = [status_code_conformance, content_type_conformance, response_schema_conformance,
                response_headers_conformance]
 LIMIT = 64 * 1024  # bodies above it are refused on every route of the fuzzed server
-PATH_PARAMETERS = {"identity_id": 1, "attribute": "symbol"}
+PATH_PARAMETERS = {"identity_id": 1, "attribute": "symbol", "address": "127.0.0.1:9"}
 UNLIMITED = ("--rate", "1e6", "--burst", "1000000", "--address-rate", "1e6",
              "--address-burst", "1000000")
 

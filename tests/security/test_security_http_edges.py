@@ -11,17 +11,20 @@ gate (the request line and headers) and a race between two first registrations.
 
 from __future__ import annotations
 
+import base64
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from keyserver_fixtures import rss_mib
 
 from keyserver.client import KeyServerClient
 
 PROBE_MIB = 64
+LINK_KEY = base64.b64encode(Ed25519PrivateKey.generate().public_key().public_bytes_raw()).decode()
 RSS_GROWTH_LIMIT_MIB = 20
 
 
@@ -88,8 +91,11 @@ def test_concurrent_first_registrations_of_one_entry_all_succeed(keyserver) -> N
                       headers={"Authorization": f"Bearer {token}"}, timeout=30) as http, \
             ThreadPoolExecutor(8) as pool:
         for round_ in range(10):
-            body = {"address": f"race{round_}-{time.time_ns()}.example:2",
-                    "attribute": "symbol", "role": "subscriber", "ttl": 60}
+            address = f"race{round_}-{time.time_ns()}.example:2"
+            certified = http.post("/v1/enrol/transport",
+                                  json={"public_key": LINK_KEY, "addresses": [address]})
+            assert certified.status_code == 200, certified.text
+            body = {"address": address, "attribute": "symbol", "role": "subscriber", "ttl": 60}
             statuses += pool.map(lambda b: http.post("/v1/directory", json=b).status_code,
                                  [body] * 8)
     assert statuses == [201] * 80, statuses

@@ -81,6 +81,8 @@ PROBES = [
     Probe("directory attribute", "subscriber", "/v1/directory",
           lambda s: {"address": "peer.example:4000", "attribute": "symbol" + s,
                      "role": "subscriber", "ttl": 60}, LONE, ""),
+    Probe("transport address", "subscriber", "/v1/enrol/transport",
+          lambda s: {"public_key": ROOT_KEY, "addresses": [f"peer{s}.example:4001"]}, LONE, ""),
     Probe("bulk chunk id", "admin", "/v1/admin/bulk", lambda s: _bulk(chunk=s), LONE, ""),
     Probe("bulk identity", "admin", "/v1/admin/bulk", lambda s: _bulk(identity=s), LONE, ""),
     Probe("bulk attribute", "admin", "/v1/admin/bulk",
@@ -100,6 +102,11 @@ def tokens(keyserver) -> dict[str, str]:
                                 json={"name": _unique(f"surrogate-{role}"), "role": role}
                                 ).json()["token"]
                for role in ("subscriber", "publisher", "root")}
+        # the directory probes' control registers this address: it must be the subscriber's
+        certified = admin.post("/v1/enrol/transport",
+                               headers={"Authorization": f"Bearer {out['subscriber']}"},
+                               json={"public_key": ROOT_KEY, "addresses": ["peer.example:4000"]})
+        assert certified.status_code == 200, certified.text
     return out | {"admin": keyserver.admin_token}
 
 

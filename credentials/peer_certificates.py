@@ -1,0 +1,187 @@
+"""X.509 certificates for peer links: the key server is a private CA for transport keys.
+
+Every peer (subscriber, root, publisher) holds an Ed25519 transport key. At enrolment
+the key server certifies it with a short-lived X.509 certificate whose extension
+:data:`PEER_EXTENSION` binds
+
+* the identity's name and role,
+* the ``host:port`` address(es) the peer listens on (none for a publisher),
+* for a root, the attribute trees its policy lets it root,
+* the epoch, with the certificate expiring at that epoch's end plus the grace period.
+
+Peer links then run mutually authenticated TLS 1.3 under the CA, and a peer's
+address in the overlay is one its certificate names, never what it claims. The CA
+certificate is deterministic (fixed dates, a serial derived from the key, Ed25519's
+deterministic signatures), so key-server replicas sharing a key store serve the same
+bytes; the key server also signs it with its Ed25519 key (``certificates.
+transport_ca_message``) so peers take it from the public parameters they already
+check. The extension is not critical: TLS libraries verify the chain and dates, and
+this module reads the bindings.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.x509.oid import NameOID, ObjectIdentifier
+
+#: A UUID-based OID (ITU-T X.667, arc 2.25) naming this project's peer-binding extension.
+PEER_EXTENSION = ObjectIdentifier("2.25.113840910988005767357125380419690456792")
+EXTENSION_VERSION = 1
+CA_NAME = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ibe-pubsub"),
+                     x509.NameAttribute(NameOID.COMMON_NAME, "ibe-pubsub peer-link CA")])
+PEER_NAME = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ibe-pubsub"),
+                       x509.NameAttribute(NameOID.COMMON_NAME, "ibe-pubsub peer")])
+ROLES = ("subscriber", "root", "publisher")
+MAX_ADDRESSES = 4
+#: Certificates are valid from a minute before issuance, for clocks slightly behind.
+CLOCK_SKEW = 60.0
+_CA_NOT_BEFORE = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+_CA_NOT_AFTER = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+                       r"(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$")
+
+
+class PeerCertificateError(ValueError):
+    """A certificate that is not a peer certificate of this project, or an address that
+    cannot be certified."""
+
+
+def canonical_address(address: str) -> str:
+    """``host:port`` in the one spelling that is certified and compared: an IP literal in its
+    compressed form (IPv6 in brackets) or a lower-case DNS name, and a port in 1..65535.
+    Raises :class:`PeerCertificateError` for anything else."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536:
+        raise PeerCertificateError(f"not a HOST:PORT address with a port in 1..65535: "
+                                   f"{address!r}")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        if bracketed or not _HOSTNAME.match(host.lower()):
+            raise PeerCertificateError(f"not an IP address or host name: {host!r}") from None
+        return f"{host.lower()}:{int(port)}"
+    if ip.version == 6 and not bracketed:
+        raise PeerCertificateError(f"an IPv6 host goes in brackets: {address!r}")
+    return f"[{ip.compressed}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
+
+
+@dataclass(frozen=True)
+class PeerBinding:
+    """What a peer certificate says about its holder."""
+
+    identity: str
+    role: str
+    addresses: tuple[str, ...]
+    attributes: tuple[str, ...]
+    epoch: int
+
+    def to_bytes(self) -> bytes:
+        """The extension's value: canonical JSON."""
+        return json.dumps({"v": EXTENSION_VERSION, "identity": self.identity, "role": self.role,
+                           "addresses": list(self.addresses),
+                           "attributes": list(self.attributes), "epoch": self.epoch},
+                          sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PeerBinding:
+        try:
+            doc = json.loads(data.decode("utf-8"))
+            if doc.pop("v") != EXTENSION_VERSION:
+                raise PeerCertificateError("peer binding of another version")
+            binding = cls(identity=doc["identity"], role=doc["role"],
+                          addresses=tuple(doc["addresses"]),
+                          attributes=tuple(doc["attributes"]), epoch=doc["epoch"])
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PeerCertificateError(f"malformed peer binding: {exc}") from None
+        if not (isinstance(binding.identity, str) and binding.role in ROLES
+                and all(isinstance(a, str) for a in binding.addresses + binding.attributes)
+                and isinstance(binding.epoch, int) and not isinstance(binding.epoch, bool)):
+            raise PeerCertificateError("malformed peer binding")
+        return binding
+
+
+@dataclass(frozen=True)
+class PeerCertificate:
+    """A verified peer's binding and the end of its certificate's validity (Unix time)."""
+
+    binding: PeerBinding
+    not_after: float
+
+    def names(self, address: str) -> bool:
+        return address in self.binding.addresses
+
+
+def ca_key_from_seed(seed: bytes) -> Ed25519PrivateKey:
+    """The CA key, derived by the key server from its master secret (32 bytes)."""
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def ca_certificate(ca_key: Ed25519PrivateKey) -> x509.Certificate:
+    """The self-signed CA certificate; the same bytes for the same key, every time."""
+    public = ca_key.public_key()
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    serial = int.from_bytes(hashlib.sha256(raw).digest()[:16], "big") >> 1
+    return (x509.CertificateBuilder().subject_name(CA_NAME).issuer_name(CA_NAME)
+            .public_key(public).serial_number(serial)
+            .not_valid_before(_CA_NOT_BEFORE).not_valid_after(_CA_NOT_AFTER)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .sign(ca_key, None))
+
+
+def issue_peer_certificate(ca_key: Ed25519PrivateKey, public_key: Ed25519PublicKey,
+                           binding: PeerBinding, now: float, not_after: float
+                           ) -> x509.Certificate:
+    """Certify ``public_key`` for ``binding`` from ``now`` (less the clock skew) until
+    ``not_after``."""
+    start = datetime.datetime.fromtimestamp(now - CLOCK_SKEW, datetime.UTC)
+    end = datetime.datetime.fromtimestamp(not_after, datetime.UTC)
+    return (x509.CertificateBuilder().subject_name(PEER_NAME).issuer_name(CA_NAME)
+            .public_key(public_key).serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.UnrecognizedExtension(PEER_EXTENSION, binding.to_bytes()),
+                           critical=False)
+            .sign(ca_key, None))
+
+
+def read_peer_certificate(cert: x509.Certificate) -> PeerCertificate:
+    """The binding of a certificate whose chain and dates TLS has already verified."""
+    try:
+        ext = cert.extensions.get_extension_for_oid(PEER_EXTENSION)
+    except x509.ExtensionNotFound:
+        raise PeerCertificateError("the certificate binds no peer identity") from None
+    value = ext.value
+    if not isinstance(value, x509.UnrecognizedExtension):
+        raise PeerCertificateError("the peer binding extension does not decode")
+    return PeerCertificate(PeerBinding.from_bytes(value.value),
+                           cert.not_valid_after_utc.timestamp())
+
+
+def read_peer_certificate_der(der: bytes) -> PeerCertificate:
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as exc:
+        raise PeerCertificateError(f"not a DER certificate: {exc}") from None
+    return read_peer_certificate(cert)
+
+
+def to_pem(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode("ascii")

@@ -1,0 +1,294 @@
+"""The directory attacks of issue 12 against a real key server, each with its control.
+
+Before, any identity could overwrite any (attribute, address) entry: a subscriber
+re-registering the root's address made 148 of 153 lookups return no root, 80 dead
+addresses from one identity slowed a join from 0.8 s to 53 s, and a root whose policy
+constrains ``price`` could list itself as a root of ``price``. Now an address belongs to the
+identity whose peer-link certificate names it (``keyserver.ownership``), each identity holds
+at most four, entries are leases that end with the certificate, root entries follow the
+policy, and members other identities saw answering (vouched) are offered first.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from keyserver_fixtures import KeyServer, KeyServers, bearer_client
+from test_keyserver_migrations import fresh_database
+
+from credentials.peer_certificates import read_peer_certificate
+from keyserver.client import KeyServerClient, KeyServerError
+
+UNLIMITED = ("--rate", "1e6", "--burst", "1000000", "--address-rate", "1e6",
+             "--address-burst", "1000000", "--key-rate", "1e6", "--key-burst", "1000000")
+SHORT_EPOCHS = ("--epoch-seconds", "6", "--grace-seconds", "2")
+_names = itertools.count()
+_addresses = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyServer]:
+    """A server of this module's own, its rate limits out of reach of the floods below."""
+    servers = KeyServers(tmp_path_factory.mktemp("directory"))
+    try:
+        yield servers.start(serve_args=("--workers", "1", *UNLIMITED))
+    finally:
+        servers.stop_all()
+
+
+class Peer:
+    """An identity's client and name."""
+
+    def __init__(self, server: KeyServer, role: str, policy: str | None = None) -> None:
+        admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
+        self.name = f"dir-{role}-{next(_names)}"
+        self.token = admin.create_identity(self.name, role, policy)["token"]
+        self.client = KeyServerClient(server.base_url, self.token, retries=0)
+        self.base_url = server.base_url
+
+    def certify(self, *addresses: str) -> dict[str, Any]:
+        key = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+        return self.client.enrol_transport(base64.b64encode(key).decode(), addresses)
+
+    def register(self, address: str, attribute: str, role: str = "subscriber",
+                 seen: tuple[str, ...] = ()) -> dict[str, Any]:
+        return self.client.register(address, attribute, role, 600, seen)
+
+
+def _dead_address() -> str:
+    """A fresh address nothing listens on (TEST-NET-1, RFC 5737)."""
+    n = next(_addresses)
+    return f"192.0.2.{n % 254 + 1}:{9000 + n // 254}"
+
+
+def _refused(call: Callable[[], Any]) -> KeyServerError:
+    with pytest.raises(KeyServerError) as info:
+        call()
+    assert info.value.body["error"]["status"] == info.value.status
+    return info.value
+
+
+def _listed(peer: Peer, attribute: str) -> dict[str, dict[str, Any]]:
+    """Every live entry of a tree (roots and members) by address."""
+    doc = peer.client.lookup(attribute, sample=100)
+    return {e["address"]: e for e in doc["roots"] + doc["members"]}
+
+
+def test_a_subscriber_cannot_take_over_the_roots_entry(server: KeyServer) -> None:
+    root, squatter, rival = Peer(server, "root"), Peer(server, "subscriber"), Peer(server, "root")
+    address = _dead_address()
+    root.certify(address)
+    root.register(address, "symbol", "root")
+    squatter.certify(_dead_address())  # both attackers are enrolled peers with addresses
+    rival.certify(_dead_address())
+    attacks = (lambda: squatter.register(address, "symbol", "subscriber"),
+               lambda: squatter.register(address, "symbol", "root"),
+               lambda: rival.register(address, "symbol", "root"))
+    refusals: collections.Counter[tuple[int, str | None]] = collections.Counter()
+
+    def attack() -> None:
+        for i in range(150):
+            err = _refused(attacks[i % 3])
+            refusals[(err.status, err.code)] += 1
+
+    watcher = Peer(server, "subscriber")
+    attacker = threading.Thread(target=attack)
+    attacker.start()
+    without_root = sum(address not in [r["address"] for r in
+                                       watcher.client.lookup("symbol")["roots"]]
+                       for _ in range(150))
+    attacker.join()
+    print(f"150 lookups during 150 takeover attempts: {without_root} without the root; "
+          f"refusals {dict(refusals)}")
+    assert without_root == 0
+    assert refusals == {(403, "address_not_certified"): 100, (403, "wrong_role"): 50}
+
+    # control: the owner's own refresh succeeds
+    refreshed = root.register(address, "symbol", "root")
+    assert (refreshed["identity"], refreshed["vouched"]) == (root.name, True)
+    # control: a lookup does show a missing root (here after the owner left)
+    root.client.deregister(address)
+    assert address not in [r["address"] for r in watcher.client.lookup("symbol")["roots"]]
+
+
+def test_the_roots_address_is_refused_to_others_until_its_certificate_ends(
+        keyserver_factory: KeyServers) -> None:
+    server = keyserver_factory.start(init_args=SHORT_EPOCHS, serve_args=("--workers", "1"))
+    root, squatter, watcher = (Peer(server, r) for r in ("root", "subscriber", "subscriber"))
+    address = _dead_address()
+    certificate = root.certify(address)
+    root.register(address, "price", "root")
+    err = _refused(lambda: squatter.certify(address))
+    assert (err.status, err.code) == (409, "address_taken")
+    assert err.body["error"]["detail"] == {"address": address,
+                                           "until": certificate["not_after"]}
+    assert squatter.certify(_dead_address())["addresses"]  # control: a free address
+
+    time.sleep(max(0.0, certificate["not_after"] - time.time()) + 0.3)
+    # the root's lease (ttl 600 s) ended with its certificate
+    assert address not in _listed(watcher, "price")
+    assert squatter.certify(address)["addresses"] == [address]  # free again
+    err = _refused(lambda: root.register(address, "price", "root"))
+    assert (err.status, err.code) == (403, "address_not_certified")
+
+
+def test_one_identity_with_80_dead_addresses_keeps_its_newest_four(server: KeyServer) -> None:
+    attacker, watcher = Peer(server, "subscriber"), Peer(server, "subscriber")
+    dead = [_dead_address() for _ in range(80)]
+    for i, address in enumerate(dead):
+        attacker.certify(address)
+        attacker.register(address, "volume")
+        if i == 3:  # control: up to the cap, every address is listed
+            assert {a for a, e in _listed(watcher, "volume").items()
+                    if e["identity"] == attacker.name} == set(dead[:4])
+    listed = _listed(watcher, "volume")
+    assert {a for a, e in listed.items() if e["identity"] == attacker.name} == set(dead[-4:])
+    for address in dead[:-4]:
+        err = _refused(lambda address=address: attacker.register(address, "volume"))
+        assert (err.status, err.code) == (403, "address_not_certified")
+    assert Peer(server, "subscriber").certify(dead[0])["addresses"] == [dead[0]]  # evicted: free
+
+    honest = [Peer(server, "subscriber") for _ in range(3)]
+    mine = [_dead_address() for _ in honest]
+    for peer, address in zip(honest, mine, strict=True):
+        peer.certify(address)
+        peer.register(address, "volume")
+    for peer, address in zip(honest, mine, strict=True):  # each saw the two others answer
+        peer.register(address, "volume", seen=tuple(a for a in mine if a != address))
+    members = watcher.client.lookup("volume", sample=100)["members"]
+    vouched = [m["vouched"] for m in members]
+    assert vouched == sorted(vouched, reverse=True), "vouched members come first"
+    assert {m["address"] for m in members if m["vouched"]} == set(mine)
+    assert not any(m["vouched"] for m in members if m["identity"] == attacker.name)
+    for _ in range(10):  # a joiner asking for three gets the vouched honest members
+        assert {m["address"] for m in watcher.client.lookup("volume", sample=3)["members"]
+                } == set(mine)
+
+
+def test_a_root_is_listed_only_for_trees_its_policy_leaves_whole(server: KeyServer) -> None:
+    root, watcher = Peer(server, "root", "price < 10"), Peer(server, "subscriber")
+    address = _dead_address()
+    issued = root.certify(address)
+    binding = read_peer_certificate(
+        x509.load_pem_x509_certificate(issued["certificate"].encode())).binding
+    assert "price" not in binding.attributes and "volume" in binding.attributes
+    err = _refused(lambda: root.register(address, "price", "root"))
+    assert (err.status, err.code) == (403, "outside_policy")
+    assert address not in _listed(watcher, "price")
+    # control: the same root, a tree its policy leaves whole
+    assert root.register(address, "volume", "root")["role"] == "root"
+    assert _listed(watcher, "volume")[address]["role"] == "root"
+
+
+def test_only_the_owner_removes_its_address(server: KeyServer) -> None:
+    owner, other = Peer(server, "subscriber"), Peer(server, "subscriber")
+    address = _dead_address()
+    owner.certify(address)
+    for tree in ("volume", "price"):
+        owner.register(address, tree)
+    err = _refused(lambda: other.client.deregister(address))
+    assert (err.status, err.code) == (403, "not_owner")
+    assert all(address in _listed(other, tree) for tree in ("volume", "price"))
+
+    with bearer_client(server.base_url, owner.token) as http:
+        path = f"/v1/directory/{address}"
+        assert http.delete(path).status_code == 204
+        assert not any(address in _listed(other, tree) for tree in ("volume", "price"))
+        assert http.delete(path).status_code == 204  # nothing left to remove
+        assert http.delete(f"/v1/directory/{_dead_address()}").status_code == 204  # nobody's
+        assert http.delete("/v1/directory/LOCALHOST:1").status_code == 422
+    # without a token the gate refuses it, counted under the route's own template
+    public = KeyServerClient(server.base_url, retries=0)
+    assert _refused(lambda: public.deregister(address)).status == 401
+    assert ('ibe_keyserver_requests_total{method="DELETE",route="/v1/directory/{address}",'
+            'status="401"} 1') in public.metrics()
+
+
+def test_vouches_count_only_from_other_identities(server: KeyServer) -> None:
+    a, b, c = (Peer(server, "subscriber") for _ in range(3))
+    aa, bb, cc, cc2 = (_dead_address() for _ in range(4))
+    for peer, addresses in ((a, (aa,)), (b, (bb,)), (c, (cc, cc2))):
+        peer.certify(*addresses)
+        for address in addresses:
+            peer.register(address, "price")
+    mine = (aa, bb, cc, cc2)
+    assert not any(_listed(a, "price")[x]["vouched"] for x in mine)
+
+    a.register(aa, "price", seen=(bb,))       # A saw B answer
+    b.register(bb, "price", seen=(bb,))       # B vouches for itself
+    c.register(cc, "price", seen=(cc, cc2))   # C for itself, at its other address too
+    listed = _listed(a, "price")
+    assert {x: listed[x]["vouched"] for x in mine} == {aa: False, bb: True, cc: False,
+                                                       cc2: False}
+    for _ in range(10):  # the one vouched member comes first
+        assert [m["address"] for m in a.client.lookup("price", sample=1)["members"]] == [bb]
+    err = _refused(lambda: a.register(aa, "price", seen=("LOCALHOST:1",)))
+    assert (err.status, err.code) == (422, "non_canonical_address")
+    assert _refused(lambda: a.register(aa, "price", seen=(bb,) * 33)).status == 422
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def racing_server(request: pytest.FixtureRequest, keyserver_factory: KeyServers) -> KeyServer:
+    if request.param == "sqlite":
+        return keyserver_factory.start(init_args=SHORT_EPOCHS,
+                                       serve_args=("--workers", "1", *UNLIMITED))
+    url = fresh_database(request.getfixturevalue("postgres_url"))
+    return keyserver_factory.start(init_args=("--database-url", url, *SHORT_EPOCHS),
+                                   serve_args=("--database-url", url, "--workers", "1",
+                                               *UNLIMITED))
+
+
+def test_concurrent_claims_of_one_address_have_one_winner(racing_server: KeyServer) -> None:
+    """Eight identities certify the same free address at once: one gets it, the others 409
+    (never a 500, never two owners); again once the winner's certificate has expired,
+    which takes over an existing row instead of inserting one."""
+    peers = [Peer(racing_server, "subscriber") for _ in range(8)]
+    address = _dead_address()
+
+    def race() -> list[Peer]:
+        def claim(peer: Peer) -> Peer | None:
+            try:
+                peer.certify(address)
+            except KeyServerError as exc:
+                assert (exc.status, exc.code) == (409, "address_taken"), exc.body
+                return None
+            return peer
+
+        with ThreadPoolExecutor(len(peers)) as pool:
+            return [p for p in pool.map(claim, peers) if p is not None]
+
+    for round_ in range(2):
+        winners = race()
+        assert len(winners) == 1, f"round {round_}: {len(winners)} owners"
+        winner = winners[0]
+        winner.register(address, "symbol")  # control: the winner owns it
+        loser = next(p for p in peers if p is not winner)
+        assert _refused(lambda loser=loser: loser.register(address, "symbol")).status == 403
+        until = _listed(winner, "symbol")[address]["expires_at"]
+        time.sleep(max(0.0, until - time.time()) + 0.3)
+
+
+def test_the_cap_is_configurable(keyserver_factory: KeyServers,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--max-peer-addresses``, here through its environment variable (the TOML file and
+    the flag work the same way, ``peer.config``)."""
+    monkeypatch.setenv("IBE_PUBSUB_MAX_PEER_ADDRESSES", "2")
+    server = keyserver_factory.start(serve_args=("--workers", "1"))
+    peer, watcher = Peer(server, "subscriber"), Peer(server, "subscriber")
+    addresses = [_dead_address() for _ in range(3)]
+    err = _refused(lambda: peer.certify(*addresses))
+    assert (err.status, err.code) == (422, "too_many_addresses")
+    for address in addresses:
+        peer.certify(address)
+        peer.register(address, "symbol")
+    assert set(_listed(watcher, "symbol")) == set(addresses[-2:])
