@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from peer.arguments import CommandError
 from peer.config import ConfigError, apply_layers, load_config_file
+from peer.logsafe import EscapingFormatter
 
 COMMAND_MODULES = (
     "credentials.cli",
@@ -81,10 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(args_list)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # Log lines quote peers' strings: the formatter escapes control characters in every
+    # line, so none can forge another.
+    log_handler = logging.StreamHandler()
+    log_handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
+                        handlers=[log_handler])
     handler = getattr(args, "handler", None)
     if handler is None:
         _leaf(parser, args_list)[0].print_help()

@@ -4,6 +4,10 @@ The envelope is ``[version, kind, payload]``. ``HELLO`` opens every connection i
 both directions and carries the sender's dialable address (``""`` for a peer that
 does not listen, such as a publisher), so both ends name the link the same way.
 ``DATA`` carries one overlay message as opaque bytes (overlay/wire.py parses it).
+``END`` (no payload) says the sender writes no more DATA on this connection because it
+moved to a newer one to the same peer (a duplicate settled, a certificate renewed): the
+receiver delivers what arrives on the newer connection only after the older one's END,
+so the switch keeps the order of the frames.
 A frame whose length exceeds the limit, or whose envelope is malformed or of
 another protocol version, raises :class:`FrameError`: the caller drops it and logs.
 """
@@ -18,6 +22,7 @@ import msgpack
 PROTOCOL_VERSION = 1
 HELLO = 0
 DATA = 1
+END = 2
 HEADER = 4
 #: Large enough for an overlay message (overlay.wire.MAX_FRAME) plus the envelope.
 DEFAULT_MAX_FRAME = 4 * 1024 * 1024 + 1024
@@ -51,6 +56,10 @@ def data(payload: bytes) -> Frame:
     return Frame(DATA, payload)
 
 
+def end() -> Frame:
+    return Frame(END, b"")
+
+
 def decode_body(body: bytes) -> Frame:
     """Parse one envelope (without its length prefix) strictly."""
     try:
@@ -68,6 +77,9 @@ def decode_body(body: bytes) -> Frame:
     elif kind == DATA and not isinstance(kind, bool):
         if not isinstance(payload, bytes):
             raise FrameError("DATA must carry bytes")
+    elif kind == END and not isinstance(kind, bool):
+        if payload != b"":
+            raise FrameError("END carries no payload")
     else:
         raise FrameError(f"unknown frame kind {kind!r}")
     return Frame(kind, payload)

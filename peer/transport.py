@@ -4,12 +4,25 @@ The overlay names peers by their dialable address ``host:port``. A link dials on
 the first send, redials with exponential backoff and jitter when the connection
 drops, and gives up (dropping what was queued, with a log line) after a bounded
 number of attempts: the overlay's heartbeats decide whether a neighbour is gone.
-When two peers dial each other at once, both keep writing on the connection dialed
-by the smaller address and close the other after a short drain, so each pair
-settles on one connection. A message to the peer's own address is handed back to it
-without a socket. A peer that does not listen (a publisher) says hello
-with an empty address and is named ``~host:port`` by the other side; it can be
-answered while connected but never dialed. TLS is used when ssl contexts are given.
+When two peers dial each other at once, both keep writing on the newest connection
+dialed by the smaller address and close the others after a short drain, so each pair
+settles on one connection; a side that moves to a newer connection ends the older one
+with an END frame, and the receiver keeps the newer one's frames until then, so frames
+stay in order. A message to the peer's own address is handed back to it without a
+socket. A peer that does not listen (a publisher) says hello with an empty address and
+is named ``~host:port`` by the other side; it can be answered while connected but never
+dialed.
+
+A secure transport (the default) runs mutual TLS 1.3 on every connection with the
+credentials in :class:`peer.tls.PeerTLS`, and a peer's name is an address its certificate
+binds, never a claim: a dialer's HELLO must name an address of its certificate (or none),
+and a dialed peer's certificate must name the address dialed. The credentials may arrive
+after :meth:`Transport.listen` (the certificate names the address listened on); until
+then connections are refused and nothing is dialed. Refusals are counted by reason in
+:attr:`Transport.refused`. A connection lives no longer than the earlier of the two
+certificates it was made with: :meth:`Transport.maintain` closes expired ones and,
+shortly before expiry, has the preferred dialer make a fresh connection with the renewed
+certificate before the old one drains (make-before-break).
 """
 
 from __future__ import annotations
@@ -17,23 +30,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import ssl
-from collections import deque
-from collections.abc import Callable
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
+from credentials.peer_certificates import PeerCertificate, PeerCertificateError
 from peer import frames
+from peer.logsafe import escape
+from peer.tls import PeerTLS, peer_certificate
 
 log = logging.getLogger(__name__)
 
 MessageHandler = Callable[[str, bytes], None]
 HELLO_TIMEOUT = 5.0
+#: Default seconds between two log lines about refusals of one reason; the others are
+#: counted and summed up in the next line, so hostile connections cannot flood the log.
+REFUSAL_LOG_INTERVAL = 10.0
 DUPLICATE_DRAIN = 2.0
+_END_FRAME = frames.encode(frames.end())
+
+#: OpenSSL verification codes -> refusal reasons. A certificate from another CA fails with
+#: "unable to get issuer" (2, 20, 21), as self-signed (18, 19), or, when that CA copies our
+#: CA's name, with "certificate signature failure" (7).
+_VERIFY_REASONS = {10: "expired", 2: "foreign_ca", 7: "foreign_ca", 18: "foreign_ca",
+                   19: "foreign_ca", 20: "foreign_ca", 21: "foreign_ca"}
+#: Refusals of a dialed peer's credentials: another attempt within the backoff would meet
+#: the same certificate, so the dial stops (the next send dials again).
+_FINAL = frozenset({"no_certificate", "foreign_ca", "expired", "bad_certificate",
+                    "address_mismatch"})
 
 
 class TransportError(Exception):
     """The transport cannot do what was asked (bad address, cannot listen)."""
+
+
+class _Refused(Exception):
+    """A connection refused for ``reason`` (a key of :attr:`Transport.refused`)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -42,6 +83,27 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise TransportError(f"not a HOST:PORT address: {address!r}")
     return host.strip("[]"), int(port)
+
+
+def join_address(host: str, port: int) -> str:
+    """(host, port) -> ``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _tls_reason(exc: OSError) -> str:
+    """The refusal reason for a failed handshake."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return _VERIFY_REASONS.get(exc.verify_code, "tls")
+    if isinstance(exc, ssl.SSLError) and exc.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+        return "no_certificate"
+    return "tls"
+
+
+def _certificate_of(writer: asyncio.StreamWriter) -> PeerCertificate:
+    try:
+        return peer_certificate(writer.get_extra_info("ssl_object"))
+    except PeerCertificateError as exc:
+        raise _Refused("bad_certificate", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -66,7 +128,15 @@ class _Connection:
     writer: asyncio.StreamWriter
     #: Address of the side that dialed ("" for a non-listening dialer).
     dialer: str
+    #: The peer's verified certificate (None on a plaintext transport).
+    certificate: PeerCertificate | None = None
+    #: When the earlier of the two certificates it was made with expires (Unix time).
+    expires: float = math.inf
     closing: bool = False
+    #: DATA that arrived while the peer still owed frames on an older connection.
+    held: list[bytes] = field(default_factory=list)
+    #: The peer sent END: no more DATA comes on this connection.
+    ended: bool = False
 
 
 @dataclass(eq=False)
@@ -76,20 +146,32 @@ class _Link:
     conns: list[_Connection] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    #: The connection this side last wrote DATA on.
+    sending: _Connection | None = None
+    #: The connection the peer writes DATA on, as far as this side has seen.
+    receiving: _Connection | None = None
+    #: The expiry a renewal was last started for (one renewal per expiry).
+    renewed_for: float | None = None
 
 
 class Transport:
-    """Moves opaque payloads between peers; ``on_message(sender, payload)`` gets each one."""
+    """Moves opaque payloads between peers; ``on_message(sender, payload)`` gets each one.
 
-    def __init__(self, on_message: MessageHandler, *, max_frame: int = frames.DEFAULT_MAX_FRAME,
-                 backoff: Backoff | None = None, ssl_server: ssl.SSLContext | None = None,
-                 ssl_client: ssl.SSLContext | None = None, queue_limit: int = 4096,
-                 rng: random.Random | None = None) -> None:
+    ``secure=True`` (the default) authenticates every connection with ``tls``, which may
+    be set later (:attr:`tls`); ``secure=False`` with no ``tls`` is plaintext."""
+
+    def __init__(self, on_message: MessageHandler, *, tls: PeerTLS | None = None,
+                 secure: bool = True, max_frame: int = frames.DEFAULT_MAX_FRAME,
+                 backoff: Backoff | None = None, queue_limit: int = 4096,
+                 rng: random.Random | None = None,
+                 refusal_log_interval: float = REFUSAL_LOG_INTERVAL) -> None:
+        if tls is not None and not secure:
+            raise TransportError("a plaintext transport takes no TLS credentials")
         self.on_message = on_message
+        self.secure = secure
+        self._tls = tls
         self.max_frame = max_frame
         self.backoff = backoff or Backoff()
-        self.ssl_server = ssl_server
-        self.ssl_client = ssl_client
         self.queue_limit = queue_limit
         self.rng = rng or random.Random()
         #: This peer's dialable address, "" until :meth:`listen` (or for a publisher).
@@ -100,18 +182,45 @@ class Transport:
         self._closed = False
         #: Frames dropped unsent (queue overflow, or a neighbour given up on).
         self.dropped = 0
+        #: Connections refused, in either direction, by reason: ``not_ready``, ``tls``,
+        #: ``no_certificate``, ``foreign_ca``, ``expired``, ``bad_certificate``,
+        #: ``address_mismatch``, ``bad_hello``.
+        self.refused: Counter[str] = Counter()
+        self.refusal_log_interval = refusal_log_interval
+        self._refusal_logged_at: dict[str, float] = {}
+        self._refusals_unlogged: Counter[str] = Counter()
+        #: Connections closed because a certificate they were made with expired.
+        self.expired_links = 0
+        #: Connections replaced ahead of expiry by one made with a renewed certificate.
+        self.renewals = 0
 
     # -- public API -------------------------------------------------------------------------
+
+    @property
+    def tls(self) -> PeerTLS | None:
+        """The credentials new connections use (None: plaintext, or not yet given)."""
+        return self._tls
+
+    @tls.setter
+    def tls(self, tls: PeerTLS) -> None:
+        if not self.secure:
+            raise TransportError("a plaintext transport takes no TLS credentials")
+        if self.address and not tls.certificate.names(self.address):
+            # Every dialer would refuse it: say so now rather than as silent refusals.
+            raise TransportError(f"the certificate does not name {self.address}, this "
+                                 f"peer's address: {tls.certificate.binding.addresses!r}")
+        self._tls = tls
+        for link in self._links.values():
+            link.wake.set()  # frames queued while waiting for credentials go out now
 
     async def listen(self, host: str, port: int) -> str:
         """Accept connections on host:port (0 picks a free port); returns the address."""
         try:
-            self._server = await asyncio.start_server(self._accepted, host, port,
-                                                      ssl=self.ssl_server)
+            self._server = await asyncio.start_server(self._accepted, host, port)
         except OSError as exc:
             raise TransportError(f"cannot listen on {host}:{port}: {exc}") from exc
         bound = self._server.sockets[0].getsockname()[1]
-        self.address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+        self.address = join_address(host, bound)
         return self.address
 
     def send(self, to: str, payload: bytes) -> None:
@@ -125,13 +234,13 @@ class Transport:
         try:
             frame = frames.encode(frames.data(payload), self.max_frame)
         except frames.FrameError as exc:
-            log.warning("not sending to %s: %s", to, exc)
+            log.warning("not sending to %s: %s", escape(to), exc)
             return
         link = self._link(to)
         if len(link.queue) >= self.queue_limit:
             link.queue.popleft()
             self.dropped += 1
-            log.warning("send queue to %s is full: dropped the oldest frame", to)
+            log.warning("send queue to %s is full: dropped the oldest frame", escape(to))
         link.queue.append(frame)
         link.wake.set()
 
@@ -146,6 +255,39 @@ class Transport:
     def is_connected(self, address: str) -> bool:
         link = self._links.get(address)
         return bool(link and any(not c.closing for c in link.conns))
+
+    def peer_certificate(self, address: str) -> PeerCertificate | None:
+        """The certificate (binding and expiry) of the live connection to ``address``; None
+        if there is none or the transport is plaintext."""
+        link = self._links.get(address)
+        conn = self._writable(link) if link else None
+        return conn.certificate if conn else None
+
+    def maintain(self, now: float, renew_before: float) -> None:
+        """Close connections whose certificates expired by ``now`` (Unix time); the next
+        send redials with the current certificate. Renew, once per expiry, the links this
+        side preferably dials whose connection expires within ``renew_before`` seconds,
+        when this side's current certificate outlasts it (a fresh connection could not
+        live longer otherwise)."""
+        tls = self._tls
+        if tls is None:
+            return
+        for link in list(self._links.values()):
+            for conn in [c for c in link.conns if c.expires <= now]:
+                if not conn.closing:  # a replaced connection still draining is no loss
+                    self.expired_links += 1
+                    log.info("the connection to %s expired with its certificate; closing",
+                             escape(link.address))
+                self._drop(link, conn)
+                link.wake.set()
+            current = self._writable(link)
+            if (current is not None and now >= current.expires - renew_before
+                    and current.expires < tls.certificate.not_after
+                    and link.renewed_for != current.expires
+                    and not link.address.startswith("~")
+                    and self._preferred_dialer(link.address) == self.address):
+                link.renewed_for = current.expires
+                self._spawn(self._renew(link))
 
     async def flush(self, timeout: float) -> bool:
         """Wait until every queue is written out (or given up); False on timeout."""
@@ -189,12 +331,18 @@ class Transport:
             link.task = asyncio.get_running_loop().create_task(self._sender(link))
         return link
 
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _preferred_dialer(self, remote: str) -> str:
         return min(self.address, remote) if self.address and not remote.startswith("~") \
             else self.address
 
     def _writable(self, link: _Link) -> _Connection | None:
-        live = [c for c in link.conns if not c.closing]
+        """The newest live connection dialed by the preferred dialer (else the newest)."""
+        live = [c for c in reversed(link.conns) if not c.closing]
         preferred = self._preferred_dialer(link.address)
         return next((c for c in live if c.dialer == preferred), live[0] if live else None)
 
@@ -203,19 +351,26 @@ class Transport:
             await link.wake.wait()
             link.wake.clear()
             while link.queue and not self._closed:
+                if self.secure and self._tls is None:
+                    break  # kept queued: setting the credentials wakes the link
                 conn = self._writable(link) or await self._dial(link)
                 if conn is None:
-                    log.warning("gave up on %s: dropped %d queued frame(s)", link.address,
-                                len(link.queue))
+                    log.warning("gave up on %s: dropped %d queued frame(s)",
+                                escape(link.address), len(link.queue))
                     self.dropped += len(link.queue)
                     link.queue.clear()
                     break
+                if link.sending is not conn and link.sending in link.conns:
+                    assert link.sending is not None
+                    link.sending.writer.write(_END_FRAME)  # after its last DATA, in order
+                link.sending = conn
                 frame = link.queue[0]
                 try:
                     conn.writer.write(frame)
                     await conn.writer.drain()
                 except (ConnectionError, OSError) as exc:
-                    log.info("connection to %s broke: %s", link.address, exc)
+                    log.info("connection to %s broke: %s", escape(link.address),
+                             escape(str(exc)))
                     self._drop(link, conn)
                     continue
                 link.queue.popleft()
@@ -223,11 +378,6 @@ class Transport:
     async def _dial(self, link: _Link) -> _Connection | None:
         if link.address.startswith("~"):
             return None  # a non-listening peer that has hung up cannot be called back
-        try:
-            host, port = split_address(link.address)
-        except TransportError as exc:
-            log.warning("%s", exc)
-            return None
         for attempt in range(self.backoff.attempts):
             if attempt:
                 await asyncio.sleep(self.backoff.delay(attempt - 1, self.rng))
@@ -236,22 +386,99 @@ class Transport:
             if (existing := self._writable(link)) is not None:
                 return existing  # the neighbour dialed us meanwhile
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port, ssl=self.ssl_client), HELLO_TIMEOUT)
-                writer.write(frames.encode(frames.hello(self.address)))
-                remote = await asyncio.wait_for(self._read_hello(reader), HELLO_TIMEOUT)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError,
-                    frames.FrameError, ssl.SSLError) as exc:
-                log.info("dial %s (attempt %d) failed: %s", link.address, attempt + 1, exc)
+                conn = await self._connect(link)
+            except TransportError as exc:
+                log.warning("%s", exc)
+                return None
+            except _Refused as refusal:
+                self._count_refusal(refusal, f"to {link.address}")
+                if refusal.reason in _FINAL:
+                    return None
                 continue
-            if remote != link.address:
-                log.warning("%s introduced itself as %r; closing", link.address, remote)
-                writer.close()
+            except (OSError, TimeoutError) as exc:
+                log.info("dial %s (attempt %d) failed: %s", escape(link.address), attempt + 1,
+                         escape(str(exc)))
                 continue
-            conn = _Connection(reader, writer, dialer=self.address)
             self._attach(link, conn)
             return conn
         return None
+
+    async def _renew(self, link: _Link) -> None:
+        """Make-before-break: a fresh connection with the current certificate becomes the
+        link's writable one; the old one drains like a duplicate."""
+        try:
+            conn = await self._connect(link)
+        except _Refused as refusal:
+            self._count_refusal(refusal, f"to {link.address}")
+            return
+        except (OSError, TimeoutError, TransportError) as exc:
+            log.info("renewing the link to %s failed: %s", escape(link.address),
+                     escape(str(exc)))
+            return
+        self.renewals += 1
+        self._attach(link, conn)
+
+    async def _connect(self, link: _Link) -> _Connection:
+        """One dial: TCP, TLS (the acceptor's certificate must name the address dialed),
+        then HELLO both ways. Raises :class:`_Refused`, ``OSError`` or ``TimeoutError``."""
+        host, port = split_address(link.address)
+        tls = self._tls
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                HELLO_TIMEOUT)
+        try:
+            certificate, expires = await self._handshake(tls, writer, server_side=False)
+            if certificate is not None and not certificate.names(link.address):
+                raise _Refused("address_mismatch",
+                               f"its certificate names {certificate.binding.addresses!r}")
+            writer.write(frames.encode(frames.hello(self.address)))
+            try:
+                remote = await asyncio.wait_for(self._read_hello(reader), HELLO_TIMEOUT)
+            except ssl.SSLError as exc:  # the acceptor refused this side's certificate
+                raise _Refused(_tls_reason(exc), str(exc)) from None
+            except (OSError, TimeoutError, asyncio.IncompleteReadError,
+                    frames.FrameError) as exc:
+                raise _Refused("bad_hello", str(exc) or type(exc).__name__) from None
+            if remote != link.address:
+                raise _Refused("bad_hello", f"introduced itself as {remote!r}")
+            if self._closed:
+                raise ConnectionAbortedError("the transport is closed")
+        except BaseException:
+            writer.close()
+            raise
+        return _Connection(reader, writer, dialer=self.address, certificate=certificate,
+                           expires=expires)
+
+    async def _handshake(self, tls: PeerTLS | None, writer: asyncio.StreamWriter, *,
+                         server_side: bool) -> tuple[PeerCertificate | None, float]:
+        """TLS on an open TCP connection (nothing on a plaintext transport): the peer's
+        certificate and the connection's expiry. Raises :class:`_Refused`."""
+        if not self.secure:
+            return None, math.inf
+        if tls is None:
+            raise _Refused("not_ready", "no TLS credentials yet")
+        own = tls.certificate
+        try:
+            await writer.start_tls(tls.server_context if server_side else tls.client_context,
+                                   ssl_handshake_timeout=HELLO_TIMEOUT)
+        except OSError as exc:  # ssl.SSLError, a reset, or the handshake timing out
+            raise _Refused(_tls_reason(exc), str(exc) or type(exc).__name__) from None
+        certificate = _certificate_of(writer)
+        return certificate, min(own.not_after, certificate.not_after)
+
+    def _count_refusal(self, refusal: _Refused, peer: str) -> None:
+        """Count and log a refusal; its text quotes what the peer sent, hence escaped."""
+        reason = refusal.reason
+        self.refused[reason] += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at.get(reason, -math.inf) < self.refusal_log_interval:
+            self._refusals_unlogged[reason] += 1
+            return
+        self._refusal_logged_at[reason] = now
+        more = self._refusals_unlogged.pop(reason, 0)
+        log.warning("refused a connection %s (%s): %s%s", escape(peer), reason,
+                    escape(str(refusal)),
+                    f" (and {more} more for this reason since the last such line)" if more
+                    else "")
 
     # -- connections and receiving ----------------------------------------------------------
 
@@ -263,21 +490,32 @@ class Transport:
         return frame.payload
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = join_address(*writer.get_extra_info("peername")[:2])
         try:
-            remote = await asyncio.wait_for(self._read_hello(reader), HELLO_TIMEOUT)
-            if remote:
-                split_address(remote)
+            certificate, expires = await self._handshake(self._tls, writer, server_side=True)
+            try:
+                remote = await asyncio.wait_for(self._read_hello(reader), HELLO_TIMEOUT)
+                if remote:
+                    split_address(remote)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, frames.FrameError,
+                    TransportError) as exc:
+                raise _Refused("bad_hello", str(exc) or type(exc).__name__) from None
+            if certificate is not None and remote and not certificate.names(remote):
+                raise _Refused("address_mismatch", f"it claimed {remote!r} with a certificate "
+                               f"of {certificate.binding.identity!r} for "
+                               f"{certificate.binding.addresses!r}")
             writer.write(frames.encode(frames.hello(self.address)))
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, frames.FrameError,
-                TransportError, ssl.SSLError) as exc:
-            log.warning("refused a connection from %s: %s",
-                        writer.get_extra_info("peername"), exc)
+        except _Refused as refusal:
+            self._count_refusal(refusal, f"from {peer}")
+            writer.close()
+            return
+        if self._closed:
             writer.close()
             return
         if not remote:
-            host, port = writer.get_extra_info("peername")[:2]
-            remote = f"~{host}:{port}"
-        self._attach(self._link(remote), _Connection(reader, writer, dialer=remote))
+            remote = f"~{peer}"
+        self._attach(self._link(remote), _Connection(reader, writer, dialer=remote,
+                                                     certificate=certificate, expires=expires))
 
     def _attach(self, link: _Link, conn: _Connection) -> None:
         link.conns.append(conn)
@@ -298,6 +536,12 @@ class Transport:
         if conn in link.conns:
             link.conns.remove(conn)
         conn.writer.close()
+        if link.receiving is conn:
+            self._hand_over(link)
+        elif conn.held:  # it never became the one the peer writes on: late, not lost
+            held, conn.held = conn.held, []
+            for payload in held:
+                self._deliver(link, payload)
 
     async def _receive(self, link: _Link, conn: _Connection) -> None:
         try:
@@ -305,17 +549,58 @@ class Transport:
                 try:
                     frame = await frames.read_frame(conn.reader, self.max_frame)
                 except frames.FrameError as exc:
-                    log.warning("dropped a frame from %s: %s", link.address, exc)
+                    log.warning("dropped a frame from %s: %s", escape(link.address),
+                                escape(str(exc)))
                     continue
-                if frame.kind != frames.DATA:
-                    log.warning("dropped an unexpected HELLO from %s", link.address)
-                    continue
-                assert isinstance(frame.payload, bytes)
-                try:
-                    self.on_message(link.address, frame.payload)
-                except Exception:
-                    log.exception("handler failed on a frame from %s", link.address)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, ssl.SSLError):
-            log.info("connection from %s closed", link.address)
+                if frame.kind == frames.HELLO:
+                    log.warning("dropped an unexpected HELLO from %s", escape(link.address))
+                elif frame.kind == frames.END:
+                    self._ended(link, conn)
+                else:
+                    assert isinstance(frame.payload, bytes)
+                    self._arrived(link, conn, frame.payload)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            log.info("connection from %s closed", escape(link.address))
         finally:
             self._drop(link, conn)
+
+    def _arrived(self, link: _Link, conn: _Connection, payload: bytes) -> None:
+        """Deliver DATA, or hold it while the peer still owes frames on an older
+        connection (one it wrote on and has not ended)."""
+        if conn.ended:
+            log.warning("dropped a frame from %s sent after END", escape(link.address))
+            return
+        current = link.receiving
+        if current is not None and current is not conn and current in link.conns \
+                and not current.ended:
+            conn.held.append(payload)
+            return
+        link.receiving = conn
+        self._deliver(link, payload)
+
+    def _ended(self, link: _Link, conn: _Connection) -> None:
+        conn.ended = True
+        if link.receiving is conn:
+            self._hand_over(link)
+
+    def _hand_over(self, link: _Link) -> None:
+        """The connection the peer wrote on ended or closed: deliver what the peer wrote
+        next, connection by connection (those that already ended first)."""
+        link.receiving = None
+        while waiting := [c for c in link.conns if c.held]:
+            nxt = min(waiting, key=lambda c: not c.ended)
+            held, nxt.held = nxt.held, []
+            link.receiving = nxt
+            for payload in held:
+                self._deliver(link, payload)
+            if not nxt.ended:
+                return
+            link.receiving = None
+
+    def _deliver(self, link: _Link, payload: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            self.on_message(link.address, payload)
+        except Exception:
+            log.exception("handler failed on a frame from %s", escape(link.address))

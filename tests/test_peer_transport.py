@@ -1,40 +1,25 @@
-"""Frames and the asyncio transport over real loopback sockets (plain and TLS)."""
+"""Frames and the asyncio transport over real loopback sockets, with mutual TLS under a
+test peer-link CA (and plaintext where it is asked for)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import ssl
+import sys
 
 import msgpack
 import pytest
-from tls_certificates import self_signed
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from peer_links import FAST, Inbox, secure_peer
+from tls_certificates import PeerCA
 
+from credentials.peer_certificates import PeerCertificateError
 from peer import frames
+from peer.logsafe import EscapingFormatter, escape
 from peer.transport import Backoff, Transport, TransportError, split_address
-
-
-class Inbox:
-    """Collects (sender, payload) and lets a test wait for a count."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, bytes]] = []
-        self.changed = asyncio.Event()
-
-    def __call__(self, sender: str, payload: bytes) -> None:
-        self.items.append((sender, payload))
-        self.changed.set()
-
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[tuple[str, bytes]]:
-        async def loop() -> None:
-            while len(self.items) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        await asyncio.wait_for(loop(), timeout)
-        return self.items
-
-
-FAST = Backoff(initial=0.05, cap=0.2, attempts=4)
+from peer.transport_bench import bench_transport
 
 
 def test_frame_roundtrip_and_rejections():
@@ -42,9 +27,11 @@ def test_frame_roundtrip_and_rejections():
     assert int.from_bytes(wire[:4], "big") == len(wire) - 4
     assert frames.decode_body(wire[4:]) == frames.Frame(frames.DATA, b"abc")
     assert frames.decode_body(frames.encode(frames.hello("h:1"))[4:]).payload == "h:1"
+    assert frames.decode_body(frames.encode(frames.end())[4:]) == frames.Frame(frames.END, b"")
     bad = [b"\xc1", msgpack.packb([2, 1, b"x"]), msgpack.packb([1, 9, b"x"]),
            msgpack.packb([1, 1, "text"]), msgpack.packb([1, 0, b"bytes"]),
-           msgpack.packb([1, 1]), msgpack.packb({"a": 1}), msgpack.packb([True, 1, b""])]
+           msgpack.packb([1, 1]), msgpack.packb({"a": 1}), msgpack.packb([True, 1, b""]),
+           msgpack.packb([1, 2, b"x"]), msgpack.packb([1, 2, ""])]
     for body in bad:
         with pytest.raises(frames.FrameError):
             frames.decode_body(body)
@@ -69,20 +56,58 @@ def test_backoff_grows_capped_with_jitter():
     assert len({round(d, 6) for d in delays[5:]}) == 3  # jitter: capped delays still differ
 
 
-async def _pair(ssl_server=None, ssl_client=None, max_frame=frames.DEFAULT_MAX_FRAME):
+def test_escape_shows_control_characters_and_keeps_printable_text():
+    assert escape("127.0.0.1:80 ü") == "127.0.0.1:80 ü"
+    assert escape("a\nb\rc\td\x1b[31m\x00\x7f\x85\u2028\u2029\u202e") == \
+        "a\\nb\\rc\\td\\x1b[31m\\x00\\x7f\\x85\\u2028\\u2029\\u202e"
+    assert escape(escape("x\ny")) == escape("x\ny")
+
+
+def test_escaping_formatter_escapes_the_line_and_keeps_the_traceback():
+    formatter = EscapingFormatter("%(levelname)s %(message)s")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("t", logging.WARNING, __file__, 1, "claimed %s",
+                                   ("h:1\nWARNING forged",), sys.exc_info())
+    text = formatter.format(record)
+    first, *rest = text.splitlines()
+    assert first == "WARNING claimed h:1\\nWARNING forged"
+    assert rest[0] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"
+
+
+def test_peer_tls_takes_only_a_certificate_for_its_own_key():
+    ca, key = PeerCA(), Ed25519PrivateKey.generate()
+    tls = ca.credentials(("127.0.0.1:5",), key=key)
+    assert tls.certificate.binding.addresses == ("127.0.0.1:5",)
+    for context in (tls.server_context, tls.client_context):
+        assert context.minimum_version == ssl.TLSVersion.TLSv1_3
+        assert context.verify_mode == ssl.CERT_REQUIRED and not context.check_hostname
+    with pytest.raises(PeerCertificateError, match="another transport key"):
+        tls.install(ca.certificate(Ed25519PrivateKey.generate(), ("127.0.0.1:5",)))
+    with pytest.raises(PeerCertificateError, match="not a PEM"):
+        tls.install("junk")
+    tls.install(ca.certificate(key, ("127.0.0.1:6",)))
+    assert tls.certificate.binding.addresses == ("127.0.0.1:6",)
+
+
+async def _pair(secure: bool = True, **kwargs):
     ia, ib = Inbox(), Inbox()
-    a = Transport(ia, backoff=FAST, ssl_server=ssl_server, ssl_client=ssl_client,
-                  max_frame=max_frame)
-    b = Transport(ib, backoff=FAST, ssl_server=ssl_server, ssl_client=ssl_client,
-                  max_frame=max_frame)
+    if secure:
+        ca = PeerCA()
+        return (await secure_peer(ca, ia, **kwargs), ia, await secure_peer(ca, ib, **kwargs),
+                ib)
+    a = Transport(ia, backoff=FAST, secure=False, **kwargs)
+    b = Transport(ib, backoff=FAST, secure=False, **kwargs)
     await a.listen("127.0.0.1", 0)
     await b.listen("127.0.0.1", 0)
     return a, ia, b, ib
 
 
-def test_messages_both_ways_on_one_connection():
+@pytest.mark.parametrize("secure", [True, False], ids=["tls", "plaintext"])
+def test_messages_both_ways_on_one_connection(secure):
     async def main():
-        a, ia, b, ib = await _pair()
+        a, ia, b, ib = await _pair(secure)
         for i in range(50):
             a.send(b.address, b"m%d" % i)
         got = await ib.wait_for(50)
@@ -90,12 +115,20 @@ def test_messages_both_ways_on_one_connection():
         b.send(a.address, b"reply")  # answered on the connection a dialed
         assert await ia.wait_for(1) == [(b.address, b"reply")]
         assert len(a._links[b.address].conns) == 1 and len(b._links[a.address].conns) == 1
+        ssl_object = a._links[b.address].conns[0].writer.get_extra_info("ssl_object")
+        if secure:
+            assert ssl_object.version() == "TLSv1.3"
+            assert a.peer_certificate(b.address).binding.addresses == (b.address,)
+            assert b.peer_certificate(a.address).binding.addresses == (a.address,)
+        else:
+            assert ssl_object is None and a.peer_certificate(b.address) is None
+        assert not (a.refused or b.refused)
         await a.close()
         await b.close()
     asyncio.run(main())
 
 
-def test_simultaneous_dials_settle_on_one_connection():
+def test_simultaneous_dials_settle_on_one_connection_in_order():
     async def main():
         a, ia, b, ib = await _pair()
         for i in range(20):
@@ -107,23 +140,70 @@ def test_simultaneous_dials_settle_on_one_connection():
         a.send(b.address, b"late")
         await ib.wait_for(21)
         assert len(a._links[b.address].conns) == 1 and len(b._links[a.address].conns) == 1
-        assert sorted(p for _, p in ib.items) == sorted([b"a%d" % i for i in range(20)]
-                                                        + [b"late"])
+        # END on the abandoned connection keeps each direction in order.
+        assert [p for _, p in ib.items] == [b"a%d" % i for i in range(20)] + [b"late"]
+        assert [p for _, p in ia.items] == [b"b%d" % i for i in range(20)]
         await a.close()
+        await b.close()
+    asyncio.run(main())
+
+
+def test_frames_on_a_newer_connection_wait_for_the_older_ones_end():
+    """A peer moving to a newer connection ends the older one with END (or closes it); what
+    it writes on the newer one meanwhile is held, then delivered in the order written."""
+    claimed = "127.0.0.1:1"  # certified to the raw client below; nobody listens there
+
+    async def main():
+        ca, ib = PeerCA(), Inbox()
+        b = await secure_peer(ca, ib)
+        client = ca.credentials((claimed,))
+        host, port = split_address(b.address)
+
+        async def connect():
+            reader, writer = await asyncio.open_connection(host, port, ssl=client.client_context)
+            writer.write(frames.encode(frames.hello(claimed)))
+            assert (await frames.read_frame(reader)).payload == b.address
+            return writer
+
+        def payloads():
+            return [p for _, p in ib.items]
+
+        first = await connect()
+        first.write(frames.encode(frames.data(b"1")))
+        await ib.wait_for(1)
+        second = await connect()
+        second.write(frames.encode(frames.data(b"3")))
+        await asyncio.sleep(0.3)
+        assert payloads() == [b"1"]  # held: the first connection has not ended
+        first.write(frames.encode(frames.data(b"2")) + frames.encode(frames.end()))
+        await ib.wait_for(3)
+        assert payloads() == [b"1", b"2", b"3"]
+        third = await connect()
+        third.write(frames.encode(frames.data(b"5")))
+        second.write(frames.encode(frames.data(b"4")))
+        await asyncio.sleep(0.3)
+        assert payloads() == [b"1", b"2", b"3", b"4"]
+        second.close()  # closing ends it too
+        await ib.wait_for(5)
+        assert payloads() == [b"1", b"2", b"3", b"4", b"5"]
+        assert {sender for sender, _ in ib.items} == {claimed}
+        for writer in (first, third):
+            writer.close()
         await b.close()
     asyncio.run(main())
 
 
 def test_reconnects_after_the_neighbour_restarts():
     async def main():
-        a, _, b, ib = await _pair()
+        ca = PeerCA()
+        ib = Inbox()
+        a, b = await secure_peer(ca, Inbox()), await secure_peer(ca, ib)
         port = int(b.address.rsplit(":", 1)[1])
         a.send(b.address, b"one")
         await ib.wait_for(1)
         await b.close()
         ib2 = Inbox()
-        b2 = Transport(ib2, backoff=FAST)
-        await b2.listen("127.0.0.1", port)
+        b2 = await secure_peer(ca, ib2, port=port)  # a new key, a new certificate
         for _ in range(3):  # the first send may hit the dead connection
             a.send(b2.address, b"two")
             await asyncio.sleep(0.2)
@@ -142,6 +222,7 @@ def test_dead_neighbour_is_given_up_without_raising(caplog):
         a.send(dead, b"lost")
         await asyncio.sleep(1.0)
         assert not a.is_connected(dead) and not a._links[dead].queue
+        assert not a.refused  # an unreachable peer is no refusal
         await a.close()
     with caplog.at_level("WARNING"):
         asyncio.run(main())
@@ -150,11 +231,11 @@ def test_dead_neighbour_is_given_up_without_raising(caplog):
 
 def test_bad_and_oversized_frames_are_dropped_and_the_link_survives(caplog):
     async def main():
-        ib = Inbox()
-        b = Transport(ib, max_frame=1000)
-        await b.listen("127.0.0.1", 0)
+        ca, ib = PeerCA(), Inbox()
+        b = await secure_peer(ca, ib, max_frame=1000)
+        client = ca.credentials(())  # a non-listening peer: no address
         host, port = split_address(b.address)
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=client.client_context)
         writer.write(frames.encode(frames.hello("")))
         assert (await frames.read_frame(reader)).payload == b.address
         writer.write((5000).to_bytes(4, "big") + b"z" * 5000)  # oversized
@@ -164,47 +245,67 @@ def test_bad_and_oversized_frames_are_dropped_and_the_link_survives(caplog):
         await writer.drain()
         got = await ib.wait_for(1)
         assert got[0][1] == b"good" and got[0][0].startswith("~127.0.0.1:")
+        assert b.peer_certificate(got[0][0]).binding.addresses == ()
         b.send(got[0][0], b"answer")  # a non-listening peer is answered on its connection
         assert (await frames.read_frame(reader)).payload == b"answer"
         writer.close()
         # A client that speaks another protocol version is refused at hello.
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=client.client_context)
         writer.write(frames.encode(frames.hello("")).replace(b"\x93\x01", b"\x93\x07", 1))
-        with pytest.raises(asyncio.IncompleteReadError):
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
             await frames.read_frame(reader)
+        assert b.refused == {"bad_hello": 1}
+        writer.close()
         await b.close()
     with caplog.at_level("WARNING"):
         asyncio.run(main())
     assert "dropped a frame" in caplog.text and "refused a connection" in caplog.text
 
 
-def test_tls(tmp_path):
-    from peer.tls import client_context, server_context
-    cert, key = self_signed(tmp_path)
-
+def test_credentials_given_after_listening():
     async def main():
-        server, client = server_context(cert, key, cert), client_context(cert, cert, key)
-        a, _, b, ib = await _pair(server, client)
-        a.send(b.address, b"secret")
-        assert (await ib.wait_for(1))[0][1] == b"secret"
-        # A plain-TCP client cannot talk to a TLS peer.
-        plain = Transport(Inbox(), backoff=Backoff(initial=0.01, attempts=1))
-        plain.send(b.address, b"x")
+        ca, ia, ib = PeerCA(), Inbox(), Inbox()
+        a = Transport(ia, backoff=FAST)
+        b = Transport(ib, backoff=FAST)
+        await a.listen("127.0.0.1", 0)
+        await b.listen("127.0.0.1", 0)
+        with pytest.raises(TransportError, match="does not name"):
+            a.tls = ca.credentials(("127.0.0.1:1",))
+        a.tls = ca.credentials((a.address,))
+        # b has no credentials yet: it refuses a's dial and dials nothing itself.
+        a.send(b.address, b"too early")
+        b.send(a.address, b"queued")
         await asyncio.sleep(0.5)
-        assert not plain.is_connected(b.address) and len(ib.items) == 1
-        for t in (a, b, plain):
-            await t.close()
+        assert b.refused["not_ready"] >= 1 and not ia.items and not ib.items
+        assert b._links[a.address].queue  # kept, not dropped
+        b.tls = ca.credentials((b.address,))
+        assert await ia.wait_for(1) == [(b.address, b"queued")]
+        a.send(b.address, b"now")
+        assert (await ib.wait_for(1))[-1] == (a.address, b"now")
+        await a.close()
+        await b.close()
     asyncio.run(main())
-    assert isinstance(client_context(cert), ssl.SSLContext)
+    with pytest.raises(TransportError):
+        Transport(Inbox(), secure=False, tls=PeerCA().credentials())
+    with pytest.raises(TransportError):
+        Transport(Inbox(), secure=False).tls = PeerCA().credentials()
 
 
 def test_a_message_to_itself_is_handed_back_without_a_socket():
     async def main():
         inbox = Inbox()
-        t = Transport(inbox)
+        t = Transport(inbox, secure=False)
         await t.listen("127.0.0.1", 0)
         t.send(t.address, b"self")
         assert await inbox.wait_for(1) == [(t.address, b"self")]
         assert t.address not in t._links
         await t.close()
     asyncio.run(main())
+
+
+def test_bench_transport_times_both_modes():
+    result = bench_transport(connections=5)
+    assert result["connections"] == 5
+    assert result["tls_ms"] > 0 and result["plaintext_ms"] > 0
+    assert result["tls_overhead_ms"] == pytest.approx(result["tls_ms"] - result["plaintext_ms"],
+                                                      abs=0.002)

@@ -1,15 +1,27 @@
-"""A throwaway self-signed certificate for 127.0.0.1, for the TLS tests."""
+"""Throwaway certificates for the TLS tests: a self-signed one for 127.0.0.1 (the key
+server's HTTPS), and a peer-link CA minting peers' credentials as the key server does."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
+
+from credentials.peer_certificates import (
+    PeerBinding,
+    ca_certificate,
+    issue_peer_certificate,
+    to_pem,
+)
+from peer.tls import PeerTLS
 
 
 def self_signed(directory: Path) -> tuple[str, str]:
@@ -30,3 +42,30 @@ def self_signed(directory: Path) -> tuple[str, str]:
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return str(cert_file), str(key_file)
+
+
+class PeerCA:
+    """A peer-link CA of its own key (two instances are foreign to each other), issuing
+    certificates with :func:`credentials.peer_certificates.issue_peer_certificate`."""
+
+    def __init__(self) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.pem = to_pem(ca_certificate(self.key))
+
+    def certificate(self, key: Ed25519PrivateKey, addresses: Sequence[str] = (), *,
+                    identity: str = "peer", role: str = "subscriber",
+                    lifetime: float = 3600.0, issued: float | None = None) -> str:
+        """A PEM certificate for ``key`` valid from ``issued`` (default now) for
+        ``lifetime`` seconds."""
+        issued = time.time() if issued is None else issued
+        binding = PeerBinding(identity, role, tuple(addresses), (), 1)
+        return to_pem(issue_peer_certificate(self.key, key.public_key(), binding, issued,
+                                             issued + lifetime))
+
+    def credentials(self, addresses: Sequence[str] = (), *, key: Ed25519PrivateKey | None = None,
+                    identity: str = "peer", lifetime: float = 3600.0,
+                    issued: float | None = None) -> PeerTLS:
+        """:class:`PeerTLS` for ``key`` (a new one by default) under this CA."""
+        key = key or Ed25519PrivateKey.generate()
+        return PeerTLS(key, self.certificate(key, addresses, identity=identity,
+                                             lifetime=lifetime, issued=issued), self.pem)
