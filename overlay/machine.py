@@ -72,6 +72,8 @@ class Stats:
     dropped: int = 0
     #: Events that decrypted and matched but failed the publisher's signature.
     forged: int = 0
+    #: Parents taken for failed after falling silent (a link that broke under a peer).
+    parents_lost: int = 0
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,19 @@ class PeerMachine:
     def epoch(self) -> int:
         return max(self.epochs, default=0)
 
+    def answered_recently(self, attribute: str, now: float) -> list[str]:
+        """Other peers of ``attribute``'s tree heard from within the failure timeout: the
+        neighbours this peer can vouch for in the directory, so newcomers try live contacts
+        before addresses that nobody has seen answer."""
+        heard = set()
+        for vp in self.vpeers.values():
+            if vp.attribute == attribute:
+                links = [*vp.parents.items(), *vp.children.items()]
+                heard.update(node[0] for node, link in links
+                             if now - link.last_heard <= self.config.failure_timeout)
+        heard.discard(self.address)
+        return sorted(heard)
+
     def join(self, contacts: Mapping[str, Sequence[str]], now: float) -> list[Action]:
         """Connect every subscriber virtual peer to its tree through one of ``contacts``
         (addresses of peers of the tree, e.g. its root, per attribute)."""
@@ -268,6 +283,7 @@ class PeerMachine:
             remote = [p for p in vp.parents if p[0] != self.address]
             lost = [p for p in remote if now - vp.parents[p].last_heard > cfg.failure_timeout]
             for parent in lost:
+                self.stats.parents_lost += 1
                 out.append(Log("info", f"{vp.vp}: parent {parent[0]} silent, rejoining"))
                 out += self._lose_parent(vp, parent, now)
             if now >= vp.next_ping_at and remote:

@@ -57,6 +57,14 @@ def add_ca_file(parser: argparse.ArgumentParser) -> None:
                         "(default: the system's CAs)")
 
 
+def add_insecure_transport(parser: argparse.ArgumentParser) -> None:
+    """``--insecure-transport``, for every command that opens peer links."""
+    parser.add_argument("--insecure-transport", action="store_true",
+                        help="plaintext peer links that take each peer's claimed address on "
+                        "trust, so one connection can eclipse a peer (for experiments only; "
+                        "default: mutual TLS with certificates from the key server)")
+
+
 def _parse(kind: type, text: str, expected: str):  # type: ignore[no-untyped-def]
     try:
         return kind(text)

@@ -74,6 +74,10 @@ class Cluster:
     routing: str = "ohf"
     max_children: int = 4
     verbose: bool = False
+    #: Plaintext peer links (``--insecure-transport``) instead of mutual TLS.
+    insecure_transport: bool = False
+    #: More ``peer run`` options for every peer, e.g. ``("--failure-timeout", "4")``.
+    peer_args: tuple[str, ...] = ()
     peers: dict[str, PeerProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,23 +111,27 @@ class Cluster:
         self.peers[name] = peer
         return peer
 
-    def _run_args(self, peer_name: str) -> list[str]:
-        base = self.workdir / peer_name
-        return ["peer", "run", "--server", self.server, "--listen", "127.0.0.1:0",
-                "--routing", self.routing, "--max-children", str(self.max_children),
-                "--ready-file", f"{base}.ready.json", "--stats-out", f"{base}.stats.json"]
+    def _transport_args(self) -> list[str]:
+        return ["--insecure-transport"] if self.insecure_transport else []
 
-    def start_root(self, name: str, attributes: list[str], token: str | None = None
-                   ) -> PeerProcess:
+    def _run_args(self, peer_name: str, listen: str) -> list[str]:
+        base = self.workdir / peer_name
+        return ["peer", "run", "--server", self.server, "--listen", listen,
+                "--routing", self.routing, "--max-children", str(self.max_children),
+                "--ready-file", f"{base}.ready.json", "--stats-out", f"{base}.stats.json",
+                *self._transport_args(), *self.peer_args]
+
+    def start_root(self, name: str, attributes: list[str], token: str | None = None,
+                   listen: str = "127.0.0.1:0") -> PeerProcess:
         token = token or self.identity(name, "root")
         roots = [x for a in attributes for x in ("--root", a)]
-        return self._spawn(name, "root", token, [*self._run_args(name), *roots])
+        return self._spawn(name, "root", token, [*self._run_args(name, listen), *roots])
 
-    def start_subscriber(self, name: str, subscription: str, token: str | None = None
-                         ) -> PeerProcess:
+    def start_subscriber(self, name: str, subscription: str, token: str | None = None,
+                         listen: str = "127.0.0.1:0") -> PeerProcess:
         token = token or self.identity(name, "subscriber")
         return self._spawn(name, "subscriber", token, [
-            *self._run_args(name), "--subscribe", subscription,
+            *self._run_args(name, listen), "--subscribe", subscription,
             "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription)
 
     def wait_ready(self, peers: list[PeerProcess], timeout: float = 60.0) -> None:
@@ -152,7 +160,8 @@ class Cluster:
         return subprocess.run(
             cli_command("publish", "--server", self.server, "--advertise", advertisement,
                         "--events", str(events_path), "--interval", str(interval),
-                        "--sent-out", str(self.workdir / f"{name}.sent.jsonl")),
+                        "--sent-out", str(self.workdir / f"{name}.sent.jsonl"),
+                        *self._transport_args()),
             env=self._env(token), capture_output=True, text=True, timeout=timeout,
             check=False)
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from peer.arguments import (
     CommandError,
     add_ca_file,
+    add_insecure_transport,
+    bench_group,
     non_negative_float,
     non_negative_int,
     positive_int,
@@ -53,20 +55,6 @@ def _write_json_atomically(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _tls(args: argparse.Namespace) -> dict[str, Any]:
-    from peer.tls import client_context, server_context
-
-    if not (args.tls_cert or args.tls_key or args.tls_ca):
-        return {}
-    if not (args.tls_cert and args.tls_key and args.tls_ca):
-        raise CommandError("TLS needs --tls-cert, --tls-key and --tls-ca together")
-    try:
-        return {"ssl_server": server_context(args.tls_cert, args.tls_key, args.tls_ca),
-                "ssl_client": client_context(args.tls_ca, args.tls_cert, args.tls_key)}
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"cannot load the TLS files: {exc}") from exc
-
-
 def _stop_on_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -82,7 +70,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
     from overlay.config import OverlayConfig
     from peer.events_io import EventWriter
     from peer.node import NodeError, NodeOptions, PeerNode
-    from peer.transport import Transport, TransportError
+    from peer.transport import TransportError
 
     options = NodeOptions(
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
@@ -93,10 +81,9 @@ async def _run_peer(args: argparse.Namespace) -> int:
                               recruit_rounds=args.recruit_rounds),
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         server_key=_server_key(args.server_key), known_servers=_known_servers(args),
-        ca_file=args.ca_file)
-    transport = Transport(lambda sender, payload: None, **_tls(args))
+        ca_file=args.ca_file, insecure_transport=args.insecure_transport)
     try:
-        node = PeerNode(options, transport)
+        node = PeerNode(options)
     except NodeError as exc:
         raise CommandError(str(exc)) from exc
     writer = EventWriter(args.events_out) if options.subscribe is not None else None
@@ -116,7 +103,8 @@ async def _run_peer(args: argparse.Namespace) -> int:
         if args.ready_file:
             _write_json_atomically(args.ready_file, {"address": node.address,
                                                      "pid": os.getpid(),
-                                                     "attributes": node.attributes})
+                                                     "attributes": node.attributes,
+                                                     "join_seconds": node.join_seconds})
 
     announcer = asyncio.get_running_loop().create_task(announce())
     await stop.wait()
@@ -145,12 +133,11 @@ async def _publish(args: argparse.Namespace) -> int:
     from keyserver.client import KeyServerError
     from peer.events_io import EventFileError, read_events
     from peer.publisher import EventPublisher, PublishRefused
-    from peer.transport import Transport
 
     publisher = EventPublisher(args.server, args.token, args.advertise,
                                server_key=_server_key(args.server_key),
                                known_servers=_known_servers(args), ca_file=args.ca_file,
-                               transport=Transport(lambda s, p: None, **_tls(args)))
+                               insecure_transport=args.insecure_transport)
     try:
         await publisher.enrol()
         assert publisher.params is not None
@@ -195,12 +182,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     try:
         report = run_demo(peers=args.peers, routing=args.routing, events=args.events,
-                          seed=args.seed, workdir=args.workdir, max_children=args.max_children)
+                          seed=args.seed, workdir=args.workdir, max_children=args.max_children,
+                          insecure_transport=args.insecure_transport)
     except DemoError as exc:
         raise CommandError(str(exc)) from exc
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True))
     return 0 if report["ok"] else 1
+
+
+# -- bench transport -----------------------------------------------------------------------
+
+def cmd_bench_transport(args: argparse.Namespace) -> int:
+    from peer.transport_bench import bench_transport
+
+    result = bench_transport(args.connections)
+    print(f"{result['connections']} connections on loopback: mutual TLS "
+          f"{result['tls_ms']:.2f} ms, plaintext {result['plaintext_ms']:.2f} ms per "
+          f"connection (+{result['tls_overhead_ms']:.2f} ms)", file=sys.stderr)
+    if args.json:
+        _write_json_atomically(args.json, result)
+    return 0
 
 
 # -- registration --------------------------------------------------------------------------
@@ -215,9 +217,7 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
                    help="where key servers' keys are recorded on first contact (default: "
                    "ibe-pubsub/known_servers.json in $XDG_CONFIG_HOME or ~/.config)")
     add_ca_file(p)
-    p.add_argument("--tls-cert", help="this peer's TLS certificate (PEM) for peer links")
-    p.add_argument("--tls-key", help="its private key (PEM)")
-    p.add_argument("--tls-ca", help="CA certificate (PEM) that signed every peer's certificate")
+    add_insecure_transport(p)
 
 
 def register(subparsers: Any) -> None:
@@ -295,6 +295,18 @@ def register(subparsers: Any) -> None:
                       help="children per virtual peer (small: deeper trees)")
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated workload")
     demo.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    add_insecure_transport(demo)
     demo.add_argument("--workdir", metavar="DIR",
                       help="keep logs and files here (default: a temporary directory)")
     demo.set_defaults(handler=cmd_demo)
+
+    transport = bench_group(subparsers).add_parser(
+        "transport", help="the cost of opening an authenticated peer link",
+        description="Open --connections fresh peer links on loopback, each one TCP connect, "
+                    "a mutual TLS 1.3 handshake with Ed25519 certificates from a throwaway "
+                    "CA, HELLO both ways and a first frame, then the same in plaintext; "
+                    "prints and writes (--json) the mean milliseconds per connection.")
+    transport.add_argument("--connections", type=positive_int, default=200,
+                           help="connections per mode")
+    transport.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    transport.set_defaults(handler=cmd_bench_transport)

@@ -3,9 +3,10 @@
 Everything runs as real processes on embedded defaults: a key server on a
 temporary SQLite data directory, one root peer per attribute, subscriber peers
 with varied subscriptions (numeric ranges and string prefixes over the stock
-quote schema), and one publisher. Ground truth is computed from the plaintext
-predicates; the demo fails if any subscriber missed an event or got one it
-should not have.
+quote schema), and one publisher. Peer links are mutually authenticated TLS with
+certificates from the key server (plaintext only with ``insecure_transport``).
+Ground truth is computed from the plaintext predicates; the demo fails if any
+subscriber missed an event or got one it should not have.
 """
 
 from __future__ import annotations
@@ -106,16 +107,17 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run_demo(peers: int = 8, routing: str = "ohf", events: int = 60, seed: int = 7,
-             workdir: str | None = None, max_children: int = 3) -> dict[str, Any]:
+             workdir: str | None = None, max_children: int = 3,
+             insecure_transport: bool = False) -> dict[str, Any]:
     """Run the whole demo; returns the report (``ok`` says whether every delivery matched)."""
     with tempfile.TemporaryDirectory(prefix="ibe-pubsub-demo-") as tmp:
         root = Path(workdir) if workdir else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        return _run(root, peers, routing, events, seed, max_children)
+        return _run(root, peers, routing, events, seed, max_children, insecure_transport)
 
 
-def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_children: int
-         ) -> dict[str, Any]:
+def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_children: int,
+         insecure_transport: bool) -> dict[str, Any]:
     rng = random.Random(seed)
     started = time.monotonic()
     passphrase = secrets.token_urlsafe(24)
@@ -133,11 +135,13 @@ def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_childr
         wait_ready(url, server)
         progress(f"key server ready at {url}")
         cluster = Cluster(url, (data / "admin.token").read_text().strip(), root / "peers",
-                          routing=routing, max_children=max_children)
+                          routing=routing, max_children=max_children,
+                          insecure_transport=insecure_transport)
         schema = default_schema()
         roots = [cluster.start_root(f"root-{a}", [a]) for a in schema.names]
         cluster.wait_ready(roots)
-        progress(f"{len(roots)} root peers ready ({routing} routing)")
+        links = "plaintext" if insecure_transport else "mutual TLS"
+        progress(f"{len(roots)} root peers ready ({routing} routing, {links} peer links)")
         subs = subscriptions(peers, rng)
         procs = [cluster.start_subscriber(name, text) for name, text in subs]
         cluster.wait_ready(procs, timeout=90)
@@ -166,6 +170,7 @@ def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_childr
                "expected": sum(r["expected"] for r in rows),
                "false_positives": sum(r["false_positives"] or 0 for r in rows),
                "mean_delay_ms": round(sum(delays) / len(delays), 1) if delays else None,
+               "transport": "plaintext" if insecure_transport else "mutual TLS",
                "seconds": round(elapsed, 1)}
     print(f"\n{'OK' if ok else 'FAILED'}: {summary['deliveries']} of {summary['expected']} "
           f"expected deliveries to {len(rows)} subscribers, "

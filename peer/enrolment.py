@@ -18,22 +18,25 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from credentials import codec, scheme
 from credentials.backends import load_group
+from credentials.certificates import fingerprint
 from credentials.decompose import root_credential
 from credentials.keys import PublisherKey
 from credentials.predicates import Predicate
 from keyserver.bundles import (
     ServerParams,
     SubscriberBundle,
+    TransportCertificate,
     decode_params,
     decode_publisher_bundle,
     decode_root_certificate,
     decode_root_token,
     decode_subscriber_bundle,
+    decode_transport_certificate,
 )
 from keyserver.client import KeyServerClient
 from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from overlay.crypto_real import RealCrypto
-from peer.known_servers import KnownServers, fingerprint
+from peer.known_servers import KnownServers
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,16 @@ def enrol_root(client: KeyServerClient, params: ServerParams, attribute: str,
     token = decode_root_token(params.pp.group, doc, credential, cert.epoch)
     return RootKit(credential, cert.epoch, cert.to_bytes(), signer, token), \
         float(doc["epoch_end"])
+
+
+def certify_link_key(client: KeyServerClient, params: ServerParams, key: Ed25519PrivateKey,
+                     addresses: list[str], next_epoch: bool = False) -> TransportCertificate:
+    """The key server's certificate of ``key`` for this identity at ``addresses`` (none for
+    a peer that does not listen), this epoch or the next, checked against the peer-link CA."""
+    raw = key.public_key().public_bytes_raw()
+    doc = client.enrol_transport(base64.b64encode(raw).decode(), addresses,
+                                 epoch="next" if next_epoch else None)
+    return decode_transport_certificate(doc, params, raw)
 
 
 def enrol_publisher(client: KeyServerClient, params: ServerParams, advertisement: Predicate,

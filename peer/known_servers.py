@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import fcntl
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from credentials.certificates import fingerprint
 from keyserver.bundles import BundleError
 
 
@@ -26,11 +26,6 @@ def default_path() -> Path:
     """``$XDG_CONFIG_HOME/ibe-pubsub/known_servers.json`` (``~/.config`` without it)."""
     config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(config_home) / "ibe-pubsub" / "known_servers.json"
-
-
-def fingerprint(key: bytes) -> str:
-    """SHA-256 of the raw key in unpadded base64, as SSH shows host keys."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key).digest()).decode().rstrip("=")
 
 
 def normalise_url(url: str) -> str:

@@ -3,9 +3,12 @@
 The node moves bytes between the transport and :class:`overlay.machine.PeerMachine`,
 calls its ``tick`` periodically and performs the actions it returns; it holds no
 protocol logic. Around that it does the peer's I/O with the key server: enrolment,
-directory registration (renewed before its time-to-live runs out), contact lookup,
-and fetching the next epoch's keys during the grace window before each rollover.
-Blocking HTTP calls run in a worker thread so timers keep running.
+the certificate of its link key for its listening address (mutual TLS on every peer
+link unless ``insecure_transport``), directory registration (renewed before its
+time-to-live runs out, vouching for the neighbours that answered), contact lookup
+(roots and vouched members first), and fetching the next epoch's keys and link
+certificate during the grace window before each rollover. Blocking HTTP calls run in
+a worker thread so timers keep running.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from credentials.peer_certificates import PeerCertificateError, canonical_address
 from credentials.predicates import Predicate, parse_predicate
 from credentials.scheme import Event
-from keyserver.bundles import BundleError, ServerParams
+from keyserver.bundles import BundleError, ServerParams, TransportCertificate
 from keyserver.client import KeyServerClient, KeyServerError
 from overlay.actions import Action, Connected, Deliver, Log, Send
 from overlay.config import OverlayConfig
@@ -31,6 +35,7 @@ from overlay.machine import PeerMachine
 from overlay.wire import Message, Publish, WireError, decode
 from peer import enrolment
 from peer.known_servers import KnownServers
+from peer.tls import PeerTLS
 from peer.transport import Transport, split_address
 
 log = logging.getLogger(__name__)
@@ -38,6 +43,10 @@ log = logging.getLogger(__name__)
 DeliveryCallback = Callable[[Event], None]
 #: Events waiting for processing beyond this are dropped (the peer is overloaded).
 MAX_EVENT_BACKLOG = 10_000
+#: Neighbours vouched for per tree and renewal (the directory takes at most 32).
+MAX_SEEN = 32
+#: Seconds a leaving peer gives the key server to drop its directory entries.
+LEAVE_TIMEOUT = 2.0
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
@@ -63,6 +72,9 @@ class NodeOptions:
     known_servers: KnownServers | None = None
     #: CA certificates (PEM) to check the key server's TLS certificate with; None: the system's.
     ca_file: str | None = None
+    #: Plaintext peer links that take every peer's claimed address on trust (experiments
+    #: only): the default is mutual TLS under the key server's peer-link CA.
+    insecure_transport: bool = False
     seed: int | None = None
 
 
@@ -73,13 +85,12 @@ class NodeError(Exception):
 class PeerNode:
     """One subscriber or root peer process' worth of state, run on the current event loop."""
 
-    def __init__(self, options: NodeOptions, transport: Transport | None = None) -> None:
+    def __init__(self, options: NodeOptions) -> None:
         if bool(options.subscribe is not None) == bool(options.roots):
             raise NodeError("a peer is either a subscriber (--subscribe) or a root (--root)")
         self.options = options
         self.rng = random.Random(options.seed)
-        self.transport = transport or Transport(self._received)
-        self.transport.on_message = self._received
+        self.transport = Transport(self._received, secure=not options.insecure_transport)
         self.client = KeyServerClient(options.server, options.token,
                                       verify=options.ca_file or True)
         self.machine: PeerMachine | None = None
@@ -88,6 +99,9 @@ class PeerNode:
         self.ready = asyncio.Event()
         self.epoch_end = 0.0
         self._signers: dict[str, Ed25519PrivateKey] = {}
+        #: The key of this peer's TLS links, certified by the key server for its address.
+        self._link_key = Ed25519PrivateKey.generate()
+        self.link_certificate: TransportCertificate | None = None
         self._callbacks: list[DeliveryCallback] = []
         self._queues: list[asyncio.Queue[Event]] = []
         self._stopping = asyncio.Event()
@@ -98,6 +112,9 @@ class PeerNode:
         self._drainer: asyncio.Task[None] | None = None
         self._register_at = 0.0
         self._background: asyncio.Task[None] | None = None
+        self._join_started = 0.0
+        #: Seconds from the first join message to every virtual peer attached (0 for a root).
+        self.join_seconds: float | None = None
 
     # -- application API ----------------------------------------------------------------------
 
@@ -134,7 +151,14 @@ class PeerNode:
         return sorted({vp.attribute for vp in self.machine.vpeers.values()})
 
     def stats(self) -> dict[str, object]:
-        out: dict[str, object] = {"address": self.address, "epoch_end": self.epoch_end}
+        transport = self.transport
+        out: dict[str, object] = {
+            "address": self.address, "epoch_end": self.epoch_end,
+            "join_seconds": self.join_seconds,
+            "transport": {"secure": transport.secure, "refused": dict(transport.refused),
+                          "renewals": transport.renewals,
+                          "expired_links": transport.expired_links,
+                          "dropped": transport.dropped}}
         if self.machine is not None:
             out |= asdict(self.machine.stats) | {"epochs": sorted(self.machine.epochs)}
         return out
@@ -146,19 +170,26 @@ class PeerNode:
         host, port = split_address(self.options.listen)
         await self.transport.listen(host, port)
         try:
+            canonical_address(self.address)
+        except PeerCertificateError as exc:
+            await self.transport.close(0)
+            raise NodeError(f"--listen {self.options.listen}: {exc}") from exc
+        try:
             await asyncio.to_thread(self._enrol)
+            self._install_link_certificate(await asyncio.to_thread(self._certify, False))
         except Exception:
             await self.transport.close(0)
             self.client.close()
             raise
         assert self.machine is not None
-        now = time.time()
         if self.options.roots:
             await asyncio.to_thread(self._register)
+            self.join_seconds = 0.0
             self.ready.set()
         else:
             contacts = await self._wait_for_contacts()
-            self._perform(self.machine.join(contacts, now))
+            self._join_started = time.monotonic()
+            self._perform(self.machine.join(contacts, time.time()))
         self._timer = asyncio.get_running_loop().create_task(self._timers())
 
     async def stop(self) -> None:
@@ -174,6 +205,11 @@ class PeerNode:
         await self.transport.close(flush_timeout=2.0)
         if self._background is not None:
             self._background.cancel()
+        if self.ready.is_set():
+            try:  # leave the directory at once rather than when the lease runs out
+                await asyncio.to_thread(self.client.deregister, self.address, LEAVE_TIMEOUT)
+            except KeyServerError as exc:
+                log.info("could not leave the directory: %s", exc)
         self.client.close()
 
     # -- enrolment and the directory ----------------------------------------------------------
@@ -204,6 +240,23 @@ class PeerNode:
             self.machine = PeerMachine(self.address, crypto, config, rng, kit=kit)
         self._refresh_at = self._refresh_time()
 
+    def _certify(self, next_epoch: bool) -> TransportCertificate:
+        """The key server's certificate of this peer's link key for its address."""
+        assert self.params is not None
+        return enrolment.certify_link_key(self.client, self.params, self._link_key,
+                                          [self.address], next_epoch)
+
+    def _install_link_certificate(self, certificate: TransportCertificate) -> None:
+        """New handshakes present it; open links are renewed by ``Transport.maintain``."""
+        assert self.params is not None
+        self.link_certificate = certificate
+        if not self.transport.secure:
+            return
+        if self.transport.tls is None:
+            self.transport.tls = PeerTLS(self._link_key, certificate.pem, self.params.peer_ca)
+        else:
+            self.transport.tls.install(certificate.pem)
+
     def _refresh_time(self) -> float:
         """A random moment in the first half of the grace window before the rollover."""
         assert self.params is not None
@@ -211,16 +264,25 @@ class PeerNode:
         return self.epoch_end - grace + self.rng.uniform(0.05, 0.5) * grace
 
     def _register(self) -> None:
+        """Renew this peer's lease in each of its trees, vouching for the neighbours there
+        that answered recently."""
+        assert self.machine is not None
         role = "root" if self.options.roots else "subscriber"
+        now = time.time()
         for attribute in self.attributes:
-            self.client.register(self.address, attribute, role, self.options.directory_ttl)
+            self.client.register(self.address, attribute, role, self.options.directory_ttl,
+                                 seen=self.machine.answered_recently(attribute, now)[:MAX_SEEN])
         self._register_at = time.time() + self.options.directory_ttl / 3
 
     def _lookup(self) -> dict[str, list[str]]:
+        """Contacts per tree: its roots and the members another peer vouched for; members
+        nobody vouched for only when there is nothing else, since anyone may register
+        addresses it owns that never answer."""
         contacts = {}
         for attribute in self.attributes:
             doc = self.client.lookup(attribute)
-            contacts[attribute] = [e["address"] for e in doc["roots"] + doc["members"]]
+            vouched = [e["address"] for e in doc["roots"] + doc["members"] if e["vouched"]]
+            contacts[attribute] = vouched or [e["address"] for e in doc["members"]]
         return contacts
 
     async def _wait_for_contacts(self, timeout: float = 30.0) -> dict[str, list[str]]:
@@ -235,9 +297,10 @@ class PeerNode:
                 raise NodeError(f"no peer of tree(s) {', '.join(missing)} in the directory")
             await asyncio.sleep(0.5)
 
-    def _rekey(self) -> tuple[float, SubscriberKit | None, list[RootKit]]:
-        """Keys of the next epoch and its end (run in a worker thread)."""
+    def _rekey(self) -> tuple[float, SubscriberKit | None, list[RootKit], TransportCertificate]:
+        """Keys and link certificate of the next epoch, and its end (in a worker thread)."""
         assert self.params is not None
+        certificate = self._certify(next_epoch=True)
         if self.options.roots:
             roots = []
             end = 0.0
@@ -245,19 +308,19 @@ class PeerNode:
                 root, end = enrolment.enrol_root(self.client, self.params, attribute, signer,
                                                  next_epoch=True)
                 roots.append(root)
-            return end, None, roots
+            return end, None, roots, certificate
         assert self.predicate is not None
         kit, end = enrolment.enrol_subscriber(
             self.client, self.params, self.predicate, next_epoch=True,
             max_credentials=self.options.max_credentials, fine_depth=self.options.fine_depth)
-        return end, kit, []
+        return end, kit, [], certificate
 
     async def _background_work(self, now: float) -> None:
         """Key refresh and directory renewal; failures are logged and retried later."""
         assert self.machine is not None and self.params is not None
         if now >= self._refresh_at:
             try:
-                end, kit, roots = await asyncio.to_thread(self._rekey)
+                end, kit, roots, certificate = await asyncio.to_thread(self._rekey)
             except (KeyServerError, BundleError) as exc:  # refused or unreachable: retry later
                 log.warning("fetching next-epoch keys failed: %s", exc)
                 self._refresh_at = now + 2.0
@@ -267,6 +330,7 @@ class PeerNode:
                 self.machine.config = replace(self.machine.config, grace=max(
                     0.0, self.epoch_end + self.params.grace - now))
                 self._perform(self.machine.rekey(now, kit=kit, roots=roots))
+                self._install_link_certificate(certificate)
                 self.epoch_end = end
                 self._refresh_at = self._refresh_time()
                 log.info("keys of the next epoch installed (valid until %.0f)", end)
@@ -295,8 +359,13 @@ class PeerNode:
             now = time.time()
             if now >= self._next_tick:
                 self._tick(now)
+            if self.params is not None:
+                # Re-handshake links at the rollover, by when every live peer holds its next
+                # certificate, leaving the grace period for the old connections to drain.
+                self.transport.maintain(now, renew_before=self.params.grace)
             if not self.ready.is_set() and all(vp.attached for vp in
                                                 self.machine.vpeers.values()):
+                self.join_seconds = time.monotonic() - self._join_started
                 self.ready.set()
                 self._register_at = now  # join the directory as a contact for others
             if self._background is None or self._background.done():

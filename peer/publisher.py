@@ -1,8 +1,10 @@
 """The publisher side: enrol for an advertisement, encrypt and sign, send to every tree's root.
 
 A publisher does not listen: it dials the roots found in the directory and its
-events enter each attribute tree there (through :meth:`PeerMachine.publish`).
-An event outside the advertisement is refused here, before anything is sent.
+events enter each attribute tree there (through :meth:`PeerMachine.publish`). Its
+link key is certified with no address, so roots know it as a publisher that can be
+answered but never dialed. An event outside the advertisement is refused here,
+before anything is sent.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import asyncio
 import logging
 import random
 import time
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from credentials.predicates import Predicate, parse_predicate
 from credentials.scheme import Event, NotAuthorized
@@ -21,6 +25,7 @@ from overlay.config import OverlayConfig
 from overlay.machine import PeerMachine
 from peer import enrolment
 from peer.known_servers import KnownServers
+from peer.tls import PeerTLS
 from peer.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -35,14 +40,13 @@ class EventPublisher:
     server's key is trusted as in :func:`peer.enrolment.fetch_params`."""
 
     def __init__(self, server: str, token: str, advertisement: str,
-                 server_key: bytes | None = None, transport: Transport | None = None,
-                 known_servers: KnownServers | None = None, ca_file: str | None = None
-                 ) -> None:
+                 server_key: bytes | None = None, known_servers: KnownServers | None = None,
+                 ca_file: str | None = None, insecure_transport: bool = False) -> None:
         self.client = KeyServerClient(server, token, verify=ca_file or True)
         self.advertisement_text = advertisement
         self.server_key = server_key
         self.known_servers = known_servers
-        self.transport = transport or Transport(self._received)
+        self.transport = Transport(self._received, secure=not insecure_transport)
         self.params: ServerParams | None = None
         self.keys: enrolment.Publisher | None = None
         self.roots: dict[str, str] = {}
@@ -79,9 +83,14 @@ class EventPublisher:
                                    random.Random())
 
     def _enrol(self) -> None:
-        self.params = enrolment.fetch_params(self.client, self.server_key, self.known_servers)
-        advertisement = parse_predicate(self.params.pp.schema, self.advertisement_text)
-        self.keys = enrolment.enrol_publisher(self.client, self.params, advertisement)
+        params = self.params = enrolment.fetch_params(self.client, self.server_key,
+                                                      self.known_servers)
+        advertisement = parse_predicate(params.pp.schema, self.advertisement_text)
+        self.keys = enrolment.enrol_publisher(self.client, params, advertisement)
+        if self.transport.secure:
+            key = Ed25519PrivateKey.generate()
+            certificate = enrolment.certify_link_key(self.client, params, key, [])
+            self.transport.tls = PeerTLS(key, certificate.pem, params.peer_ca)
 
     def _lookup_roots(self) -> dict[str, str]:
         assert self.params is not None

@@ -76,3 +76,41 @@ def test_revoked_publisher_is_rejected_after_the_rollover(keyserver_factory, tmp
     for name in ("low", "ibm", "root"):
         assert len(cluster.peers[name].stats()["epochs"]) >= 1
         assert cluster.peers[name].process.returncode == 0
+
+
+def test_links_are_renewed_at_rollovers_without_dropping_any(keyserver_factory, tmp_path):
+    """Each peer fetches its next link certificate with its next keys; after the rollover
+    every link is re-handshaken with the new certificates before the old ones expire, so no
+    link expires, no parent is lost and every event published across two rollovers
+    arrives."""
+    server = keyserver_factory.start(init_args=("--epoch-seconds", str(EPOCH),
+                                                "--grace-seconds", str(GRACE)))
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers")
+    names = ["low", "ibm"]
+    published: list[str] = []
+    try:
+        cluster.wait_ready([cluster.start_root("root", ["symbol", "price", "volume"])])
+        cluster.wait_ready([cluster.start_subscriber("low", "price < 500"),
+                            cluster.start_subscriber("ibm", 'symbol prefix "IB"')])
+        first_end = cluster.admin.epoch()["epoch_end"]
+        burst = 0
+        while time.time() < first_end + EPOCH + GRACE + 1:
+            burst += 1
+            events = [Event(f"b{burst}e{i}", {"symbol": "IBM", "price": 120.5, "volume": i})
+                      for i in range(2)]
+            result = cluster.publish(f"pub{burst}", events)
+            assert result.returncode == 0, result.stderr
+            published += [e.event_id for e in events]
+            time.sleep(1.0)
+        cluster.wait_deliveries({n: set(published) for n in names}, timeout=20)
+    finally:
+        cluster.stop_all()
+    for name in names:
+        assert _ids(cluster, name) == set(published), cluster.peers[name].log_tail()
+    stats = {n: cluster.peers[n].stats() for n in ["root", *names]}
+    assert sum(s["transport"]["renewals"] for s in stats.values()) >= 2, stats
+    for name, s in stats.items():
+        assert s["transport"]["expired_links"] == 0, (name, s)
+        assert s["transport"]["refused"] == {}, (name, s)
+        assert s.get("parents_lost", 0) == 0, (name, s)
+        assert len(s["epochs"]) >= 1
