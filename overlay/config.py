@@ -23,6 +23,9 @@ class OverlayConfig:
     failure_timeout: float = 3.5
     #: Retry a join that got no acceptance after this long (with a new join id).
     join_timeout: float = 2.0
+    #: A contact whose join got no answer at all is passed over for this long when others
+    #: remain: a dead address from the directory costs one join timeout, not one per try.
+    silent_contact_period: float = 30.0
     #: MCR: attempts to find each further distinct parent before sharing one.
     mcr_link_attempts: int = 3
     #: Check the publisher's signature before forwarding (costs one verify per hop).

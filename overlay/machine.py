@@ -125,6 +125,8 @@ class PeerMachine:
         self.kits: dict[int, SubscriberKit] = {}
         self.vpeers: dict[str, VirtualPeer] = {}
         self.contacts: dict[str, list[str]] = {}
+        #: Contacts whose join went unanswered -> until when others are tried first.
+        self._silent: dict[str, float] = {}
         self.stats = Stats()
         self.stopped = False
         #: No :meth:`tick` before this time has anything to do (a heartbeat, failure timeout,
@@ -292,6 +294,10 @@ class PeerMachine:
             if vp.recruits_left and remote and now >= vp.next_recruit_at:
                 out += self._recruit(vp, remote[0], now)
             for join_id, pending in list(vp.joins.items()):
+                if (pending.contact and not pending.answered
+                        and now - pending.sent_at >= cfg.join_timeout):
+                    self._silent[pending.contact] = now + cfg.silent_contact_period
+                    pending.contact = ""  # once per join
                 if now - pending.sent_at > 2 * cfg.join_timeout:
                     del vp.joins[join_id]
             joining = vp.join_started is not None or vp.parents
@@ -358,13 +364,16 @@ class PeerMachine:
         keys = vp.keys.get(self.epoch)
         if keys is None:
             return [Log("warning", f"{vp.vp}: no keys for epoch {self.epoch}, cannot join")]
+        contact = ""
         if target is None:
             candidates = self.contacts.get(vp.attribute, [])
             if not candidates:
                 return [Log("warning", f"{vp.vp}: no contact for tree {vp.attribute!r}")]
-            target = (self.rng.choice(candidates), "")
+            answering = [c for c in candidates if self._silent.get(c, 0.0) <= now]
+            contact = self.rng.choice(answering or candidates)
+            target = (contact, "")
         join_id = self.rng.randbytes(16)
-        vp.joins[join_id] = PendingJoin(now, self.epoch)
+        vp.joins[join_id] = PendingJoin(now, self.epoch, contact=contact)
         vp.next_join_at = now + self.config.join_timeout
         self._due(vp.next_join_at)
         if vp.parents:
@@ -632,6 +641,7 @@ class PeerMachine:
             ok = self.crypto.check_acceptance(keys.sws, request, m.proof, ctx)
         if not ok:
             return [Log("warning", f"{vp.vp}: accept from {frm[0]} with a bad proof dropped")]
+        pending.answered = True
         if frm in vp.parents:  # the request reached this parent twice: already linked
             return []
         if (frm[0] == self.address or frm in vp.children
@@ -715,6 +725,7 @@ class PeerMachine:
         request, error = self._check_request(m.request, vp.attribute, now)
         if error is not None:
             return [Log("warning", f"swap offer from {frm[0]} dropped: {error}")]
+        pending.answered = True
         admission = self._open(vp, request)
         if (admission is None or admission.sw is None
                 or len(vp.children) >= self.config.max_children

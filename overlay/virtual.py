@@ -78,6 +78,10 @@ class PendingJoin:
     #: Sent to recruit finer peers: only swap offers answer it, and an attached peer
     #: may take them.
     recruit: bool = False
+    #: The directory contact it was sent to ("" when sent to a known peer of the tree).
+    contact: str = ""
+    #: Someone accepted it or offered a swap for it.
+    answered: bool = False
 
 
 @dataclass

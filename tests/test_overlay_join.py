@@ -126,3 +126,27 @@ def test_events_published_while_peers_are_recruited_all_arrive():
     sim.run_until(4.0 + 0.05 * 300 + 5.0)
     assert sim.metrics.messages["SwapAccept"] - swaps_before > 20
     assert delivery_errors(sim, events) == []
+
+
+def _dead_contact_tries(silent_contact_period: float, seed: int) -> tuple[int, float]:
+    """A newcomer whose contacts are one live member and two dead addresses: how many joins
+    went to the dead ones, and how long its join took."""
+    config = OverlayConfig(silent_contact_period=silent_contact_period)
+    sim = Simulator(SCHEMA, config, mode="plaintext", seed=seed)
+    sim.add_roots()
+    _subscribe(sim, "price < 499.9", 0.0)
+    sim.run_until(3.0)
+    sim.members["price"] += ["127.0.0.1:1", "127.0.0.1:2"]  # listed, never answer
+    _subscribe(sim, "price < 249.9", 3.0)
+    sim.run_until(40.0)
+    [_, delay] = sim.metrics.connection_delays
+    return sim.metrics.lost_messages, delay
+
+
+def test_a_contact_that_never_answered_is_not_tried_again():
+    """Each dead contact costs at most one join timeout. Control: without passing silent
+    contacts over, some seed sends a newcomer to the same dead address again."""
+    for seed in range(8):
+        lost, delay = _dead_contact_tries(30.0, seed)
+        assert lost <= 2 and delay < 2 * OverlayConfig().join_timeout + 1.0, (seed, lost)
+    assert any(_dead_contact_tries(0.0, seed)[0] > 2 for seed in range(8))
