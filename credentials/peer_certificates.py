@@ -48,6 +48,9 @@ _CA_NOT_BEFORE = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
 _CA_NOT_AFTER = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
                        r"(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$")
+#: A last label that resolvers read as a number ("127.1", "0x7f.1", "2130706433"): such a
+#: name is another spelling of an IP address, so it is refused rather than certified twice.
+_NUMERIC_LABEL = re.compile(r"^(?:0x[0-9a-f]*|[0-9]+)$")
 
 
 class PeerCertificateError(ValueError):
@@ -57,8 +60,9 @@ class PeerCertificateError(ValueError):
 
 def canonical_address(address: str) -> str:
     """``host:port`` in the one spelling that is certified and compared: an IP literal in its
-    compressed form (IPv6 in brackets) or a lower-case DNS name, and a port in 1..65535.
-    Raises :class:`PeerCertificateError` for anything else."""
+    compressed form (IPv6 in brackets) or a lower-case DNS name whose last label is not a
+    number, and a port in 1..65535. Raises :class:`PeerCertificateError` for anything
+    else."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536:
         raise PeerCertificateError(f"not a HOST:PORT address with a port in 1..65535: "
@@ -67,9 +71,13 @@ def canonical_address(address: str) -> str:
     try:
         ip = ipaddress.ip_address(host[1:-1] if bracketed else host)
     except ValueError:
-        if bracketed or not _HOSTNAME.match(host.lower()):
+        name = host.lower()
+        if bracketed or not _HOSTNAME.match(name):
             raise PeerCertificateError(f"not an IP address or host name: {host!r}") from None
-        return f"{host.lower()}:{int(port)}"
+        if _NUMERIC_LABEL.match(name.rsplit(".", 1)[-1]):
+            raise PeerCertificateError(f"{host!r} is a numeric spelling of an address, not a "
+                                       "host name: write the IP address as a.b.c.d") from None
+        return f"{name}:{int(port)}"
     if ip.version == 6 and not bracketed:
         raise PeerCertificateError(f"an IPv6 host goes in brackets: {address!r}")
     return f"[{ip.compressed}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"

@@ -48,6 +48,15 @@ log = logging.getLogger(__name__)
 
 MessageHandler = Callable[[str, bytes], None]
 HELLO_TIMEOUT = 5.0
+#: Connections from one certified identity a peer keeps at once (a peer needs one per link,
+#: two while a duplicate or a renewal settles): more would let any enrolled identity use up
+#: a peer's file descriptors. Refused as ``too_many_connections``.
+MAX_CONNECTIONS_PER_IDENTITY = 16
+#: Incoming connections in their handshake at once; more are refused as ``busy``, so
+#: strangers that never finish a handshake cannot hold every descriptor.
+MAX_HANDSHAKES = 64
+#: Seconds before a failed renewal of a link is tried again (until the link expires).
+RENEW_RETRY = 2.0
 #: Default seconds between two log lines about refusals of one reason; the others are
 #: counted and summed up in the next line, so hostile connections cannot flood the log.
 REFUSAL_LOG_INTERVAL = 10.0
@@ -150,8 +159,10 @@ class _Link:
     sending: _Connection | None = None
     #: The connection the peer writes DATA on, as far as this side has seen.
     receiving: _Connection | None = None
-    #: The expiry a renewal was last started for (one renewal per expiry).
+    #: The expiry a renewal was last started for (one renewal at a time per expiry).
     renewed_for: float | None = None
+    #: After a failed renewal, not before this (Unix time).
+    renew_retry_at: float = 0.0
 
 
 class Transport:
@@ -182,9 +193,10 @@ class Transport:
         self._closed = False
         #: Frames dropped unsent (queue overflow, or a neighbour given up on).
         self.dropped = 0
-        #: Connections refused, in either direction, by reason: ``not_ready``, ``tls``,
-        #: ``no_certificate``, ``foreign_ca``, ``expired``, ``bad_certificate``,
-        #: ``address_mismatch``, ``bad_hello``.
+        self._handshaking = 0
+        #: Connections refused, in either direction, by reason: ``busy``, ``not_ready``,
+        #: ``tls``, ``no_certificate``, ``foreign_ca``, ``expired``, ``bad_certificate``,
+        #: ``address_mismatch``, ``bad_hello``, ``too_many_connections``.
         self.refused: Counter[str] = Counter()
         self.refusal_log_interval = refusal_log_interval
         self._refusal_logged_at: dict[str, float] = {}
@@ -283,7 +295,7 @@ class Transport:
             current = self._writable(link)
             if (current is not None and now >= current.expires - renew_before
                     and current.expires < tls.certificate.not_after
-                    and link.renewed_for != current.expires
+                    and link.renewed_for != current.expires and now >= link.renew_retry_at
                     and not link.address.startswith("~")
                     and self._preferred_dialer(link.address) == self.address):
                 link.renewed_for = current.expires
@@ -405,15 +417,18 @@ class Transport:
 
     async def _renew(self, link: _Link) -> None:
         """Make-before-break: a fresh connection with the current certificate becomes the
-        link's writable one; the old one drains like a duplicate."""
+        link's writable one; the old one drains like a duplicate. A failed attempt (a busy
+        peer that did not finish the handshake in time) is retried until the link
+        expires."""
         try:
             conn = await self._connect(link)
-        except _Refused as refusal:
-            self._count_refusal(refusal, f"to {link.address}")
-            return
-        except (OSError, TimeoutError, TransportError) as exc:
-            log.info("renewing the link to %s failed: %s", escape(link.address),
-                     escape(str(exc)))
+        except (_Refused, OSError, TimeoutError, TransportError) as exc:
+            if isinstance(exc, _Refused):
+                self._count_refusal(exc, f"to {link.address}")
+            else:
+                log.info("renewing the link to %s failed: %s", escape(link.address),
+                         escape(str(exc)))
+            link.renewed_for, link.renew_retry_at = None, time.time() + RENEW_RETRY
             return
         self.renewals += 1
         self._attach(link, conn)
@@ -491,24 +506,20 @@ class Transport:
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = join_address(*writer.get_extra_info("peername")[:2])
+        if self._handshaking >= MAX_HANDSHAKES:
+            self._count_refusal(_Refused("busy", f"{MAX_HANDSHAKES} handshakes under way"),
+                                f"from {peer}")
+            writer.close()
+            return
+        self._handshaking += 1
         try:
-            certificate, expires = await self._handshake(self._tls, writer, server_side=True)
-            try:
-                remote = await asyncio.wait_for(self._read_hello(reader), HELLO_TIMEOUT)
-                if remote:
-                    split_address(remote)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, frames.FrameError,
-                    TransportError) as exc:
-                raise _Refused("bad_hello", str(exc) or type(exc).__name__) from None
-            if certificate is not None and remote and not certificate.names(remote):
-                raise _Refused("address_mismatch", f"it claimed {remote!r} with a certificate "
-                               f"of {certificate.binding.identity!r} for "
-                               f"{certificate.binding.addresses!r}")
-            writer.write(frames.encode(frames.hello(self.address)))
+            certificate, expires, remote = await self._admit(reader, writer)
         except _Refused as refusal:
             self._count_refusal(refusal, f"from {peer}")
             writer.close()
             return
+        finally:
+            self._handshaking -= 1
         if self._closed:
             writer.close()
             return
@@ -516,6 +527,32 @@ class Transport:
             remote = f"~{peer}"
         self._attach(self._link(remote), _Connection(reader, writer, dialer=remote,
                                                      certificate=certificate, expires=expires))
+
+    async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                     ) -> tuple[PeerCertificate | None, float, str]:
+        """The acceptor's side of a connection: TLS, the dialer's HELLO (an address its
+        certificate names, or none), room for one more connection of its identity, then
+        this side's HELLO. Raises :class:`_Refused`."""
+        certificate, expires = await self._handshake(self._tls, writer, server_side=True)
+        try:
+            remote = await asyncio.wait_for(self._read_hello(reader), HELLO_TIMEOUT)
+            if remote:
+                split_address(remote)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, frames.FrameError,
+                TransportError) as exc:
+            raise _Refused("bad_hello", str(exc) or type(exc).__name__) from None
+        if certificate is not None:
+            identity = certificate.binding.identity
+            if remote and not certificate.names(remote):
+                raise _Refused("address_mismatch", f"it claimed {remote!r} with a certificate "
+                               f"of {identity!r} for {certificate.binding.addresses!r}")
+            held = sum(1 for link in self._links.values() for c in link.conns
+                       if c.certificate is not None and c.certificate.binding.identity == identity)
+            if held >= MAX_CONNECTIONS_PER_IDENTITY:
+                raise _Refused("too_many_connections",
+                               f"{identity!r} already holds {held} connections")
+        writer.write(frames.encode(frames.hello(self.address)))
+        return certificate, expires, remote
 
     def _attach(self, link: _Link, conn: _Connection) -> None:
         link.conns.append(conn)

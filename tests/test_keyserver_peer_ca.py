@@ -147,6 +147,9 @@ def test_issued_certificate_chains_binds_and_ends_with_the_epoch(keyserver):
     (["[0:0::1]:4000"], "non_canonical_address"),
     (["127.0.0.1:0"], "invalid_address"),
     (["::1:4000"], "invalid_address"),
+    (["127.1:4000"], "invalid_address"),          # numeric spellings of 127.0.0.1
+    (["2130706433:4000"], "invalid_address"),
+    (["0x7f.0.0.1:4000"], "invalid_address"),
     (["a.test:1", "a.test:1"], "duplicate_address"),
     ([f"h{i}.test:4000" for i in range(5)], "invalid"),
 ])

@@ -26,7 +26,12 @@ from tls_certificates import PeerCA
 
 from peer import frames
 from peer.tls import PeerTLS
-from peer.transport import Transport, split_address
+from peer.transport import (
+    MAX_CONNECTIONS_PER_IDENTITY,
+    MAX_HANDSHAKES,
+    Transport,
+    split_address,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -218,6 +223,54 @@ def transport_log_of(scenario: Callable[[], Coroutine[Any, Any, None]]
     finally:
         logger.removeHandler(handler)
     return records
+
+
+def test_one_identity_cannot_hoard_a_peers_connections():
+    """Any enrolled identity may connect, but not without bound: beyond
+    MAX_CONNECTIONS_PER_IDENTITY at once it is refused. Control: another identity still
+    gets in."""
+    async def main():
+        ca, inbox = PeerCA(), Inbox()
+        victim = await secure_peer(ca, inbox, refusal_log_interval=60)
+        hoarder = ca.credentials((), identity="hoarder")
+        held = []
+        for _ in range(MAX_CONNECTIONS_PER_IDENTITY + 4):
+            reader, writer = await raw_link(victim, "", hoarder.client_context)
+            held.append((await answered(reader), writer))
+        assert [ok for ok, _ in held].count(True) == MAX_CONNECTIONS_PER_IDENTITY
+        assert victim.refused == {"too_many_connections": 4}
+        other = ca.credentials((), identity="publisher")
+        reader, writer = await raw_link(victim, "", other.client_context, b"event")
+        assert await answered(reader)
+        assert (await inbox.wait_for(1))[0][1] == b"event"
+        for _, w in [*held, (None, writer)]:
+            w.close()
+        await victim.close()
+    asyncio.run(main())
+
+
+def test_strangers_stalling_handshakes_are_bounded():
+    """TCP connections that never start TLS hold a handshake slot each until the timeout;
+    beyond MAX_HANDSHAKES the peer refuses at once ("busy") instead of running out of file
+    descriptors. Control: once they are gone, a peer with a certificate connects."""
+    async def main():
+        ca, inbox = PeerCA(), Inbox()
+        victim = await secure_peer(ca, inbox, refusal_log_interval=60)
+        host, port = split_address(victim.address)
+        stalled = [await asyncio.open_connection(host, port) for _ in range(MAX_HANDSHAKES)]
+        await asyncio.sleep(0.2)
+        reader, writer = await asyncio.open_connection(host, port)
+        assert await reader.read(1) == b""  # closed at once
+        assert victim.refused == {"busy": 1}
+        for _, w in [*stalled, (None, writer)]:
+            w.close()
+        await asyncio.sleep(0.3)
+        reader, writer = await raw_link(victim, "", ca.credentials(()).client_context, b"hi")
+        assert await answered(reader)
+        assert (await inbox.wait_for(1))[0][1] == b"hi"
+        writer.close()
+        await victim.close()
+    asyncio.run(main())
 
 
 def test_hostile_strings_reach_the_log_escaped():
