@@ -140,9 +140,10 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--credentials-per-job", type=positive_int, default=8,
                        help="credentials per issuer job: smaller keeps the wait of other "
                        "identities shorter, larger costs less overhead")
-    serve.add_argument("--max-peer-addresses", type=positive_int, default=4,
-                       help="listening addresses one identity may hold certified; certifying "
-                       "more evicts its oldest, with their directory entries")
+    serve.add_argument("--max-peer-addresses", type=positive_int, default=8,
+                       help="listening addresses one identity may hold certified at once; "
+                       "certifying another is refused (409) until one of its certificates "
+                       "expires, re-certifying one it holds always works")
     serve.add_argument("--allow-unsafe-permissions", action="store_true",
                        help="start even if group/other users can reach the data directory or "
                        "its files (refused by default; the fix is chmod -R go= DIR)")

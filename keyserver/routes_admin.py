@@ -14,7 +14,6 @@ from keyserver.db import Identity
 from keyserver.enrolment import parse
 from keyserver.errors import ApiError, error_responses
 from keyserver.keystore import new_token, token_hash
-from keyserver.ownership import remove_peer_addresses
 from keyserver.repository import audit, audit_entries, identities, remove_directory_entries
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -75,8 +74,9 @@ def get_identity(identity_id: IdentityId, _: Admin,
 def revoke(identity_id: IdentityId, caller: Admin,
            state: State) -> dict[str, Any]:
     """Revoke now: enrolment answers 403 at once, so nothing is issued from the next epoch
-    on; its directory entries and the addresses it owns are removed. Revoking twice is
-    harmless."""
+    on, and its directory entries are removed. The addresses it certified stay its own
+    (refused to other identities) until its certificates naming them expire, since those
+    stay valid until then. Revoking twice is harmless."""
     epoch = state.epoch().number
     with state.sessions.begin() as session:
         identity = session.get(Identity, identity_id)
@@ -85,7 +85,6 @@ def revoke(identity_id: IdentityId, caller: Admin,
         if identity.revoked_at is None:
             identity.revoked_at, identity.revoked_epoch = time.time(), epoch
             remove_directory_entries(session, identity.id)
-            remove_peer_addresses(session, identity.id)
             audit(session, caller.name, "revoke_identity", epoch,
                   {"identity": identity.name, "id": identity.id})
         return _out(identity)

@@ -166,9 +166,9 @@ def _claim_and_record(state: AppState, identity: Identity, addresses: list[str],
                       not_after: float, epoch: int, detail: dict[str, Any]) -> None:
     """Make the addresses the identity's and audit the issuance, in one transaction."""
     with state.sessions.begin() as session:
-        evicted = claim_addresses(session, identity.id, addresses, now, not_after,
-                                  state.config.max_peer_addresses)
-        audit(session, identity.name, "issue_transport", epoch, detail | {"evicted": evicted})
+        claim_addresses(session, identity.id, addresses, now, not_after,
+                        state.config.max_peer_addresses)
+        audit(session, identity.name, "issue_transport", epoch, detail)
 
 
 @router.post("/transport", response_model=TransportCertificateOut,
@@ -177,9 +177,10 @@ async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
                           state: State) -> dict[str, Any]:
     """Certify a peer's Ed25519 link key (X.509 from the peer-link CA) for the identity, its
     role, the addresses it listens on and, for a root, the trees its policy leaves whole,
-    until the epoch's end plus grace. The addresses become the identity's own (409
-    ``address_taken`` while another identity's certificate names one); beyond the
-    server's cap per identity its oldest addresses are evicted."""
+    until the epoch's end plus grace. The addresses become the identity's own until the
+    certificate expires (409 ``address_taken`` while another identity's certificate names
+    one); 409 ``too_many_addresses`` if the identity would then hold more live addresses
+    than the server's cap (re-certifying the ones it holds always works)."""
     identity = caller.identity
     assert identity is not None
     raw_key = _ed25519_key(body.public_key, "public_key")

@@ -42,7 +42,7 @@ class ServerConfig:
     bulk_max_body: int = 16 * MIB
     jobs_per_identity: int | None = None
     credentials_per_job: int = 4
-    max_peer_addresses: int = 4
+    max_peer_addresses: int = 8
     allow_unsafe_permissions: bool = False
 
     @property

@@ -199,7 +199,7 @@ def test_root_certificate_binds_attribute_key_and_epoch(keyserver):
 def test_revoked_identity_gets_403_and_leaves_the_directory(keyserver):
     admin = _admin(keyserver)
     client, created = _identity(keyserver, "subscriber")
-    _certify(client, "127.0.0.1:7001")
+    certificate = _certify(client, "127.0.0.1:7001")
     client.register("127.0.0.1:7001", "volume", "subscriber", 600)
     assert "127.0.0.1:7001" in [m["address"] for m in client.lookup("volume", 100)["members"]]
     revoked = admin.revoke(created["id"])
@@ -207,8 +207,13 @@ def test_revoked_identity_gets_403_and_leaves_the_directory(keyserver):
     err = _status(lambda: client.enrol_subscriber("price < 5"))
     assert (err.status, err.code) == (403, "revoked")
     assert "127.0.0.1:7001" not in [m["address"] for m in admin.lookup("volume", 100)["members"]]
-    # its address is free again: another identity may certify it
-    _certify(_identity(keyserver, "subscriber")[0], "127.0.0.1:7001")
+    # its address stays blocked until its certificate naming it expires (which is still
+    # valid): another identity is refused it until then
+    other = _identity(keyserver, "subscriber")[0]
+    err = _status(lambda: _certify(other, "127.0.0.1:7001"))
+    assert (err.status, err.code) == (409, "address_taken")
+    assert err.body["error"]["detail"] == {"address": "127.0.0.1:7001",
+                                           "until": certificate["not_after"]}
     assert admin.revoke(created["id"])["revoked_at"] == revoked["revoked_at"]
     assert _status(lambda: admin.revoke(10**6)).status == 404
 

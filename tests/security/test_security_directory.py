@@ -4,9 +4,17 @@ Before, any identity could overwrite any (attribute, address) entry: a subscribe
 re-registering the root's address made 148 of 153 lookups return no root, 80 dead
 addresses from one identity slowed a join from 0.8 s to 53 s, and a root whose policy
 constrains ``price`` could list itself as a root of ``price``. Now an address belongs to the
-identity whose peer-link certificate names it (``keyserver.ownership``), each identity holds
-at most four, entries are leases that end with the certificate, root entries follow the
-policy, and members other identities saw answering (vouched) are offered first.
+identity whose peer-link certificate names it (``keyserver.ownership``) until the last
+certificate naming it expires, whatever happens (no eviction; revocation keeps it blocked),
+each identity is refused more than eight live addresses, entries are leases that end with
+the certificate, root entries follow the policy, and members other identities saw answering
+(vouched) are offered first.
+
+The attack review found that freeing an address early (evicting it over the cap, or on
+revocation) let a second identity certify it while the first certificate naming it was
+still valid: two valid certificates for one address, so an attacker could certify a root's
+future address, free it, and pass as the root once it started there (0 of 4 events
+delivered), or collect certificates for a whole host's port range in 40 s.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from keyserver.client import KeyServerClient, KeyServerError
 UNLIMITED = ("--rate", "1e6", "--burst", "1000000", "--address-rate", "1e6",
              "--address-burst", "1000000", "--key-rate", "1e6", "--key-burst", "1000000")
 SHORT_EPOCHS = ("--epoch-seconds", "6", "--grace-seconds", "2")
+#: The key server's default cap on one identity's live certified addresses.
+CAP = 8
 _names = itertools.count()
 _addresses = itertools.count()
 
@@ -142,21 +152,37 @@ def test_the_roots_address_is_refused_to_others_until_its_certificate_ends(
     assert (err.status, err.code) == (403, "address_not_certified")
 
 
-def test_one_identity_with_80_dead_addresses_keeps_its_newest_four(server: KeyServer) -> None:
+def test_one_identity_with_80_dead_addresses_is_refused_beyond_the_cap(
+        server: KeyServer) -> None:
     attacker, watcher = Peer(server, "subscriber"), Peer(server, "subscriber")
     dead = [_dead_address() for _ in range(80)]
+    refusals: collections.Counter[tuple[int, str | None]] = collections.Counter()
+    issued: list[dict[str, Any]] = []
     for i, address in enumerate(dead):
-        attacker.certify(address)
+        try:
+            issued.append(attacker.certify(address))
+        except KeyServerError as err:
+            refusals[(err.status, err.code)] += 1
+            # its earliest address frees up first (no certificate of it was renewed)
+            assert err.body["error"]["detail"] == {"held": CAP, "cap": CAP,
+                                                   "until": issued[0]["not_after"]}
+            assert "--listen HOST:PORT" in err.body["error"]["message"]
+            err = _refused(lambda address=address: attacker.register(address, "volume"))
+            assert (err.status, err.code) == (403, "address_not_certified")
+            continue
         attacker.register(address, "volume")
-        if i == 3:  # control: up to the cap, every address is listed
+        if i == CAP - 1:  # control: up to the cap, every address is certified and listed
             assert {a for a, e in _listed(watcher, "volume").items()
-                    if e["identity"] == attacker.name} == set(dead[:4])
+                    if e["identity"] == attacker.name} == set(dead[:CAP])
+    print(f"80 dead addresses from one identity: refusals {dict(refusals)}")
+    assert refusals == {(409, "too_many_addresses"): 80 - CAP}
     listed = _listed(watcher, "volume")
-    assert {a for a, e in listed.items() if e["identity"] == attacker.name} == set(dead[-4:])
-    for address in dead[:-4]:
-        err = _refused(lambda address=address: attacker.register(address, "volume"))
-        assert (err.status, err.code) == (403, "address_not_certified")
-    assert Peer(server, "subscriber").certify(dead[0])["addresses"] == [dead[0]]  # evicted: free
+    assert {a for a, e in listed.items() if e["identity"] == attacker.name} == set(dead[:CAP])
+    # nothing was freed to make room: its first address is still refused to others
+    err = _refused(lambda: Peer(server, "subscriber").certify(dead[0]))
+    assert (err.status, err.code) == (409, "address_taken")
+    # control: re-certifying an address it holds is never refused, even at the cap
+    assert attacker.certify(*dead[:4])["addresses"] == dead[:4]
 
     honest = [Peer(server, "subscriber") for _ in range(3)]
     mine = [_dead_address() for _ in honest]
@@ -169,10 +195,77 @@ def test_one_identity_with_80_dead_addresses_keeps_its_newest_four(server: KeySe
     vouched = [m["vouched"] for m in members]
     assert vouched == sorted(vouched, reverse=True), "vouched members come first"
     assert {m["address"] for m in members if m["vouched"]} == set(mine)
-    assert not any(m["vouched"] for m in members if m["identity"] == attacker.name)
+    assert sorted(m["address"] for m in members if m["identity"] == attacker.name
+                  and not m["vouched"]) == sorted(dead[:CAP])
     for _ in range(10):  # a joiner asking for three gets the vouched honest members
         assert {m["address"] for m in watcher.client.lookup("volume", sample=3)["members"]
                 } == set(mine)
+
+
+def _expire(*certificates: dict[str, Any]) -> None:
+    """Sleep until every one of these certificates has expired."""
+    time.sleep(max(0.0, max(c["not_after"] for c in certificates) - time.time()) + 0.3)
+
+
+def test_certifying_beyond_the_cap_frees_no_address(keyserver_factory: KeyServers) -> None:
+    """The attack review's eviction attack: certify the root's future address, then free it
+    by certifying more than the cap, so that another certificate can name it too. Now the
+    cap refuses instead of evicting, and the address stays the attacker's (a denial of
+    service, never a second certificate) until its certificate expires."""
+    server = keyserver_factory.start(init_args=SHORT_EPOCHS, serve_args=("--workers", "1"))
+    mallory, root = Peer(server, "subscriber"), Peer(server, "root")
+    target = _dead_address()
+    held = [mallory.certify(target), mallory.certify(*(_dead_address() for _ in range(4))),
+            mallory.certify(*(_dead_address() for _ in range(CAP - 5)))]
+    # until: when enough of its addresses expire for the request to fit (the 1st earliest
+    # for one new address, the 4th for four)
+    for more, frees in ((1, held[0]), (4, held[1])):
+        err = _refused(lambda more=more: mallory.certify(*(_dead_address()
+                                                           for _ in range(more))))
+        assert (err.status, err.code) == (409, "too_many_addresses")
+        assert err.body["error"]["detail"] == {"held": CAP, "cap": CAP,
+                                               "until": frees["not_after"]}
+    err = _refused(lambda: root.certify(target))
+    assert (err.status, err.code) == (409, "address_taken")
+    assert err.body["error"]["detail"] == {"address": target, "until": held[0]["not_after"]}
+
+    # control: once mallory's certificates have expired the address is free again, and
+    # mallory may certify new addresses again
+    _expire(*held)
+    assert root.certify(target)["addresses"] == [target]
+    assert mallory.certify(_dead_address())["addresses"]
+
+
+def test_revocation_keeps_the_address_blocked_until_the_certificate_expires(
+        keyserver_factory: KeyServers) -> None:
+    """The attack review's revocation attack: certify the root's future address and get
+    revoked, so that the address is freed while the certificate naming it is valid. Now
+    the revoked identity's directory entries go at once, but its address stays refused to
+    others until its certificate expires."""
+    server = keyserver_factory.start(init_args=SHORT_EPOCHS, serve_args=("--workers", "1"))
+    admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
+    mallory, root, watcher = Peer(server, "subscriber"), Peer(server, "root"), \
+        Peer(server, "subscriber")
+    target = _dead_address()
+    certificate = mallory.certify(target)
+    mallory.register(target, "symbol")
+    assert target in _listed(watcher, "symbol")  # control: listed before the revocation
+    admin.revoke(next(i["id"] for i in admin.list_identities() if i["name"] == mallory.name))
+
+    assert target not in _listed(watcher, "symbol")  # its entries are gone at once
+    err = _refused(lambda: mallory.register(target, "symbol"))
+    assert (err.status, err.code) == (403, "revoked")
+    err = _refused(lambda: mallory.certify(target))
+    assert (err.status, err.code) == (403, "revoked")
+    err = _refused(lambda: root.certify(target))
+    assert (err.status, err.code) == (409, "address_taken")
+    assert err.body["error"]["detail"] == {"address": target,
+                                           "until": certificate["not_after"]}
+    assert root.certify(_dead_address())["addresses"]  # control: a free address
+
+    _expire(certificate)  # control: free once the revoked identity's certificate expired
+    assert root.certify(target)["addresses"] == [target]
+    assert root.register(target, "symbol", "root")["identity"] == root.name
 
 
 def test_a_root_is_listed_only_for_trees_its_policy_leaves_whole(server: KeyServer) -> None:
@@ -278,6 +371,30 @@ def test_concurrent_claims_of_one_address_have_one_winner(racing_server: KeyServ
         time.sleep(max(0.0, until - time.time()) + 0.3)
 
 
+def test_concurrent_claims_of_one_identity_stay_within_its_cap(
+        racing_server: KeyServer) -> None:
+    """One identity certifies twice its cap of fresh addresses at once: exactly the cap
+    succeed, the others are 409 ``too_many_addresses`` (never a 500, never more)."""
+    peer = Peer(racing_server, "subscriber")
+    epoch = KeyServerClient(racing_server.base_url).epoch()
+    if epoch["epoch_end"] - time.time() < 3:  # no certificate may expire during the race
+        time.sleep(max(0.0, epoch["epoch_end"] - time.time()) + 0.2)
+
+    def claim(address: str) -> str | None:
+        try:
+            peer.certify(address)
+        except KeyServerError as exc:
+            assert (exc.status, exc.code) == (409, "too_many_addresses"), exc.body
+            return None
+        return address
+
+    with ThreadPoolExecutor(2 * CAP) as pool:
+        won = [a for a in pool.map(claim, [_dead_address() for _ in range(2 * CAP)]) if a]
+    assert len(won) == CAP, won
+    for address in won:  # control: each one it won is its own
+        peer.register(address, "symbol")
+
+
 def test_the_cap_is_configurable(keyserver_factory: KeyServers,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``--max-peer-addresses``, here through its environment variable (the TOML file and
@@ -288,7 +405,12 @@ def test_the_cap_is_configurable(keyserver_factory: KeyServers,
     addresses = [_dead_address() for _ in range(3)]
     err = _refused(lambda: peer.certify(*addresses))
     assert (err.status, err.code) == (422, "too_many_addresses")
-    for address in addresses:
-        peer.certify(address)
+    first = peer.certify(addresses[0])
+    peer.certify(addresses[1])
+    for address in addresses[:2]:
         peer.register(address, "symbol")
-    assert set(_listed(watcher, "symbol")) == set(addresses[-2:])
+    err = _refused(lambda: peer.certify(addresses[2]))
+    assert (err.status, err.code) == (409, "too_many_addresses")
+    assert err.body["error"]["detail"] == {"held": 2, "cap": 2, "until": first["not_after"]}
+    assert set(_listed(watcher, "symbol")) == set(addresses[:2])
+    assert peer.certify(*addresses[:2])["addresses"] == addresses[:2]  # control: renewal
