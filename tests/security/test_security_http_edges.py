@@ -84,18 +84,21 @@ def test_control_the_probe_pushes_its_bytes_when_the_server_reads_them(keyserver
 
 
 def test_concurrent_first_registrations_of_one_entry_all_succeed(keyserver) -> None:
+    """Ten rounds, each a fresh address of a fresh identity (one identity holds at most
+    8 addresses) registered by 8 concurrent requests."""
     admin = KeyServerClient(keyserver.base_url, keyserver.admin_token)
-    token = admin.create_identity(f"racer-{time.time_ns()}", "subscriber")["token"]
     statuses: list[int] = []
-    with httpx.Client(base_url=keyserver.base_url,
-                      headers={"Authorization": f"Bearer {token}"}, timeout=30) as http, \
-            ThreadPoolExecutor(8) as pool:
-        for round_ in range(10):
+    for round_ in range(10):
+        token = admin.create_identity(f"racer-{time.time_ns()}", "subscriber")["token"]
+        with httpx.Client(base_url=keyserver.base_url,
+                          headers={"Authorization": f"Bearer {token}"}, timeout=30) as http, \
+                ThreadPoolExecutor(8) as pool:
             address = f"race{round_}-{time.time_ns()}.example:2"
             certified = http.post("/v1/enrol/transport",
                                   json={"public_key": LINK_KEY, "addresses": [address]})
             assert certified.status_code == 200, certified.text
-            body = {"address": address, "attribute": "symbol", "role": "subscriber", "ttl": 60}
+            body = {"address": address, "attribute": "symbol", "role": "subscriber",
+                    "ttl": 60}
             statuses += pool.map(lambda b: http.post("/v1/directory", json=b).status_code,
                                  [body] * 8)
     assert statuses == [201] * 80, statuses
