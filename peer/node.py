@@ -101,7 +101,6 @@ class PeerNode:
         self._signers: dict[str, Ed25519PrivateKey] = {}
         #: The key of this peer's TLS links, certified by the key server for its address.
         self._link_key = Ed25519PrivateKey.generate()
-        self.link_certificate: TransportCertificate | None = None
         self._callbacks: list[DeliveryCallback] = []
         self._queues: list[asyncio.Queue[Event]] = []
         self._stopping = asyncio.Event()
@@ -247,9 +246,9 @@ class PeerNode:
                                           [self.address], next_epoch)
 
     def _install_link_certificate(self, certificate: TransportCertificate) -> None:
-        """New handshakes present it; open links are renewed by ``Transport.maintain``."""
+        """New handshakes present it; open links are renewed by ``Transport.maintain``. A
+        plaintext peer certifies its address only to own it in the directory."""
         assert self.params is not None
-        self.link_certificate = certificate
         if not self.transport.secure:
             return
         if self.transport.tls is None:
