@@ -424,8 +424,11 @@ class PeerMachine:
         return self.crypto.root_proof(root, request, ctx), root.certificate
 
     def _on_join(self, vp: VirtualPeer, frm: Node, m: Join, now: float) -> list[Action]:
-        if m.origin == self.address or (vp.vp, m.join_id) in self._seen_joins:
+        if (vp.vp, m.join_id) in self._seen_joins:
             return []
+        if m.origin == self.address:
+            # A peer never joins below its own virtual peers: end the search here at once.
+            return self._miss(vp, frm, m)
         if m.hops <= 0 or m.attribute != vp.attribute:
             return [Log("debug", f"{vp.vp}: join {m.join_id.hex()[:8]} out of hops or tree")]
         request, error = self._check_request(m.request, vp.attribute, now)
@@ -464,7 +467,7 @@ class PeerMachine:
         # as fine with a smaller id); on a first join ask the finer ones for a swap.
         downs, others = [], []
         for child, link in vp.children.items():
-            if child not in (frm, newcomer):
+            if child != frm and child[0] != m.origin:
                 first = comes_first(link.position, child[1], position, m.origin_vp)
                 (downs if first else others).append(child)
         # A retry splits where its search ends, right here if the newcomer was sent here by
@@ -786,7 +789,12 @@ class PeerMachine:
         return []
 
     def _on_tokens(self, vp: VirtualPeer, frm: Node, m: Tokens, now: float) -> list[Action]:
-        child = vp.children.get(frm)
+        # A split may have moved the child to a relay of this virtual peer after it sent these
+        # tokens (the child takes them to the relay when the handover reaches it): they
+        # belong to the link wherever it is now.
+        creator = self._creator(vp)
+        child = next((r.children[frm] for r in (vp, creator, *self._relays(creator))
+                      if frm in r.children), None)
         if child is None:
             return [Log("info", f"{vp.vp}: tokens from non-child {frm[0]} ignored")]
         try:
