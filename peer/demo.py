@@ -172,10 +172,11 @@ def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_childr
                "mean_delay_ms": round(sum(delays) / len(delays), 1) if delays else None,
                "transport": "plaintext" if insecure_transport else "mutual TLS",
                "seconds": round(elapsed, 1)}
+    delay = "no deliveries to time" if not delays else f"mean delay {summary['mean_delay_ms']} ms"
     print(f"\n{'OK' if ok else 'FAILED'}: {summary['deliveries']} of {summary['expected']} "
           f"expected deliveries to {len(rows)} subscribers, "
           f"{summary['false_positives']} false positives filtered, "
-          f"mean delay {summary['mean_delay_ms']} ms, {summary['seconds']} s in total")
+          f"{delay}, {summary['seconds']} s in total")
     return {
         "ok": ok,
         "subscribers": [{"name": r["name"], "subscription": r["subscription"]} for r in rows],
