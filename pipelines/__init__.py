@@ -1,9 +1,10 @@
 """Bulk enrolment: decompose many enrolment requests on Spark, then issue their keys.
 
-``bulk decompose`` (``spark_job`` or, without a JVM, ``local_job``) applies one
-per-request function (``requests.decompose_request``, batched by ``batches``)
-and writes ``DIR/credentials``, ``DIR/rejected`` and ``DIR/summary.json``
-(``layout``). ``bulk issue`` (``issue``) streams those credentials to the key
-server in deterministic chunks (``chunks``) and keeps its resumable state and
-the key bundles in KEYDIR (``keydir``).
+``bulk decompose`` (``spark_job`` or, without a JVM, ``local_job``) reads its
+input with one parser (``inputs``), applies one per-request function
+(``requests.decompose_request``, batched by ``batches``) and writes
+``DIR/credentials``, ``DIR/rejected`` and ``DIR/summary.json`` (``layout``); the
+Spark session comes from ``session``. ``bulk issue`` (``issue``) streams those
+credentials to the key server in deterministic chunks (``chunks``) and keeps its
+resumable state and the key bundles in KEYDIR (``keydir``).
 """

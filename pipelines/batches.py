@@ -13,12 +13,12 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.inputs import REQUEST_COLUMNS
 from pipelines.requests import Rejected, Settings, decompose_request
 
 COPIES = "copies"  # how many requests of the whole input name the row's identity
-REQUEST_COLUMNS = ("identity", "role", "predicate")
 CREDENTIAL_COLUMNS = ("identity", "role", "attribute", "credential", "fine", "position")
-REJECTED_COLUMNS = ("identity", "role", "predicate", "reason")
+REJECTED_COLUMNS = ("identity", "role", "predicate", "reason", "source", "line", "raw")
 
 DECOMPOSED = pa.schema([
     ("identity", pa.string()),
@@ -29,20 +29,28 @@ DECOMPOSED = pa.schema([
     ("position", pa.int32()),
     ("predicate", pa.string()),
     ("reason", pa.string()),
+    ("source", pa.string()),
+    ("line", pa.int64()),
+    ("raw", pa.string()),
 ])
 
 
 def decompose_batch(settings: Settings, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Decompose every request of ``batch`` (columns identity, role, predicate, copies)."""
+    """Decompose every request of ``batch`` (``inputs.PARSED`` columns and copies).
+
+    A request whose ``reason`` is already set (it could not be read) stays rejected."""
     columns: dict[str, list] = {name: [] for name in DECOMPOSED.names}
-    rows = zip(*(batch.column(name).to_pylist() for name in (*REQUEST_COLUMNS, COPIES)),
-               strict=True)
-    for identity, role, predicate, copies in rows:
+    names = (*REQUEST_COLUMNS, COPIES, "source", "line", "raw", "reason")
+    rows = zip(*(batch.column(name).to_pylist() for name in names), strict=True)
+    for identity, role, predicate, copies, source, line, raw, problem in rows:
         try:
+            if problem is not None:
+                raise Rejected(problem)
             creds = decompose_request(settings, identity, role, predicate, copies)
         except Rejected as exc:
             rejection = dict.fromkeys(DECOMPOSED.names) | {
-                "identity": identity, "role": role, "predicate": predicate, "reason": str(exc)}
+                "identity": identity, "role": role, "predicate": predicate, "reason": str(exc),
+                "source": source, "line": line, "raw": raw}
             for name, value in rejection.items():
                 columns[name].append(value)
             continue
@@ -53,8 +61,8 @@ def decompose_batch(settings: Settings, batch: pa.RecordBatch) -> pa.RecordBatch
         columns["credential"] += [c.credential for c in creds]
         columns["fine"] += [c.fine for c in creds]
         columns["position"] += [c.position for c in creds]
-        columns["predicate"] += [None] * n
-        columns["reason"] += [None] * n
+        for name in ("predicate", "reason", "source", "line", "raw"):
+            columns[name] += [None] * n
     return pa.RecordBatch.from_pydict(columns, schema=DECOMPOSED)
 
 

@@ -54,9 +54,12 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(json_path: Path, schema: Schema, requests: int, master: str, partitions: int,
-         fine_depth: int, seed: int = 0) -> dict[str, Any]:
-    """Run both drivers once on ``requests`` synthetic requests; write JSON and a PNG."""
-    from pipelines.spark_job import run_spark, spark_session
+         fine_depth: int, seed: int = 0, spark_log: Path | None = None) -> dict[str, Any]:
+    """Run both drivers once on ``requests`` synthetic requests; write JSON and a PNG.
+
+    Spark's own console output goes to ``spark_log`` (None: to this process's)."""
+    from pipelines.session import StageProgress, spark_session
+    from pipelines.spark_job import run_spark
 
     settings = Settings(schema, fine_depth)
     with tempfile.TemporaryDirectory(prefix="ibe-bench-bulk-") as tmp:
@@ -66,12 +69,15 @@ def main(json_path: Path, schema: Schema, requests: int, master: str, partitions
         _say("one Python process")
         python = run_local(settings, work / "requests.parquet", work / "python")
         _say(f"python: {python.line()}")
-        _say(f"Spark {master}: starting the session")
+        _say(f"Spark {master}: starting the session"
+             f"{f'; its logs go to {spark_log}' if spark_log else ''}")
         begun = time.perf_counter()
-        spark = spark_session(master, partitions)
+        spark = spark_session(master, partitions, log=spark_log)
         startup = time.perf_counter() - begun
         try:
-            spark_summary = run_spark(spark, settings, work / "requests.parquet", work / "spark")
+            with StageProgress(spark):
+                spark_summary = run_spark(spark, settings, work / "requests.parquet",
+                                          work / "spark")
         finally:
             spark.stop()
         _say(f"spark: {spark_summary.line()}")

@@ -1,7 +1,8 @@
 """Where a bulk job reads and writes: input format by extension, output directories, summary.
 
 Both decomposition drivers write the same layout, which ``bulk issue`` reads:
-``DIR/credentials`` and ``DIR/rejected`` (Parquet) and ``DIR/summary.json``.
+``DIR/credentials`` and ``DIR/rejected`` (Parquet) and ``DIR/summary.json``; the
+Spark driver also keeps Spark's own console output in ``DIR/spark.log``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
 CREDENTIALS = "credentials"
 REJECTED = "rejected"
 SUMMARY = "summary.json"
+SPARK_LOG = "spark.log"
 
 
 class LayoutError(ValueError):

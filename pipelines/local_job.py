@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import TextIO
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.dataset as ds
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from pipelines.batches import (
@@ -22,52 +19,26 @@ from pipelines.batches import (
     CREDENTIAL_COLUMNS,
     DECOMPOSED,
     REJECTED_COLUMNS,
-    REQUEST_COLUMNS,
     decompose_batch,
     split,
 )
-from pipelines.layout import (
-    CREDENTIALS,
-    REJECTED,
-    LayoutError,
-    Summary,
-    data_files,
-    input_format,
-    prepare_output,
-)
+from pipelines.inputs import BATCH_ROWS, PARSED, parse_file, request_files
+from pipelines.layout import CREDENTIALS, REJECTED, LayoutError, Summary, prepare_output
 from pipelines.progress import Progress
 from pipelines.requests import Settings
 
-BATCH_ROWS = 10_000
 PART_FILE = "part-00000.parquet"
 
 
-def _file_format(fmt: str) -> ds.FileFormat:
-    strings = {name: pa.string() for name in REQUEST_COLUMNS}
-    if fmt == "csv":
-        # Like Spark's CSV reader: an unquoted empty field is null, a quoted "" is "".
-        return ds.CsvFileFormat(convert_options=pacsv.ConvertOptions(
-            column_types=strings, strings_can_be_null=True, quoted_strings_can_be_null=False))
-    if fmt == "json":
-        return ds.JsonFileFormat(parse_options=pajson.ParseOptions(
-            explicit_schema=pa.schema(strings), unexpected_field_behavior="ignore"))
-    return ds.ParquetFileFormat()
-
-
 def read_requests(path: Path) -> pa.Table:
-    """The request columns as strings; JSON lines may omit a key (null), other formats not."""
-    fmt = input_format(path)
-    files = [str(p) for p in data_files(path)] if path.is_dir() else [str(path)]
+    """Every request of the input (``inputs.PARSED``), read by the parser Spark runs too."""
+    found = request_files(path)
     try:
-        dataset = ds.dataset(files, format=_file_format(fmt))
-        missing = [c for c in REQUEST_COLUMNS if c not in dataset.schema.names]
-        if missing and fmt != "json":
-            raise LayoutError(f"{path} lacks the column(s) {', '.join(missing)}")
-        table = dataset.to_table(columns=[c for c in REQUEST_COLUMNS if c not in missing])
+        return pa.Table.from_batches([batch for file in found.files
+                                      for batch in parse_file(found.fmt, file.name,
+                                                              file.read_bytes())], schema=PARSED)
     except (pa.ArrowInvalid, OSError) as exc:
         raise LayoutError(f"cannot read {path}: {exc}") from exc
-    return pa.table({c: table.column(c).cast(pa.string()) if c in table.column_names
-                     else pa.nulls(table.num_rows, pa.string()) for c in REQUEST_COLUMNS})
 
 
 def with_copies(table: pa.Table) -> pa.Table:

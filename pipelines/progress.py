@@ -11,13 +11,15 @@ WIDTH = 30
 
 
 class Progress:
-    """Counts units of work out of ``total`` and shows rate and time left."""
+    """Counts units of work out of ``total`` and shows rate and time left.
+
+    ``done``: units finished before counting began (not part of the rate)."""
 
     def __init__(self, total: int, what: str, stream: TextIO | None = None,
-                 log_every: float = 5.0) -> None:
+                 log_every: float = 5.0, done: int = 0) -> None:
         self.total = max(total, 0)
         self.what = what
-        self.done = 0
+        self.done = self._before = done
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.log_every = log_every
@@ -32,7 +34,7 @@ class Progress:
 
     def _draw(self, now: float, note: str) -> None:
         elapsed = max(now - self.started, 1e-9)
-        rate = self.done / elapsed
+        rate = (self.done - self._before) / elapsed
         fraction = min(self.done / self.total, 1.0) if self.total else 1.0
         bar = "#" * int(fraction * WIDTH)
         left = (self.total - self.done) / rate if rate > 0 else float("inf")

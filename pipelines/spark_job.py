@@ -1,18 +1,16 @@
-"""The Spark driver of bulk decomposition: DataFrame API around one Arrow-batch function.
+"""The Spark driver of bulk decomposition: DataFrame API around two Arrow-batch functions.
 
-Duplicates are counted with a window over ``identity`` (which also co-locates
-each identity's rows), the decomposition runs in Python workers through
-``mapInArrow``, and the decomposed rows are cached once and written as two
-Parquet outputs. Nothing is collected to the driver except four counts.
+Input files are read as bytes and parsed in Python workers by the parser of the
+single-process driver (``inputs``), duplicates are counted with a window over
+``identity`` (which also co-locates each identity's rows), the decomposition runs
+in Python workers through ``mapInArrow``, and the decomposed rows are cached once
+and written as two Parquet outputs. Nothing is collected to the driver except four
+counts. The session itself comes from ``session``.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 import time
-import zipfile
 from functools import partial
 from pathlib import Path
 
@@ -26,67 +24,20 @@ from pipelines.batches import (
     CREDENTIAL_COLUMNS,
     DECOMPOSED,
     REJECTED_COLUMNS,
-    REQUEST_COLUMNS,
     decompose_batches,
 )
-from pipelines.layout import (
-    CREDENTIALS,
-    REJECTED,
-    LayoutError,
-    Summary,
-    input_format,
-    prepare_output,
-)
+from pipelines.inputs import PARSED, parse_files, request_files
+from pipelines.layout import CREDENTIALS, REJECTED, Summary, prepare_output
 from pipelines.requests import Settings
-
-# Packages the executors import; shipped as a zip when they run outside this machine.
-SHIPPED_PACKAGES = ("credentials", "pipelines")
-
-
-def spark_session(master: str = "local[*]", partitions: int = 8,
-                  driver_memory: str = "2g") -> SparkSession:
-    """A session for bulk jobs: no UI, few shuffle partitions, quiet logs."""
-    builder = (SparkSession.builder.master(master).appName("ibe-pubsub bulk")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", str(partitions))
-               .config("spark.driver.memory", driver_memory))
-    local = master.startswith("local")
-    if local:  # the workers must run this interpreter, which has the project installed
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    if not local:
-        _ship_packages(spark)
-    return spark
-
-
-def _ship_packages(spark: SparkSession) -> None:
-    """Make the project's pure-Python packages importable on a cluster's executors."""
-    archive = Path(tempfile.mkdtemp(prefix="ibe-pubsub-")) / "ibe_pubsub_packages.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for name in SHIPPED_PACKAGES:
-            package = Path(sys.modules[name].__file__ or "").parent
-            for path in package.rglob("*"):
-                if path.suffix in (".py", ".toml"):
-                    zf.write(path, path.relative_to(package.parent))
-    spark.sparkContext.addPyFile(str(archive))
 
 
 def read_requests(spark: SparkSession, path: Path) -> DataFrame:
-    """The request columns as strings; JSON lines may omit a key (null), other formats not."""
-    fmt = input_format(path)
-    if fmt == "json":
-        schema = ", ".join(f"{c} string" for c in REQUEST_COLUMNS)
-        return spark.read.schema(schema).json(str(path))
-    if fmt == "csv":  # RFC 4180 quoting ("" inside a field); empty is null, quoted "" is ""
-        frame = (spark.read.option("header", True).option("escape", '"')
-                 .option("nullValue", "\u0000").csv(str(path)))
-    else:
-        frame = spark.read.parquet(str(path))
-    missing = [c for c in REQUEST_COLUMNS if c not in frame.columns]
-    if missing:
-        raise LayoutError(f"{path} lacks the column(s) {', '.join(missing)}")
-    return frame.select(*(F.col(c).cast("string") for c in REQUEST_COLUMNS))
+    """Every request of the input (``inputs.PARSED``): each file's bytes go through the
+    parser the single-process driver uses too."""
+    found = request_files(path)
+    files = spark.read.format("binaryFile").load([str(f.absolute()) for f in found.files])
+    return files.select("path", "content").mapInArrow(partial(parse_files, found.fmt),
+                                                      from_arrow_schema(PARSED))
 
 
 def decompose_frame(requests: DataFrame, settings: Settings) -> DataFrame:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import stat
 import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -134,20 +133,64 @@ def test_commands_have_help_and_the_python_engine_runs_without_a_jvm(tmp_path):
     for command in (("bulk", "decompose"), ("bulk", "issue"), ("bench", "bulk")):
         shown = _cli(*command, "--help")
         assert shown.returncode == 0 and "--" in shown.stdout, command
-    schema = Path(sys.modules["credentials"].__file__).parent / "stocks.toml"
-    (tmp_path / "in.csv").write_text('identity,role,predicate\nann,publisher,"price < 3"\n'
-                                     "bea,subscriber,price <\n")
-    args = ("bulk", "decompose", "--schema", str(schema), "--input", str(tmp_path / "in.csv"),
-            "--output", str(tmp_path / "out"), "--engine", "python")
-    done = _cli(*args)
+    (tmp_path / "good.csv").write_text('identity,role,predicate\nann,publisher,"price < 3"\n')
+    (tmp_path / "mixed.csv").write_text('identity,role,predicate\nann,publisher,"price < 3"\n'
+                                        "bea,subscriber,price <\n")
+    (tmp_path / "bad.csv").write_text("identity,role,predicate\nbea,subscriber,price <\n")
+
+    def decompose(name: str, *options: str) -> subprocess.CompletedProcess:
+        return _cli("bulk", "decompose", "--schema", "stocks", "--input", str(tmp_path / name),
+                    "--output", str(tmp_path / "out"), "--engine", "python", *options)
+
+    done = decompose("good.csv")
     assert done.returncode == 0, done.stderr
-    assert "2 requests: 1 accepted" in done.stdout and "1 rejected" in done.stdout
-    again = _cli(*args)
+    assert "1 requests: 1 accepted" in done.stdout and "0 rejected" in done.stdout
+    again = decompose("good.csv")
     assert again.returncode == 2 and "--overwrite" in again.stderr
-    assert _cli(*args, "--overwrite").returncode == 0
+
+    # Exit status 1 when a request is rejected, unless --allow-rejects accepts a partial run
+    partly = decompose("mixed.csv", "--overwrite")
+    assert partly.returncode == 1 and "2 requests: 1 accepted" in partly.stdout
+    assert "rejected: mixed.csv line 3 (bea): predicate:" in partly.stderr
+    assert partly.stderr.splitlines()[-1] == (
+        f"ibe-pubsub: error: 1 of 2 request(s) rejected, all in {tmp_path / 'out' / 'rejected'} "
+        "(Parquet; --rejected-csv FILE writes them as CSV); fix them, or pass --allow-rejects "
+        "to accept the partial run")
+    allowed = decompose("mixed.csv", "--overwrite", "--allow-rejects", "--rejected-csv",
+                        str(tmp_path / "rejected.csv"))
+    assert allowed.returncode == 0, allowed.stderr
+    assert f"all in {tmp_path / 'rejected.csv'} and" in allowed.stderr
+    with (tmp_path / "rejected.csv").open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["file", "line", "identity", "reason", "row"]
+    assert [r[:3] + r[4:] for r in rows[1:]] == [["mixed.csv", "3", "bea",
+                                                  "bea,subscriber,price <"]]
+    assert rows[1][3].startswith("predicate: ")
+    none = decompose("bad.csv", "--overwrite", "--allow-rejects")
+    assert none.returncode == 1
+    assert none.stderr.splitlines()[-1].startswith(
+        "ibe-pubsub: error: no request was accepted; 1 of 1 request(s) rejected")
+
     no_token = _cli("bulk", "issue", "--server", "http://127.0.0.1:9", "--input",
                     str(tmp_path / "out"), "--output", str(tmp_path / "keys"))
     assert no_token.returncode == 2 and "admin token is required" in no_token.stderr
-    bad_schema = _cli("bulk", "decompose", "--schema", str(tmp_path / "in.csv"), "--input",
-                      str(tmp_path / "in.csv"), "--output", str(tmp_path / "o2"))
+    bad_schema = _cli("bulk", "decompose", "--schema", str(tmp_path / "good.csv"), "--input",
+                      str(tmp_path / "good.csv"), "--output", str(tmp_path / "o2"))
     assert bad_schema.returncode == 2 and "schema" in bad_schema.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["bulk", "decompose", "--schema", "stocks", "--input", "in.csv", "--output", "out",
+     "--engine", "python"],
+    ["bulk", "issue", "--server", "http://127.0.0.1:1", "--admin-token", "t",
+     "--input", "out", "--output", "keys"],
+])
+def test_bulk_commands_without_the_spark_extra_say_which_extra_in_one_line(tmp_path, command):
+    # The default Docker image has no pyarrow: the bulk commands must say so, not crash.
+    hide = ("import sys; sys.modules['pyarrow'] = None; sys.modules['pyspark'] = None; "
+            "from peer.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([*cli_command()[:1], "-c", hide, *command], cwd=tmp_path,
+                            env=child_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("ibe-pubsub: error: pyarrow is missing; "
+                                     "install the 'spark' extra")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +18,8 @@ from pipelines.chunks import read_items
 from pipelines.layout import LayoutError, Summary
 from pipelines.local_job import run_local
 from pipelines.requests import Settings
-from pipelines.spark_job import run_spark, spark_session
+from pipelines.session import spark_session
+from pipelines.spark_job import run_spark
 from pipelines.synthetic import random_requests
 
 SCHEMA = default_schema()
@@ -34,6 +36,27 @@ def spark():
 def _rows(path: Path) -> list[tuple]:
     table = pq.read_table(path)
     return sorted((tuple(r.values()) for r in table.to_pylist()), key=repr)
+
+
+def _both_engines(spark, source: Path, tmp_path: Path) -> tuple[Summary, list[dict]]:
+    """Decompose ``source`` with Spark and in Python; assert identical outputs; return the
+    summary and the rejections by line."""
+    on_spark = run_spark(spark, SETTINGS, source, tmp_path / "spark")
+    in_python = run_local(SETTINGS, source, tmp_path / "python")
+    for name in ("credentials", "rejected"):
+        assert _rows(tmp_path / "spark" / name) == _rows(tmp_path / "python" / name), name
+    counts = ("requests", "accepted", "rejected", "credential_rows", "fine_rows", "schema_id")
+    assert [getattr(on_spark, k) for k in counts] == [getattr(in_python, k) for k in counts]
+    assert Summary.read(tmp_path / "spark") == on_spark
+    rejected = pq.read_table(tmp_path / "python" / "rejected").to_pylist()
+    return in_python, sorted(rejected, key=lambda r: r["line"])
+
+
+def _check_rejections(rejected: list[dict], expected: list[tuple]) -> None:
+    """``expected``: (line, identity, fragment of the reason) of every rejection."""
+    assert [(r["line"], r["identity"]) for r in rejected] == [e[:2] for e in expected]
+    for row, (_, _, fragment) in zip(rejected, expected, strict=True):
+        assert fragment in row["reason"], (row, fragment)
 
 
 BAD_ROWS = [
@@ -54,87 +77,182 @@ def test_spark_equals_python_on_random_requests(spark, tmp_path):
                                      [(c, pa.string()) for c in
                                       ("identity", "role", "predicate")]))])
     pq.write_table(requests, tmp_path / "requests.parquet")
-    on_spark = run_spark(spark, SETTINGS, tmp_path / "requests.parquet", tmp_path / "spark")
-    in_python = run_local(SETTINGS, tmp_path / "requests.parquet", tmp_path / "python")
-
-    assert _rows(tmp_path / "spark" / "credentials") == _rows(tmp_path / "python" / "credentials")
-    assert _rows(tmp_path / "spark" / "rejected") == _rows(tmp_path / "python" / "rejected")
-    counts = ("requests", "accepted", "rejected", "credential_rows", "fine_rows", "schema_id")
-    assert [getattr(on_spark, k) for k in counts] == [getattr(in_python, k) for k in counts]
-    assert on_spark.requests == 208 and on_spark.rejected >= len(BAD_ROWS)
-    assert Summary.read(tmp_path / "spark") == on_spark
+    summary, rejected = _both_engines(spark, tmp_path / "requests.parquet", tmp_path)
+    assert summary.requests == 208 and summary.rejected >= len(BAD_ROWS)
+    assert {(r["line"], r["identity"]) for r in rejected} >= {(201, None), (208, "empty-set")}
     # each identity's rows are contiguous in Spark's output, as `bulk issue` needs
     items = list(read_items(tmp_path / "spark"))
-    assert len(items) == on_spark.accepted
-    assert sum(len(i["credentials"]) for i in items) == on_spark.credential_rows
+    assert len(items) == summary.accepted
+    assert sum(len(i["credentials"]) for i in items) == summary.credential_rows
 
 
-def test_bad_rows_end_up_in_rejected_with_reasons(spark, tmp_path):
-    csv = tmp_path / "requests.csv"
-    csv.write_text(
-        "role,identity,predicate,comment\n"
-        'subscriber,ok-1,"symbol = ""IBM"" and price >= 10",quotes doubled as in RFC 4180\n'
-        'publisher,ok-2,"",quoted empty: every event\n'
-        "subscriber,,,no identity\n"
-        "subscriber,bad/name,price < 3,slash\n"
-        "subscriber,twin,price < 3,\n"
-        "publisher,twin,price < 4,\n"
-        "owner,no-role,price < 3,\n"
-        "subscriber,no-pred,,unquoted empty: missing\n"
-        'subscriber,typo,"price in [3, ",\n'
-        "publisher,empty-set,volume < 0,\n")
-    summary = run_spark(spark, SETTINGS, csv, tmp_path / "out")
-    assert (summary.requests, summary.accepted, summary.rejected) == (10, 2, 8)
-    rejected = pq.read_table(tmp_path / "out" / "rejected").to_pylist()
-    reasons = sorted(r["reason"] for r in rejected)
-    expected = ["appears in 2 requests", "appears in 2 requests", "identity must be",
-                "missing identity", "missing predicate", "role must be", "selects no value",
-                "predicate: expected a number"]
-    for fragment in expected:
-        assert any(fragment in r for r in reasons), (fragment, reasons)
-        reasons.remove(next(r for r in reasons if fragment in r))
-    accepted = pq.read_table(tmp_path / "out" / "credentials").to_pylist()
-    assert {r["identity"] for r in accepted} == {"ok-1", "ok-2"}
+MALFORMED_CSV = (
+    b"\xef\xbb\xbfrole , identity,predicate,comment\r\n"  # BOM, spaces, CRLF, a 4th column
+    b'subscriber,ok-1,"symbol = ""IBM"" and price >= 10",quotes doubled as in RFC 4180\r\n'
+    b'publisher,ok-2,"",quoted empty: every event\n'
+    b"\n"
+    b'subscriber,ok-3,symbol = "IB",a quote inside an unquoted field is kept\n'
+    b"   \n"
+    b"subscriber,short\n"
+    b"publisher,long,price < 3,x,y\n"
+    b"subscriber,,,no identity\n"
+    b"owner,bad-role,price < 3,\n"
+    b"subscriber,bad-pred,price in [3,\n"
+    b'subscriber,unclosed,"price < 3,\n'
+    b'subscriber,after,"price < 3"x,\n'
+    b"subscriber,no-pred,,unquoted empty: missing\n"
+    b'publisher,latin1,symbol = "Z\xfcrich",\n'
+    b"subscriber,twin,price < 3,\n"
+    b"publisher,twin,price < 4,\n"
+    b"publisher,empty-set,volume < 0,"  # no final newline
+)
+
+
+def test_both_engines_read_a_malformed_csv_identically(spark, tmp_path):
+    (tmp_path / "requests.csv").write_bytes(MALFORMED_CSV)
+    summary, rejected = _both_engines(spark, tmp_path / "requests.csv", tmp_path)
+    assert (summary.requests, summary.accepted, summary.rejected) == (15, 3, 12)
+    _check_rejections(rejected, [
+        (7, "short", "2 field(s), but the header has 4 column(s)"),
+        (8, "long", "5 field(s), but the header has 4 column(s); quote a field"),
+        (9, None, "missing identity"),
+        (10, "bad-role", "role must be 'subscriber' or 'publisher', got 'owner'"),
+        (11, "bad-pred", "predicate: expected"),
+        (12, "unclosed", "field 3: a quote is not closed on its line"),
+        (13, "after", "field 3: text after its closing quote"),
+        (14, "no-pred", "missing predicate"),
+        (15, "latin1", "not UTF-8: byte 0xfc at column 29"),
+        (16, "twin", "appears in 2 requests"),
+        (17, "twin", "appears in 2 requests"),
+        (18, "empty-set", "selects no value"),
+    ])
+    assert {r["source"] for r in rejected} == {"requests.csv"}
+    assert rejected[0]["raw"] == "subscriber,short"
+    assert rejected[8]["raw"] == 'publisher,latin1,symbol = "Z\\xfcrich",'
+    accepted = pq.read_table(tmp_path / "spark" / "credentials").to_pylist()
+    assert {r["identity"] for r in accepted} == {"ok-1", "ok-2", "ok-3"}
     assert {r["credential"] for r in accepted if r["attribute"] == "symbol"} == \
-        {'symbol:"IBM"$', 'symbol:""'}
+        {'symbol:"IBM"$', 'symbol:""', 'symbol:"IB"$'}
     assert not any(r["fine"] for r in accepted if r["identity"] == "ok-2")
 
 
-def test_json_lines_may_omit_keys_but_csv_must_have_the_columns(spark, tmp_path):
-    lines = tmp_path / "requests.jsonl"
-    lines.write_text('{"identity": "j1", "role": "publisher", "predicate": "price < 5"}\n'
-                     '{"identity": "j2", "role": "publisher"}\n')
-    summary = run_spark(spark, SETTINGS, lines, tmp_path / "out")
-    assert (summary.accepted, summary.rejected) == (1, 1)
-    assert _rows(tmp_path / "out" / "rejected")[0][0] == "j2"
+def test_both_engines_read_malformed_json_lines_identically(spark, tmp_path):
+    (tmp_path / "requests.jsonl").write_bytes(
+        b'{"identity": "j1", "role": "publisher", "predicate": "price < 5", "note": 1}\n'
+        b'{"identity": "j2", "role": "publisher"}\n'
+        b"\n"
+        b"not json\n"
+        b"[1, 2]\n"
+        b'{"identity": 7, "role": "publisher", "predicate": ""}\n'
+        b'{"identity": "j3", "role": "publisher", "predicate": "price < 5"\n'
+        b'{"identity": "j4", "role": "publisher", "predicate": "symbol = \xfc"}\n')
+    summary, rejected = _both_engines(spark, tmp_path / "requests.jsonl", tmp_path)
+    assert (summary.requests, summary.accepted) == (7, 1)
+    _check_rejections(rejected, [
+        (2, "j2", "missing predicate"), (4, None, "not JSON"), (5, None, "not a JSON object"),
+        (6, None, "identity must be a string or null"), (7, None, "not JSON"),
+        (8, None, "not UTF-8"),
+    ])
     with pytest.raises(LayoutError, match="already holds"):
-        run_spark(spark, SETTINGS, lines, tmp_path / "out")
-    (tmp_path / "nocol.csv").write_text("identity,predicate\nx,price < 3\n")
-    with pytest.raises(LayoutError, match="lacks the column"):
-        run_spark(spark, SETTINGS, tmp_path / "nocol.csv", tmp_path / "out2")
-    (tmp_path / "requests.txt").write_text("identity,role,predicate\n")
-    with pytest.raises(LayoutError, match="format"):
-        run_spark(spark, SETTINGS, tmp_path / "requests.txt", tmp_path / "out3")
+        run_spark(spark, SETTINGS, tmp_path / "requests.jsonl", tmp_path / "spark")
+
+
+def test_both_engines_refuse_a_file_of_the_wrong_kind_with_the_same_error(spark, tmp_path):
+    good = b"identity,role,predicate\nann,publisher,price < 3\n"
+    pq.write_table(pa.table({"identity": ["x"], "role": ["publisher"]}), tmp_path / "a.parquet")
+    (tmp_path / "b.parquet").write_bytes(good)
+    cases = {
+        "nocol.csv": (b"identity,predicate\nx,price < 3\n", "the header has no column(s) role"),
+        "twice.csv": (b"identity,role,role,predicate\n", "duplicate column(s) role"),
+        "empty.csv": (b"\n\n", "is empty; a CSV input starts with a header"),
+        "quote.csv": (b'"identity,role,predicate\n', "the header is not CSV"),
+        "latin1.csv": (b"identit\xe9,role,predicate\n", "the header is not CSV (not UTF-8"),
+        "requests.txt": (good, "cannot tell the format"),
+        "dir/": (None, "no column(s) role"),  # a directory with one good and one bad file
+    }
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "1.csv").write_bytes(good)
+    (tmp_path / "dir" / "2.csv").write_bytes(cases["nocol.csv"][0])
+    cases |= {"a.parquet": (None, "a.parquet has no column(s) predicate"),
+              "b.parquet": (None, "cannot read")}
+    for name, (content, message) in cases.items():
+        if content is not None:
+            (tmp_path / name).write_bytes(content)
+        errors = []
+        for run in (run_local, partial(run_spark, spark)):
+            with pytest.raises(LayoutError, match=re.escape(message)) as caught:
+                run(SETTINGS, tmp_path / name, tmp_path / "out")
+            errors.append(str(caught.value))
+        assert errors[0] == errors[1], name
+        assert not (tmp_path / "out").exists(), name
+
+
+def _decompose(tmp_path: Path, output: str, *options: str, verbose: bool = False,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command(
+        *(["-v"] if verbose else []), "bulk", "decompose", "--schema", "stocks", "--input",
+        str(tmp_path / "in.parquet"), "--output", str(tmp_path / output), "--master", "local[1]",
+        "--partitions", "2", *options), env=env or child_env(), capture_output=True, text=True,
+        timeout=240)
 
 
 @pytest.mark.slow
-def test_bulk_decompose_command_runs_spark_and_reports(tmp_path):
-    """The CLI path end to end: its own Spark session in a child process."""
-    schema = Path(sys.modules["credentials"].__file__).parent / "stocks.toml"
-    pq.write_table(random_requests(SCHEMA, 50, seed=3), tmp_path / "in.parquet")
-    done = subprocess.run(cli_command(
-        "bulk", "decompose", "--schema", str(schema), "--input", str(tmp_path / "in.parquet"),
-        "--output", str(tmp_path / "out"), "--master", "local[1]", "--partitions", "2"),
-        env=child_env(), capture_output=True, text=True, timeout=240)
+def test_bulk_decompose_command_runs_spark_and_keeps_its_logs_in_a_file(tmp_path):
+    """The CLI path end to end: its own Spark session in a child process; the control of
+    the next test."""
+    requests = random_requests(SCHEMA, 50, seed=3)
+    bad = pa.table({"identity": ["bad name"], "role": ["publisher"], "predicate": [""]})
+    pq.write_table(pa.concat_tables([requests, bad]), tmp_path / "in.parquet")
+    done = _decompose(tmp_path, "out", "--allow-rejects")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["engine"] == "spark" and summary["requests"] == 50
-    assert "50 requests" in done.stdout
+    assert summary["engine"] == "spark" and summary["requests"] == 51
+    assert "51 requests" in done.stdout
+    assert "in.parquet line 51 (bad name): identity must be" in done.stderr
+    assert "a partial run, as --allow-rejects allows" in done.stderr
+    # Spark's own output is in the file, ours on the terminal
+    log = (tmp_path / "out" / "spark.log").read_text()
+    assert "log4j" in log
+    assert f"its logs go to {tmp_path / 'out' / 'spark.log'}" in done.stderr
+    for noise in ("log4j", "WARN", "[Stage", "Traceback"):
+        assert noise not in done.stderr, noise
     again = subprocess.run(cli_command(
-        "bulk", "decompose", "--schema", str(schema), "--input", str(tmp_path / "missing.csv"),
+        "bulk", "decompose", "--schema", "stocks", "--input", str(tmp_path / "missing.csv"),
         "--output", str(tmp_path / "out2"), "--engine", "python"),
         env=child_env(), capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "does not exist" in again.stderr
+
+
+def test_a_missing_or_broken_java_is_a_one_line_error(tmp_path):
+    pq.write_table(random_requests(SCHEMA, 3), tmp_path / "in.parquet")
+    no_java = child_env() | {"PATH": str(tmp_path)}  # nothing to run there
+    no_java.pop("JAVA_HOME", None)
+    done = _decompose(tmp_path, "out", env=no_java)
+    *_, error = done.stderr.splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert error.startswith("ibe-pubsub: error: cannot start Spark: no Java found: JAVA_HOME "
+                            "is not set and java is not on PATH; Spark needs Java 17 or newer")
+    assert error.endswith("--engine python decomposes without Spark or Java")
+    no_jdk = child_env() | {"JAVA_HOME": str(tmp_path / "nowhere")}
+    assert "JAVA_HOME is " in _decompose(tmp_path, "out", env=no_jdk).stderr
+
+    # A JVM that exits at once, noisily: the noise goes to the log, or with -v to the terminal.
+    (tmp_path / "jdk" / "bin").mkdir(parents=True)
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.write_text("#!/bin/sh\necho 'fake JVM: could not reserve the heap' >&2\nexit 1\n")
+    java.chmod(0o755)
+    broken = child_env() | {"JAVA_HOME": str(tmp_path / "jdk")}
+    done = _decompose(tmp_path, "out2", env=broken)
+    *_, error = done.stderr.splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert error == ("ibe-pubsub: error: cannot start Spark: Spark's Java process exited at "
+                     f"start-up (details in {tmp_path / 'out2' / 'spark.log'}); Spark needs "
+                     "Java 17 or newer; --engine python decomposes without Spark or Java")
+    assert "fake JVM" not in done.stderr
+    assert "fake JVM" in (tmp_path / "out2" / "spark.log").read_text()
+    verbose = _decompose(tmp_path, "out3", verbose=True, env=broken)
+    assert verbose.returncode == 2 and "fake JVM" in verbose.stderr
+    assert "(details above)" in verbose.stderr.splitlines()[-1]
 
 
 @pytest.mark.slow
@@ -149,3 +267,4 @@ def test_bench_bulk_smoke(tmp_path):
     assert report["ratio"] == report["spark"]["rows_per_s"] / report["python"]["rows_per_s"]
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "ratio Spark/Python" in done.stdout
+    assert "log4j" in out.with_suffix(".spark.log").read_text() and "log4j" not in done.stderr
