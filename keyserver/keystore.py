@@ -5,7 +5,7 @@ Layout of ``DIR``:
 * ``master.sealed`` (0600): MSK and the server's Ed25519 signing key, sealed
   (:mod:`keyserver.sealing`) under ``$IBE_PUBSUB_PASSPHRASE``.
 * ``public.json`` (0600): curve, MPK, schema, its signature, the server's verification key.
-* ``admin.token`` (0600): the admin bearer token.
+* ``admin.token`` (0600): the admin bearer token (``keyserver rotate-admin-token`` replaces it).
 * ``keyserver.db`` (0600): the SQLite database, unless a database URL says otherwise.
 
 The directory itself is 0700 (:mod:`keyserver.permissions`). The peer-link CA
@@ -188,8 +188,7 @@ def _unseal(sealed_path: Path, passphrase: str) -> tuple[bytes, bytes]:
 def read_admin_token(path: Path) -> str:
     """The admin token, refused when missing, empty or too short to be a secret: an empty
     file would otherwise make the empty bearer token an admin token."""
-    fix = (f"write a new random one, e.g. (umask 077; python3 -c 'import secrets; "
-           f"print(secrets.token_urlsafe(32))' > {path})")
+    fix = f"write a new one with `ibe-pubsub keyserver rotate-admin-token --data {path.parent}`"
     try:
         token = path.read_text().strip()
     except (OSError, ValueError) as exc:
@@ -198,6 +197,23 @@ def read_admin_token(path: Path) -> str:
         raise KeyStoreError(f"the admin token in {path} is {'empty' if not token else 'too short'} "
                             f"(at least {MIN_ADMIN_TOKEN_LENGTH} characters): {fix}")
     return token
+
+
+def rotate_admin_token(data_dir: Path) -> Path:
+    """Replace ``admin.token`` with a fresh token (0600, atomically: a crash leaves the old
+    or the new one); returns its path. A running server keeps the hash it read at start,
+    so the new token takes effect, and the old one stops working, when it restarts."""
+    if not (data_dir / SEALED_FILE).is_file():
+        raise KeyStoreError(f"no key store in {data_dir} (run `ibe-pubsub keyserver init`)")
+    path = data_dir / ADMIN_TOKEN_FILE
+    staging = data_dir / f".{ADMIN_TOKEN_FILE}.{secrets.token_hex(4)}"
+    try:
+        _write_private(staging, (new_token("adm") + "\n").encode())
+        os.replace(staging, path)
+    except OSError as exc:
+        staging.unlink(missing_ok=True)
+        raise KeyStoreError(f"cannot write a new admin token to {path}: {exc}") from exc
+    return path
 
 
 def load_keystore(data_dir: Path, passphrase: str) -> KeyStore:

@@ -6,6 +6,7 @@ import json
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from tls_certificates import self_signed
 
 from keyserver.client import KeyServerClient, KeyServerError
 from keyserver.launcher import child_env, cli_command, free_port, start_keyserver, stop
+from peer.cli import main
 
 
 def _run(*args: str, passphrase: str | None = PASSPHRASE) -> subprocess.CompletedProcess[str]:
@@ -175,3 +177,38 @@ def test_serves_tls_when_given_a_certificate(tmp_path):
             KeyServerClient(url, retries=0).health()
     finally:
         stop(process)
+
+
+def test_rotate_admin_token_takes_effect_at_restart(keyserver_factory, tmp_path, monkeypatch,
+                                                   capsys):
+    server = keyserver_factory.start(serve_args=("--workers", "1"))
+    token_file = server.data_dir / "admin.token"
+    old = server.admin_token
+
+    def status(base_url: str, token: str) -> int:
+        return httpx.get(base_url + "/v1/admin/identities", timeout=30,
+                         headers={"Authorization": f"Bearer {token}"}).status_code
+
+    def rotate(data_dir: Path) -> tuple[int, str]:
+        capsys.readouterr()  # only what this command prints
+        code = main(["keyserver", "rotate-admin-token", "--data", str(data_dir)])
+        return code, capsys.readouterr().err.strip()
+
+    monkeypatch.delenv("IBE_PUBSUB_PASSPHRASE", raising=False)  # it needs none
+    code, message = rotate(server.data_dir)
+    assert code == 0 and "restart" in message and str(token_file) in message
+    new = token_file.read_text().strip()
+    assert new != old and len(new) >= 40
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert sorted(p.name for p in server.data_dir.iterdir() if "admin" in p.name) == [
+        "admin.token"]  # no staging file left behind
+    # The running server keeps the token it read at start ...
+    assert (status(server.base_url, old), status(server.base_url, new)) == (200, 401)
+    # ... and after a restart only the new one works.
+    server = keyserver_factory.restart(server, serve_args=("--workers", "1"))
+    assert server.admin_token == new
+    assert (status(server.base_url, old), status(server.base_url, new)) == (401, 200)
+
+    code, message = rotate(tmp_path / "none")
+    assert code == 2 and message.startswith("ibe-pubsub: error: no key store in")
+    assert len(message.splitlines()) == 1 and not (tmp_path / "none").exists()
