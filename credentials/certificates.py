@@ -6,6 +6,8 @@
   certified for one attribute tree, one epoch, until an expiry.
 * The peer-link CA certificate (:mod:`credentials.peer_certificates`), so peers take the
   CA from the public parameters under the key they already trust.
+* Bundles of bulk issuance: a peer that takes its keys from a file can tell a bundle of
+  this key server, whole, from one of another server or one altered since.
 
 Every signed message starts with its own domain tag and length-prefixes each field,
 so a signature over one kind of message can never pass for another.
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -26,6 +31,7 @@ from credentials.schema import Schema
 SCHEMA_TAG = b"ibe-pubsub/v1/schema"
 ROOT_TAG = b"ibe-pubsub/v1/root-certificate"
 PEER_CA_TAG = b"ibe-pubsub/v2/peer-link-ca"
+BUNDLE_TAG = b"ibe-pubsub/v1/bulk-bundle"
 ED25519_KEY_BYTES = 32
 
 
@@ -64,6 +70,19 @@ def peer_ca_message(ca_der: bytes) -> bytes:
 def verify_peer_ca(server_key: bytes, ca_der: bytes, signature: bytes) -> bool:
     """True iff the key server signed this peer-link CA certificate."""
     return _verify(server_key, peer_ca_message(ca_der), signature)
+
+
+def bundle_message(bundle: Mapping[str, Any]) -> bytes:
+    """tag || the canonical JSON (sorted keys, no blanks, ASCII) of a bulk-issuance bundle
+    without its ``signature`` field."""
+    body = {k: v for k, v in bundle.items() if k != "signature"}
+    return _fields(BUNDLE_TAG, json.dumps(body, sort_keys=True, separators=(",", ":"))
+                   .encode("ascii"))
+
+
+def verify_bundle(server_key: bytes, bundle: Mapping[str, Any], signature: bytes) -> bool:
+    """True iff the key server signed this bundle as it is."""
+    return _verify(server_key, bundle_message(bundle), signature)
 
 
 def root_certificate_message(attribute: str, transport_key: bytes, epoch: int,

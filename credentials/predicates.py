@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from credentials.numeric import int_bounds
 from credentials.schema import Attribute, Schema, SchemaError
@@ -122,6 +122,13 @@ class StringConstraint:
 
 
 Constraint = NumericRange | StringConstraint
+
+
+class EventFilter(Protocol):
+    """What decides that an event is delivered, or may be published: a :class:`Predicate`,
+    or the region a bundle's credentials enclose (``peer.bundle_file.CredentialRegion``)."""
+
+    def matches(self, values: Mapping[str, Any]) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,13 @@ class TransportCertificateOut(BaseModel):
     attributes: list[str] = Field(description="trees a root may serve (others: none)")
 
 
+class CallerOut(BaseModel):
+    name: str
+    role: Role
+    bulk_only: bool = Field(description="receives keys only through bulk issuance (the "
+                            "enrolment endpoints refuse it)")
+
+
 class ConnectionRequestOut(BaseModel):
     attribute: str
     credential: str

@@ -3,7 +3,8 @@
 ``decode_params`` verifies the schema's id and the key server's signatures on it and on
 the peer-link CA, so a peer that pins the server key (or trusts it on first use) cannot be
 fed another schema or another CA; ``decode_transport_certificate`` checks a peer-link
-certificate against that CA and the peer's own key.
+certificate against that CA and the peer's own key; ``decode_bulk_bundle`` checks that a
+bundle of bulk issuance is the key server's, whole.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from credentials.certificates import RootCertificate, verify_peer_ca, verify_schema
+from credentials.certificates import (
+    RootCertificate,
+    fingerprint,
+    verify_bundle,
+    verify_peer_ca,
+    verify_schema,
+)
 from credentials.codec import (
     decode_mpk,
     decode_publisher_key,
@@ -94,6 +101,17 @@ class PublisherBundle:
     epoch_end: float
     credentials: dict[str, tuple[Credential, ...]]
     keys: tuple[PublisherKey, ...]
+
+
+@dataclass(frozen=True)
+class BulkBundle:
+    """One identity's keys from bulk issuance, signed by the key server; ``token`` is the
+    identity's if bulk issuance created it (None: it has a token of its own)."""
+
+    identity: str
+    role: str
+    token: str | None
+    keys: SubscriberBundle | PublisherBundle
 
 
 def _credentials(doc: dict[str, list[str]]) -> dict[str, tuple[Credential, ...]]:
@@ -180,6 +198,29 @@ def decode_publisher_bundle(group: PairingGroup, doc: dict[str, Any]) -> Publish
                                      for k in doc["publisher_keys"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"publisher bundle does not decode: {exc}") from exc
+
+
+def decode_bulk_bundle(params: ServerParams, doc: Any) -> BulkBundle:
+    """A bundle written by ``bulk issue``, after checking that the key server of ``params``
+    signed it as it is, for its schema."""
+    if not isinstance(doc, dict) or not {"identity", "role", "signature"} <= doc.keys():
+        raise BundleError("it is not a signed bundle of `bulk issue`")
+    try:
+        server_key, signature = _b64(doc["server_key"]), _b64(doc["signature"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"its server key or signature does not decode: {exc}") from exc
+    if server_key != params.server_key:
+        raise BundleError(f"another key server issued it (key {fingerprint(server_key)}; "
+                          f"this one's is {fingerprint(params.server_key)})")
+    if not verify_bundle(server_key, doc, signature):
+        raise BundleError("the key server's signature does not verify: the bundle was "
+                          "altered since it was issued")
+    if doc.get("schema_id") != params.pp.schema.id:
+        raise BundleError("it was issued for another schema than the key server's")
+    token, role = doc.get("token"), doc["role"]
+    keys = (decode_subscriber_bundle(params.pp.group, doc) if role == "subscriber"
+            else decode_publisher_bundle(params.pp.group, doc))
+    return BulkBundle(doc["identity"], role, token, keys)
 
 
 def decode_root_token(group: PairingGroup, doc: dict[str, Any], credential: Credential,

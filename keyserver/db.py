@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    false,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
@@ -40,7 +42,9 @@ class Setting(Base):
 
 
 class Identity(Base):
-    """A publisher, subscriber or root; only the SHA-256 of its bearer token is kept."""
+    """A publisher, subscriber or root; only the SHA-256 of its bearer token is kept.
+    ``bulk_only``: created by bulk issuance, it has no policy and gets keys only that way
+    (the enrolment endpoints refuse it)."""
 
     __tablename__ = "identities"
 
@@ -52,6 +56,8 @@ class Identity(Base):
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     revoked_epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    bulk_only: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False,
+                                            server_default=false())
 
 
 class AuditEntry(Base):

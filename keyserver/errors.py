@@ -115,7 +115,8 @@ class CatchAll:
 
 
 _MEANINGS = {401: "missing or invalid bearer token",
-             403: "identity revoked, wrong role, or outside the identity's policy",
+             403: "identity revoked, wrong role, outside the identity's policy, or keys "
+             "only through bulk issuance",
              404: "no such identity", 409: "conflict with the stored state",
              413: "request body too large", 422: "invalid request (body, parameter, "
              "predicate, attribute or key)", 429: "rate limit exceeded (see Retry-After)"}

@@ -3,20 +3,25 @@
 The result of each chunk is kept in the database sealed with ChaCha20-Poly1305 under
 a key derived (HKDF) from the master secret, with the chunk id as associated data.
 A chunk id seen before returns that stored result and issues nothing; the same id
-with different content is a 409. Identities named in a chunk are created if missing
-(without a usable token: they receive keys only through bulk issuance) and without a
-policy. Items of revoked identities, whose role differs from the stored one, or with
-a credential whose region leaves the identity's stored policy (the same check as
-enrolment, ``enrolment.check_issued``) get an ``error`` field instead of keys.
+with different content is a 409. Identities named in a chunk are created if missing,
+without a policy and marked bulk-only: they receive keys only through bulk issuance (the
+enrolment endpoints refuse them), and their token, derived from the master secret and
+the name, is in every bundle issued to them, so each epoch's bundle is enough to run a
+peer. Items of revoked identities, whose role differs from the stored one, or with a
+credential whose region leaves the identity's stored policy (the same check as
+enrolment, ``enrolment.check_issued``) get an ``error`` field instead of keys. Every
+bundle names the server key and schema and is signed with the server key
+(``credentials.certificates.bundle_message``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
+import hmac
 import json
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +31,7 @@ from fastapi import APIRouter
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
+from credentials.certificates import bundle_message
 from credentials.credential import Credential
 from keyserver.actors import ADMIN
 from keyserver.api_models import BulkIn, BulkItem, BulkOut
@@ -41,12 +47,13 @@ from keyserver.enrolment import (
 )
 from keyserver.epochs import Epoch
 from keyserver.errors import ApiError, error_responses
-from keyserver.keystore import token_hash
+from keyserver.keystore import b64, token_hash
 from keyserver.repository import audit, bulk_chunk, identity_by_name
 from keyserver.state import AppState
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 RESULT_KEY_PURPOSE = b"bulk-results"
+TOKEN_KEY_PURPOSE = b"bulk-identity-tokens"
 
 
 def _request_hash(body: BulkIn) -> str:
@@ -77,18 +84,29 @@ def _stored(state: AppState, chunk_id: str, request_hash: str) -> dict[str, Any]
         return _unseal(state, chunk)
 
 
+def bulk_token(key: bytes, name: str) -> str:
+    """The bearer token of bulk-only identity ``name`` under ``key`` (derived from the master
+    secret for ``TOKEN_KEY_PURPOSE``): the same whenever it is issued keys."""
+    mac = hmac.new(key, name.encode(), hashlib.sha256).digest()
+    return "bulk_" + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
 @dataclass(frozen=True)
 class Known:
-    """What bulk issuance needs of a stored identity."""
+    """What bulk issuance needs of a stored identity (``token``: a bulk-only one's)."""
 
     role: str
     revoked: bool
     policy: str | None
+    token: str | None
 
 
 def _identity_states(state: AppState, caller: Caller, items: list[BulkItem], epoch: int
                      ) -> dict[str, Known]:
-    """Role, revoked flag and policy of every named identity, creating the missing ones."""
+    """Role, revoked flag, policy and token of every named identity, creating the missing
+    ones bulk-only. A bulk-only identity's stored token hash is (re)set to its token: one
+    that an earlier release created has another (migration 0003 marks those)."""
+    key = state.store.derived_key(TOKEN_KEY_PURPOSE)
     for attempt in range(2):
         try:
             with state.sessions.begin() as session:
@@ -97,15 +115,19 @@ def _identity_states(state: AppState, caller: Caller, items: list[BulkItem], epo
                     if item.identity in out:
                         continue
                     identity = identity_by_name(session, item.identity)
+                    token = bulk_token(key, item.identity)
                     if identity is None:
                         identity = Identity(name=item.identity, role=item.role, policy=None,
-                                            token_hash=token_hash(secrets.token_urlsafe(32)),
-                                            created_at=time.time())
+                                            token_hash=token_hash(token),
+                                            created_at=time.time(), bulk_only=True)
                         session.add(identity)
                         audit(session, caller.name, "create_identity", epoch,
                               {"identity": item.identity, "role": item.role, "via": "bulk"})
+                    elif identity.bulk_only and identity.token_hash != token_hash(token):
+                        identity.token_hash = token_hash(token)
                     out[item.identity] = Known(identity.role, identity.revoked_at is not None,
-                                               identity.policy)
+                                               identity.policy,
+                                               token if identity.bulk_only else None)
                 return out
         except IntegrityError:
             if attempt:
@@ -134,6 +156,16 @@ def _store(state: AppState, caller: Caller, body: BulkIn, request_hash: str,
         return stored
 
 
+def _signed(state: AppState, bundle: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """The bundle with the server key, the schema id, a bulk-only identity's token, and
+    the server's signature over all of it."""
+    store = state.store
+    signed = bundle | {"server_key": b64(store.server_key), "schema_id": store.schema.id}
+    if token is not None:
+        signed["token"] = token
+    return signed | {"signature": b64(store.signing_key.sign(bundle_message(signed)))}
+
+
 async def _bundle(state: AppState, item: BulkItem, creds: list[Credential],
                   known: dict[str, Known], epoch: Epoch) -> dict[str, Any]:
     stored = known[item.identity]
@@ -150,7 +182,8 @@ async def _bundle(state: AppState, item: BulkItem, creds: list[Credential],
     fine = [c for c, spec in zip(creds, item.credentials, strict=True) if spec.fine]
     if item.role == "publisher" and fine:
         return head | {"error": "fine credentials are for subscribers"}
-    return head | await issue_bundle(state, ADMIN, item.role, epoch, coarse, fine)
+    issued = await issue_bundle(state, ADMIN, item.role, epoch, coarse, fine)
+    return _signed(state, head | issued, stored.token)
 
 
 @router.post("/bulk", response_model=BulkOut, responses=error_responses(401, 409, 422))

@@ -1,5 +1,7 @@
 """Enrolment (identity bearer token): subscribers, publishers and root peers get their keys,
-and every peer a certificate of its link key from the peer-link CA.
+and every peer a certificate of its link key from the peer-link CA. An identity created by
+bulk issuance gets its keys only from there (403 ``bulk_only`` here), but its link
+certificate here like any other.
 
 The issuance is recorded in the audit log before the keys are returned; if that
 write fails the caller gets an error and no keys.
@@ -22,6 +24,7 @@ from credentials.certificates import RootCertificate as SignedRootCertificate
 from credentials.decompose import root_credential
 from credentials.peer_certificates import PeerBinding, issue_peer_certificate, to_pem
 from keyserver.api_models import (
+    CallerOut,
     PublisherBundle,
     PublisherEnrolment,
     RootCertificate,
@@ -64,6 +67,15 @@ async def _audited(state: AppState, caller: Caller, action: str, epoch: int,
     await run_in_threadpool(_record, state, caller.name, action, epoch, detail)
 
 
+def _may_enrol(identity: Identity) -> None:
+    """403 for a bulk-only identity: it has no policy, so enrolling would let it have keys
+    for anything."""
+    if identity.bulk_only:
+        raise ApiError(403, f"identity {identity.name!r} receives its keys only through bulk "
+                       "issuance: use the bundle `bulk issue` wrote for it (--bundle FILE)",
+                       "bulk_only")
+
+
 def _ed25519_key(text: str, field: str) -> bytes:
     """A raw 32-byte Ed25519 public key from base64 (422 otherwise)."""
     try:
@@ -75,6 +87,15 @@ def _ed25519_key(text: str, field: str) -> bytes:
     return key
 
 
+@router.get("/identity", response_model=CallerOut, responses=error_responses(401, 403))
+def whoami(caller: AnIdentity) -> dict[str, Any]:
+    """The identity the token belongs to, so a peer can check that a bundle is this
+    identity's before it certifies an address for it."""
+    identity = caller.identity
+    assert identity is not None
+    return {"name": identity.name, "role": identity.role, "bulk_only": identity.bulk_only}
+
+
 @router.post("/subscriber", response_model=SubscriberBundle,
              responses=error_responses(401, 403, 409, 422))
 async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
@@ -83,6 +104,7 @@ async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
     every credential lies inside the policy's region, whatever max_credentials asks."""
     identity = caller.identity
     assert identity is not None
+    _may_enrol(identity)
     check_role(identity.role, "subscriber")
     schema = state.store.schema
     policy = stored_policy(schema, identity.policy)
@@ -105,6 +127,7 @@ async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
     """Publisher keys for an advertisement inside the identity's policy."""
     identity = caller.identity
     assert identity is not None
+    _may_enrol(identity)
     check_role(identity.role, "publisher")
     schema = state.store.schema
     policy = stored_policy(schema, identity.policy)
@@ -127,6 +150,7 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
     (``credentials.certificates.root_certificate_message`` is what is signed)."""
     identity = caller.identity
     assert identity is not None
+    _may_enrol(identity)
     check_role(identity.role, "root")
     schema = state.store.schema
     if body.attribute not in schema.names:

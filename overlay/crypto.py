@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from credentials.credential import Credential
 from credentials.messages import RequestOpening
-from credentials.predicates import Predicate
+from credentials.predicates import EventFilter
 from credentials.scheme import Event
 
 
@@ -72,7 +72,7 @@ class SubscriberKit:
     """A subscriber's keys of one epoch: one entry per virtual peer, plus the decryption key."""
 
     epoch: int
-    predicate: Predicate
+    predicate: EventFilter
     decrypt_key: Any
     virtuals: tuple[VirtualKeys, ...]
 

@@ -21,7 +21,7 @@ from credentials.backends import load_group
 from credentials.certificates import fingerprint
 from credentials.decompose import root_credential
 from credentials.keys import PublisherKey
-from credentials.predicates import Predicate
+from credentials.predicates import EventFilter, Predicate
 from keyserver.bundles import (
     ServerParams,
     SubscriberBundle,
@@ -47,7 +47,7 @@ class Publisher:
 
     epoch: int
     epoch_end: float
-    advertisement: Predicate
+    advertisement: EventFilter
     keys: tuple[PublisherKey, ...]
 
 
@@ -69,7 +69,7 @@ def real_crypto(params: ServerParams) -> RealCrypto:
     return RealCrypto(params.pp, Ed25519PublicKey.from_public_bytes(params.server_key))
 
 
-def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: Predicate
+def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: EventFilter
                     ) -> SubscriberKit:
     """One virtual peer per constrained credential, each with the fine tokens it covers."""
     pp = params.pp

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from credentials.predicates import Predicate
+from credentials.predicates import EventFilter
 from credentials.schema import Schema, SchemaError
 from credentials.scheme import Event
 
@@ -95,22 +95,24 @@ def iter_lines(path: str) -> Iterator[tuple[int, Any]]:
                 raise EventFileError(f"{path}:{number}: not JSON: {exc.msg}") from None
 
 
-def read_events(path: str, schema: Schema, advertisement: Predicate) -> list[Event]:
+def read_events(path: str, schema: Schema, advertisement: EventFilter) -> list[Event]:
     """Every event of the file, refusing the whole file if any line is invalid, repeats an
     id, or lies outside the advertisement (nothing is published from a bad file)."""
     events: list[Event] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     try:
         for number, obj in iter_lines(path):
             where = f"{path}:{number}"
             event = parse_event(schema, obj, where)
             if event.event_id in seen:
-                raise EventFileError(f"{where}: duplicate id {event.event_id!r}")
+                raise EventFileError(
+                    f"{where}: duplicate id {event.event_id!r}, first on line "
+                    f"{seen[event.event_id]} (subscribers deliver an id once)")
             if not advertisement.matches(event.values):
                 raise EventFileError(
                     f"{where}: event {event.event_id!r} lies outside the advertisement "
                     f"{str(advertisement) or '(everything)'}")
-            seen.add(event.event_id)
+            seen[event.event_id] = number
             events.append(event)
     except OSError as exc:
         raise EventFileError(f"cannot read {path}: {exc.strerror}") from None

@@ -9,6 +9,13 @@ time-to-live runs out, vouching for the neighbours that answered), contact looku
 (roots and vouched members first), and fetching the next epoch's keys and link
 certificate during the grace window before each rollover. Blocking HTTP calls run in
 a worker thread so timers keep running.
+
+A subscriber may take its keys from a bundle of ``bulk issue`` instead of enrolling
+(:mod:`peer.bundle_file`). It cannot fetch the next epoch's keys: from the grace window on
+it reads the bundle file again whenever the file changes and every ``BUNDLE_RETRY``
+seconds, warning each time, until a bundle of the next epoch replaced the old one there;
+when its keys expire without one it sets ``failed`` (``failure`` says why) for its owner
+to stop it.
 """
 
 from __future__ import annotations
@@ -26,17 +33,24 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from credentials.peer_certificates import PeerCertificateError, canonical_address
 from credentials.predicates import Predicate, parse_predicate
 from credentials.scheme import Event
-from keyserver.bundles import BundleError, ServerParams, TransportCertificate
+from keyserver.bundles import (
+    BulkBundle,
+    BundleError,
+    ServerParams,
+    SubscriberBundle,
+    TransportCertificate,
+)
 from keyserver.client import KeyServerClient, KeyServerError
 from overlay.actions import Action, Connected, Deliver, Log, Send
 from overlay.config import OverlayConfig
 from overlay.crypto import RootKit, SubscriberKit
 from overlay.machine import PeerMachine
 from overlay.wire import Message, Publish, WireError, decode
-from peer import enrolment
+from peer import bundle_file, enrolment
 from peer.known_servers import KnownServers
 from peer.tls import PeerTLS
 from peer.transport import Transport, split_address
+from peer.waiting import WaitAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +61,24 @@ MAX_EVENT_BACKLOG = 10_000
 MAX_SEEN = 32
 #: Seconds a leaving peer gives the key server to drop its directory entries.
 LEAVE_TIMEOUT = 2.0
+#: Seconds between readings of a bundle file that does not hold the next epoch's keys yet.
+BUNDLE_RETRY = 10.0
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
 @dataclass(frozen=True)
 class NodeOptions:
-    """What a peer is (subscriber of ``subscribe`` or root of ``roots``) and how it runs."""
+    """What a peer is (subscriber of ``subscribe`` or of ``bundle``, or root of ``roots``)
+    and how it runs."""
 
     server: str
     token: str
     listen: str = "127.0.0.1:0"
     subscribe: str | None = None
     roots: tuple[str, ...] = ()
+    #: A subscriber's bundle file from ``bulk issue`` (then ``subscribe``, if given, must lie
+    #: inside its credentials, and narrows what is delivered).
+    bundle: str | None = None
     #: The protocol's parameters; a generous failure timeout by default, since pairing work
     #: on a busy machine can stall a peer for seconds.
     overlay: OverlayConfig = field(default_factory=lambda: OverlayConfig(failure_timeout=10.0))
@@ -86,8 +106,10 @@ class PeerNode:
     """One subscriber or root peer process' worth of state, run on the current event loop."""
 
     def __init__(self, options: NodeOptions) -> None:
-        if bool(options.subscribe is not None) == bool(options.roots):
-            raise NodeError("a peer is either a subscriber (--subscribe) or a root (--root)")
+        subscriber = options.subscribe is not None or options.bundle is not None
+        if subscriber == bool(options.roots):
+            raise NodeError("a peer is either a subscriber (--subscribe or --bundle) or a root "
+                            "(--root)")
         self.options = options
         self.rng = random.Random(options.seed)
         self.transport = Transport(self._received, secure=not options.insecure_transport)
@@ -96,7 +118,13 @@ class PeerNode:
         self.machine: PeerMachine | None = None
         self.params: ServerParams | None = None
         self.predicate: Predicate | None = None
+        self._bundle: BulkBundle | None = None
+        #: The bundle file as it was when the next epoch's keys were last not in it.
+        self._bundle_seen: bundle_file.Stamp | None = None
         self.ready = asyncio.Event()
+        #: Set when the peer cannot go on (its bundle's keys expired); ``failure`` says why.
+        self.failed = asyncio.Event()
+        self.failure: str | None = None
         self.epoch_end = 0.0
         self._signers: dict[str, Ed25519PrivateKey] = {}
         #: The key of this peer's TLS links, certified by the key server for its address.
@@ -174,7 +202,8 @@ class PeerNode:
             await self.transport.close(0)
             raise NodeError(f"--listen {self.options.listen}: {exc}") from exc
         try:
-            await asyncio.to_thread(self._enrol)
+            await WaitAnnouncer(f"keys from the key server at {self.client.base_url}"
+                                ).wait(asyncio.to_thread(self._enrol))
             self._install_link_certificate(await asyncio.to_thread(self._certify, False))
         except Exception:
             await self.transport.close(0)
@@ -230,6 +259,12 @@ class PeerNode:
                                                            signer)
                 roots.append(kit)
             self.machine = PeerMachine(self.address, crypto, config, rng, roots=roots)
+        elif self.options.bundle is not None:
+            self._bundle = bundle_file.open_bundle(self.options.bundle, params, "subscriber",
+                                                   self.client)
+            self.epoch_end = self._bundle.keys.epoch_end
+            self.machine = PeerMachine(self.address, crypto, config, rng,
+                                       kit=self._bundle_kit(self._bundle))
         else:
             assert self.options.subscribe is not None
             self.predicate = parse_predicate(params.pp.schema, self.options.subscribe)
@@ -238,6 +273,12 @@ class PeerNode:
                 fine_depth=self.options.fine_depth)
             self.machine = PeerMachine(self.address, crypto, config, rng, kit=kit)
         self._refresh_at = self._refresh_time()
+
+    def _bundle_kit(self, bundle: BulkBundle) -> SubscriberKit:
+        assert self.params is not None and isinstance(bundle.keys, SubscriberBundle)
+        wanted = bundle_file.event_filter(self.params.pp.schema, bundle, self.options.subscribe,
+                                          "--subscribe")
+        return enrolment.kit_from_bundle(self.params, bundle.keys, wanted)
 
     def _certify(self, next_epoch: bool) -> TransportCertificate:
         """The key server's certificate of this peer's link key for its address."""
@@ -286,19 +327,29 @@ class PeerNode:
 
     async def _wait_for_contacts(self, timeout: float = 30.0) -> dict[str, list[str]]:
         """Contacts for every tree this peer joins; waits for the roots to register."""
-        deadline = time.monotonic() + timeout
+        announcer = WaitAnnouncer("peers in the directory", limit=timeout)
         while True:
             contacts = await asyncio.to_thread(self._lookup)
-            if all(contacts.values()):
+            missing = ", ".join(a for a, cs in contacts.items() if not cs)
+            if not missing:
                 return contacts
-            if time.monotonic() > deadline:
-                missing = [a for a, cs in contacts.items() if not cs]
-                raise NodeError(f"no peer of tree(s) {', '.join(missing)} in the directory")
+            if announcer.expired:
+                raise NodeError(f"no peer of tree(s) {missing} in the directory")
+            announcer.what = (f"a root or peer of tree(s) {missing} in the directory of "
+                              f"{self.client.base_url}")
+            announcer.tick()
             await asyncio.sleep(0.5)
 
     def _rekey(self) -> tuple[float, SubscriberKit | None, list[RootKit], TransportCertificate]:
         """Keys and link certificate of the next epoch, and its end (in a worker thread)."""
         assert self.params is not None
+        if self.options.bundle is not None and self._bundle is not None:
+            bundle = bundle_file.next_bundle(self.options.bundle, self.params, self._bundle)
+            kit = self._bundle_kit(bundle)
+            # a bundle found after the rollover is the current epoch's
+            certificate = self._certify(next_epoch=time.time() < self.epoch_end)
+            self._bundle = bundle
+            return bundle.keys.epoch_end, kit, [], certificate
         certificate = self._certify(next_epoch=True)
         if self.options.roots:
             roots = []
@@ -314,16 +365,38 @@ class PeerNode:
             max_credentials=self.options.max_credentials, fine_depth=self.options.fine_depth)
         return end, kit, [], certificate
 
+    def _bundle_changed(self) -> bool:
+        """Whether the bundle file changed since it last lacked the next epoch's keys."""
+        if self._bundle_seen is None:
+            return False
+        assert self.options.bundle is not None
+        return bundle_file.stamp(self.options.bundle) != self._bundle_seen
+
     async def _background_work(self, now: float) -> None:
         """Key refresh and directory renewal; failures are logged and retried later."""
         assert self.machine is not None and self.params is not None
-        if now >= self._refresh_at:
+        expiry = self.epoch_end + self.params.grace
+        if self._bundle is not None and now >= expiry:
+            self.failure = (f"the keys of epoch {self._bundle.keys.epoch} from bundle "
+                            f"{self.options.bundle} expired at {bundle_file.when(expiry)}, "
+                            "and no bundle of the next epoch replaced it")
+            self.failed.set()
+            return
+        if now >= self._refresh_at or self._bundle_changed():
+            seen = None if self.options.bundle is None else bundle_file.stamp(self.options.bundle)
             try:
                 end, kit, roots, certificate = await asyncio.to_thread(self._rekey)
             except (KeyServerError, BundleError) as exc:  # refused or unreachable: retry later
-                log.warning("fetching next-epoch keys failed: %s", exc)
-                self._refresh_at = now + 2.0
+                if self._bundle is None:
+                    log.warning("fetching next-epoch keys failed: %s", exc)
+                    self._refresh_at = now + 2.0
+                else:
+                    log.warning("%s; the keys of epoch %d expire at %s, and the peer stops "
+                                "then: put the next epoch's bundle there", exc,
+                                self._bundle.keys.epoch, bundle_file.when(expiry))
+                    self._refresh_at, self._bundle_seen = now + BUNDLE_RETRY, seen
             else:
+                self._bundle_seen = None
                 # Keys of the ending epoch stay valid until its end plus the server's grace.
                 now = time.time()
                 self.machine.config = replace(self.machine.config, grace=max(

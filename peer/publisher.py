@@ -4,7 +4,9 @@ A publisher does not listen: it dials the roots found in the directory and its
 events enter each attribute tree there (through :meth:`PeerMachine.publish`). Its
 link key is certified with no address, so roots know it as a publisher that can be
 answered but never dialed. An event outside the advertisement is refused here,
-before anything is sent.
+before anything is sent. With a bundle of ``bulk issue`` instead of enrolment, the
+advertisement is what the bundle's credentials enclose, or a narrower one inside them
+(:mod:`peer.bundle_file`).
 """
 
 from __future__ import annotations
@@ -16,17 +18,18 @@ import time
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from credentials.predicates import Predicate, parse_predicate
+from credentials.predicates import EventFilter, parse_predicate
 from credentials.scheme import Event, NotAuthorized
-from keyserver.bundles import ServerParams
+from keyserver.bundles import PublisherBundle, ServerParams
 from keyserver.client import KeyServerClient
 from overlay.actions import Send
 from overlay.config import OverlayConfig
 from overlay.machine import PeerMachine
-from peer import enrolment
+from peer import bundle_file, enrolment
 from peer.known_servers import KnownServers
 from peer.tls import PeerTLS
 from peer.transport import Transport
+from peer.waiting import WaitAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +39,17 @@ class PublishRefused(Exception):
 
 
 class EventPublisher:
-    """Publish events with keys issued for ``advertisement`` in the current epoch; the key
-    server's key is trusted as in :func:`peer.enrolment.fetch_params`."""
+    """Publish events with keys issued for ``advertisement`` in the current epoch, or taken
+    from ``bundle``; the key server's key is trusted as in
+    :func:`peer.enrolment.fetch_params`."""
 
-    def __init__(self, server: str, token: str, advertisement: str,
+    def __init__(self, server: str, token: str, advertisement: str | None,
                  server_key: bytes | None = None, known_servers: KnownServers | None = None,
-                 ca_file: str | None = None, insecure_transport: bool = False) -> None:
+                 ca_file: str | None = None, insecure_transport: bool = False,
+                 bundle: str | None = None) -> None:
         self.client = KeyServerClient(server, token, verify=ca_file or True)
         self.advertisement_text = advertisement
+        self.bundle = bundle
         self.server_key = server_key
         self.known_servers = known_servers
         self.transport = Transport(self._received, secure=not insecure_transport)
@@ -54,7 +60,7 @@ class EventPublisher:
         self.sent = 0
 
     @property
-    def advertisement(self) -> Predicate:
+    def advertisement(self) -> EventFilter:
         assert self.keys is not None
         return self.keys.advertisement
 
@@ -65,19 +71,23 @@ class EventPublisher:
 
     async def enrol(self) -> None:
         """Publisher keys of the current epoch (KeyServerError if refused)."""
-        await asyncio.to_thread(self._enrol)
+        await WaitAnnouncer(f"publisher keys from the key server at {self.client.base_url}"
+                            ).wait(asyncio.to_thread(self._enrol))
 
     async def find_roots(self, root_timeout: float = 30.0) -> None:
         """The root of every attribute tree, from the directory (waits for them)."""
         assert self.params is not None
-        deadline = time.monotonic() + root_timeout
+        announcer = WaitAnnouncer("the roots to register", limit=root_timeout)
         while True:
             self.roots = await asyncio.to_thread(self._lookup_roots)
-            if len(self.roots) == len(self.params.pp.schema.names):
+            missing = ", ".join(sorted(set(self.params.pp.schema.names) - set(self.roots)))
+            if not missing:
                 break
-            if time.monotonic() > deadline:
-                missing = set(self.params.pp.schema.names) - set(self.roots)
-                raise PublishRefused(f"no root registered for {', '.join(sorted(missing))}")
+            if announcer.expired:
+                raise PublishRefused(f"no root registered for {missing}")
+            announcer.what = (f"the root(s) of {missing} to register at the key server "
+                              f"{self.client.base_url}")
+            announcer.tick()
             await asyncio.sleep(0.5)
         self.machine = PeerMachine("", enrolment.real_crypto(self.params), OverlayConfig(),
                                    random.Random())
@@ -85,8 +95,17 @@ class EventPublisher:
     def _enrol(self) -> None:
         params = self.params = enrolment.fetch_params(self.client, self.server_key,
                                                       self.known_servers)
-        advertisement = parse_predicate(params.pp.schema, self.advertisement_text)
-        self.keys = enrolment.enrol_publisher(self.client, params, advertisement)
+        if self.bundle is not None:
+            bundle = bundle_file.open_bundle(self.bundle, params, "publisher", self.client)
+            assert isinstance(bundle.keys, PublisherBundle)
+            wanted = bundle_file.event_filter(params.pp.schema, bundle, self.advertisement_text,
+                                              "--advertise")
+            self.keys = enrolment.Publisher(bundle.keys.epoch, bundle.keys.epoch_end, wanted,
+                                            bundle.keys.keys)
+        else:
+            assert self.advertisement_text is not None
+            advertisement = parse_predicate(params.pp.schema, self.advertisement_text)
+            self.keys = enrolment.enrol_publisher(self.client, params, advertisement)
         if self.transport.secure:
             key = Ed25519PrivateKey.generate()
             certificate = enrolment.certify_link_key(self.client, params, key, [])
@@ -117,7 +136,8 @@ class EventPublisher:
 
     async def close(self, flush_timeout: float = 10.0) -> bool:
         """Send what is queued; False if some of it could not be written to a root."""
-        flushed = await self.transport.flush(flush_timeout)
+        flushed = await WaitAnnouncer("the roots to take every event", limit=flush_timeout
+                                      ).wait(self.transport.flush(flush_timeout))
         await self.transport.close(0)
         self.client.close()
         return flushed and not self.transport.dropped

@@ -4,7 +4,9 @@ Resumable and exactly-once: chunk ids are derived from the run id kept in KEYDIR
 and the chunk's identities, and the key server answers a repeated chunk id with
 its stored result instead of issuing again. A chunk is logged as finished only
 after all its bundles are on disk, so a run killed at any point and started
-again re-sends at most the chunks it had not logged, and issues nothing twice.
+again re-sends at most the chunks it had not logged, and issues nothing twice. A run
+belongs to one epoch: resuming it once the key server has moved on is refused, as every
+epoch needs a new run (into a new KEYDIR) for the holders' next bundles.
 """
 
 from __future__ import annotations
@@ -87,9 +89,10 @@ def issue_bulk(client: KeyServerClient, directory: Path, output: Path,
     started = time.perf_counter()
     summary = Summary.read(directory)
     try:
-        server_schema = client.params()["schema_id"]
+        params = client.params()
     except KeyServerError as exc:
         raise IssueError(str(exc)) from exc
+    server_schema = params["schema_id"]
     if server_schema != summary.schema_id:
         raise IssueError(f"{directory} was decomposed with schema {summary.schema_id[:16]}…, "
                          f"the key server uses {server_schema[:16]}…")
@@ -98,6 +101,11 @@ def issue_bulk(client: KeyServerClient, directory: Path, output: Path,
         "max_identities": options.max_identities, "max_rows": options.max_rows,
         "epoch": options.epoch})
     finished = keydir.finished()
+    target = int(params["epoch"]) + (1 if options.epoch == "next" else 0)
+    stale = sorted({r.epoch for r in finished.values() if r.epoch != target})
+    if stale:
+        raise IssueError(f"{output} holds bundles of epoch {stale[0]}, but the key server "
+                         f"now issues epoch {target}: issue into a new output directory")
     report = IssueReport()
     progress = Progress(summary.accepted, "identities", stream)
     try:

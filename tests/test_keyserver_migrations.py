@@ -55,15 +55,23 @@ def _up_down_up(url: str) -> None:
 
 
 def _upgrade_keeps_rows(url: str) -> None:
-    """A database made by the first release (directory without vouches, no owned addresses)
-    upgrades in place: its directory entry stays, unvouched."""
+    """A database made by the first release (directory without vouches, no owned addresses,
+    no bulk-only mark) upgrades in place: its directory entry stays, unvouched; the identity
+    that bulk issuance created (its audit entry says so) becomes bulk-only, the other not."""
     upgrade(url, "0001")
     assert _tables(url) == FIRST_REVISION_TABLES
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO identities (id, name, role, token_hash, created_at) "
-                              "VALUES (1, 'old', 'subscriber', 'h', 1.0)"))
+            for number, name in ((1, "old"), (2, "old-bulk")):
+                conn.execute(text("INSERT INTO identities (id, name, role, token_hash, "
+                                  "created_at) VALUES (:id, :name, 'subscriber', :name, 1.0)"),
+                             {"id": number, "name": name})
+            for detail in ('{"identity": "old", "role": "subscriber"}',
+                           '{"identity": "old-bulk", "role": "subscriber", "via": "bulk"}'):
+                conn.execute(text("INSERT INTO audit_log (at, actor, action, epoch, detail) "
+                                  "VALUES (1.0, 'admin', 'create_identity', 1, :detail)"),
+                             {"detail": detail})
             conn.execute(text("INSERT INTO directory (attribute, address, role, identity_id, "
                               "expires_at) VALUES ('symbol', 'h.test:1', 'subscriber', 1, 9.0)"))
         upgrade(url)
@@ -71,6 +79,8 @@ def _upgrade_keeps_rows(url: str) -> None:
         with engine.connect() as conn:
             assert conn.execute(text("SELECT address, vouched_at FROM directory")).all() == [
                 ("h.test:1", None)]
+            assert conn.execute(text("SELECT name, bulk_only FROM identities ORDER BY id")
+                                ).all() == [("old", False), ("old-bulk", True)]
     finally:
         engine.dispose()
     _check_migrated(url)
