@@ -86,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "crypto", help="raw pairing operations and every algorithm of docs/scheme.md vs its floor",
         description="Measure the pairing backend's raw operations and each algorithm of "
         "docs/scheme.md for several attribute counts and widths; write JSON and a PNG plot.")
-    crypto.add_argument("--json", default="bench/crypto.json", help="output JSON file "
+    crypto.add_argument("--json", default="bench/crypto.json", metavar="FILE",
+                        help="output JSON file "
                         "(the plot is written next to it as .png)")
     crypto.add_argument("--dims", type=int_list, default=[1, 2, 4, 8],
                         help="attribute counts d, comma-separated (default 1,2,4,8)")

@@ -8,9 +8,10 @@ Retries (with exponential back-off) only on connection errors and 5xx answers; e
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -31,8 +32,7 @@ class KeyServerError(Exception):
         if isinstance(problems, list) and problems and isinstance(problems[0], dict):
             where = ".".join(str(p) for p in problems[0].get("loc", ()))
             message = f"{message} ({where}: {problems[0].get('msg', '')})"
-        super().__init__(f"key server answered {status}: {message}" if status
-                         else f"key server unreachable: {message}")
+        super().__init__(f"key server answered {status}: {message}" if status else message)
 
     @property
     def code(self) -> str | None:
@@ -82,10 +82,9 @@ class KeyServerClient:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 refusal = _certificate_refusal(exc)
-                if refusal is not None:  # retrying cannot change the certificate
-                    raise KeyServerError(0, refusal) from exc
-                if last:
-                    raise KeyServerError(0, str(exc)) from exc
+                if refusal is not None or last:  # retrying cannot change the certificate
+                    raise KeyServerError(0, f"cannot reach the key server at {self.base_url}: "
+                                         f"{refusal or _unreachable(exc)}") from exc
             else:
                 if response.status_code < 400:
                     if response.headers.get("content-type", "").startswith("application/json"):
@@ -110,6 +109,10 @@ class KeyServerClient:
         return self.request("GET", "/metrics")
 
     # -- enrolment --
+    def whoami(self) -> dict[str, Any]:
+        """Name, role and bulk-only flag of the token's identity."""
+        return self.request("GET", "/v1/enrol/identity")
+
     def enrol_subscriber(self, subscription: str, fine_depth: int = 1,
                          max_credentials: int | None = None, epoch: str | None = None
                          ) -> dict[str, Any]:
@@ -174,15 +177,44 @@ class KeyServerClient:
         return self.request("GET", f"/v1/directory/{attribute}", params={"sample": sample})
 
 
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what caused it, outermost first (httpx wraps httpcore wraps the OS error)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        yield cause
+        cause = cause.__cause__ or cause.__context__
+
+
 def _certificate_refusal(exc: BaseException) -> str | None:
     """A one-line reason if ``exc`` was caused by the server's certificate not verifying."""
-    cause: BaseException | None = exc
-    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
-        cause = cause.__cause__ or cause.__context__
+    cause = next((c for c in _causes(exc) if isinstance(c, ssl.SSLCertVerificationError)),
+                 None)
     if cause is None:
         return None
     return (f"its TLS certificate is not trusted ({cause.verify_message}); for a private CA "
             "give the CA's certificate as the CA file (--ca-file)")
+
+
+def _unreachable(exc: httpx.TransportError) -> str:
+    """Why no answer came, in a few words, from the innermost error that says it."""
+    if isinstance(exc, httpx.TimeoutException):
+        return "no answer in time (timed out)"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "the connection closed without an answer (an https:// server given an " \
+            "http:// URL does this)"
+    for cause in _causes(exc):
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve its host name ({cause.strerror})"
+        if isinstance(cause, ssl.SSLError):
+            plain = " (an http:// server given an https:// URL does this)" \
+                if cause.reason == "WRONG_VERSION_NUMBER" else ""
+            return f"TLS failed: {cause.reason or cause}{plain}"
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror[:1].lower() + cause.strerror[1:]
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _body(response: httpx.Response) -> Any:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from peer.waiting import WaitAnnouncer
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -75,8 +77,9 @@ def start_keyserver(data_dir: Path, port: int, passphrase: str, extra: Sequence[
 
 def wait_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     """Poll /healthz until it answers; raise if the process exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    announcer = WaitAnnouncer(f"the key server at {base_url} to answer", limit=timeout)
+    while not announcer.expired:
+        announcer.tick()
         if process.poll() is not None:
             raise RuntimeError(f"key server exited with status {process.returncode}")
         try:

@@ -74,6 +74,9 @@ class Stats:
     forged: int = 0
     #: Parents taken for failed after falling silent (a link that broke under a peer).
     parents_lost: int = 0
+    #: Events dropped (among the duplicates) because one of the same id was delivered before:
+    #: a publisher that re-used ids.
+    repeated_ids: int = 0
 
 
 @dataclass(frozen=True)
@@ -943,7 +946,9 @@ class PeerMachine:
             return [Log("warning", "event fails verification, not delivered")]
         if plain.event_id in self._delivered:
             self.stats.duplicates += 1
-            return []
+            self.stats.repeated_ids += 1
+            return [Log("info", f"dropped event {plain.event_id!r}: an event of this id was "
+                        f"delivered before ({self.stats.repeated_ids} dropped so far)")]
         self._delivered.put(plain.event_id, None)
         self.stats.delivered += 1
         return [Deliver(plain, now)]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from peer.arguments import CommandError
 from peer.config import ConfigError, apply_layers, load_config_file
 from peer.logsafe import EscapingFormatter
+from peer.parser import CommandParser
 
 COMMAND_MODULES = (
     "credentials.cli",
@@ -27,17 +28,14 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ibe-pubsub",
+    parser = CommandParser(
+        prog="ibe-pubsub", top=True,
         description="Secure broker-less content-based publish/subscribe with "
         "identity-based encryption.",
         epilog="Every option can also be set as IBE_PUBSUB_<OPTION> in the environment "
         "or in a TOML file (--config, $IBE_PUBSUB_CONFIG or ./ibe-pubsub.toml) "
         "in a table named after the command, e.g. [keyserver.serve].",
     )
-    parser.add_argument("--config", help="TOML configuration file")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more log output (repeatable)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

@@ -4,7 +4,8 @@
 Used by the demo and by the end-to-end tests. Tokens reach the children through
 the environment (``IBE_PUBSUB_TOKEN``), never the command line; every child logs
 to its own file in the work directory, where it also records the key server's
-signing key on first contact (``IBE_PUBSUB_KNOWN_SERVERS``), not in the user's home.
+signing key on first contact (``IBE_PUBSUB_KNOWN_SERVERS``) and the event ids it published
+(``IBE_PUBSUB_PUBLISHED_IDS``), not in the user's home.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from credentials.scheme import Event
 from keyserver.client import KeyServerClient
 from keyserver.launcher import child_env, cli_command
 from peer.events_io import event_line, read_deliveries
+from peer.waiting import WaitAnnouncer
+
+
+def _option(name: str, value: object) -> list[str]:
+    return [] if value is None else [name, str(value)]
 
 
 class ClusterError(RuntimeError):
@@ -90,13 +96,17 @@ class Cluster:
         """Create an identity; returns its token."""
         return str(self.admin.create_identity(name, role, policy)["token"])
 
-    def _env(self, token: str) -> dict[str, str]:
+    def _env(self, token: str | None) -> dict[str, str]:
+        """The children's environment; without ``token`` they take it from their bundle."""
         env = child_env()
-        env["IBE_PUBSUB_TOKEN"] = token
+        env.pop("IBE_PUBSUB_TOKEN", None)
+        if token is not None:
+            env["IBE_PUBSUB_TOKEN"] = token
         env["IBE_PUBSUB_KNOWN_SERVERS"] = str(self.workdir / "known_servers.json")
+        env["IBE_PUBSUB_PUBLISHED_IDS"] = str(self.workdir / "published_ids.json")
         return env
 
-    def _spawn(self, name: str, role: str, token: str, args: list[str],
+    def _spawn(self, name: str, role: str, token: str | None, args: list[str],
                subscription: str | None = None) -> PeerProcess:
         env = self._env(token)
         log = (self.workdir / f"{name}.log").open("ab")
@@ -127,38 +137,48 @@ class Cluster:
         roots = [x for a in attributes for x in ("--root", a)]
         return self._spawn(name, "root", token, [*self._run_args(name, listen), *roots])
 
-    def start_subscriber(self, name: str, subscription: str, token: str | None = None,
-                         listen: str = "127.0.0.1:0") -> PeerProcess:
-        token = token or self.identity(name, "subscriber")
+    def start_subscriber(self, name: str, subscription: str | None, token: str | None = None,
+                         listen: str = "127.0.0.1:0", bundle: Path | None = None
+                         ) -> PeerProcess:
+        """A subscriber of ``subscription``, or with the keys of ``bundle`` (from ``bulk
+        issue``; narrowed to ``subscription`` if given; its token unless ``token``)."""
+        if token is None and bundle is None:
+            token = self.identity(name, "subscriber")
         return self._spawn(name, "subscriber", token, [
-            *self._run_args(name, listen), "--subscribe", subscription,
+            *self._run_args(name, listen), *_option("--subscribe", subscription),
+            *_option("--bundle", bundle),
             "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription)
 
     def wait_ready(self, peers: list[PeerProcess], timeout: float = 60.0) -> None:
         """Until every peer wrote its ready file; raises with the log of one that did not."""
-        deadline = time.monotonic() + timeout
-        for peer in peers:
+        announcer = WaitAnnouncer("peers to join", limit=timeout)
+        for i, peer in enumerate(peers):
             while not peer.ready_file.exists():
                 if peer.process.poll() is not None:
                     raise ClusterError(f"{peer.name} exited with status "
                                        f"{peer.process.returncode}:\n{peer.log_tail()}")
-                if time.monotonic() > deadline:
+                if announcer.expired:
                     raise ClusterError(f"{peer.name} not ready after {timeout} s:\n"
                                        f"{peer.log_tail()}")
+                announcer.what = f"{peer.name} to join, with {i} of {len(peers)} ready"
+                announcer.tick()
                 time.sleep(0.05)
             peer.address = json.loads(peer.ready_file.read_text())["address"]
 
-    def publish(self, name: str, events: list[Event], advertisement: str = "",
-                token: str | None = None, interval: float = 0.0, timeout: float = 120.0
-                ) -> subprocess.CompletedProcess[str]:
-        """Run ``ibe-pubsub publish`` on these events to completion."""
-        token = token or self.identity(name, "publisher")
+    def publish(self, name: str, events: list[Event], advertisement: str | None = "",
+                token: str | None = None, interval: float = 0.0, timeout: float = 120.0,
+                bundle: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``ibe-pubsub publish`` on these events to completion (with ``bundle`` as in
+        :meth:`start_subscriber`)."""
+        if token is None and bundle is None:
+            token = self.identity(name, "publisher")
         events_path = self.workdir / f"{name}.input.jsonl"
         events_path.write_text("".join(json.dumps(
             {k: v for k, v in event_line(e).items() if k in ("id", "values", "body")}) + "\n"
             for e in events))
         return subprocess.run(
-            cli_command("publish", "--server", self.server, "--advertise", advertisement,
+            cli_command("publish", "--server", self.server,
+                        *_option("--advertise", advertisement), *_option("--bundle", bundle),
                         "--events", str(events_path), "--interval", str(interval),
                         "--sent-out", str(self.workdir / f"{name}.sent.jsonl"),
                         *self._transport_args()),
@@ -183,12 +203,15 @@ class Cluster:
         until none came for ``idle`` seconds."""
         deadline = time.monotonic() + timeout
         seen = -1
+        announcer = WaitAnnouncer("deliveries")
         while True:
             got = {n: {d["id"] for d in self.peers[n].delivered()} for n in expected}
             if all(ids <= got[n] for n, ids in expected.items()):
                 time.sleep(settle)
                 return
             total = sum(map(len, got.values()))
+            announcer.what = f"deliveries ({total} of {sum(map(len, expected.values()))} in)"
+            announcer.tick()
             if total != seen:
                 seen, deadline = total, max(deadline, time.monotonic() + idle)
             if time.monotonic() > deadline:

@@ -16,6 +16,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from peer.parser import GLOBAL_DESTS
+
 ENV_PREFIX = "IBE_PUBSUB_"
 DEFAULT_CONFIG_FILE = "ibe-pubsub.toml"
 
@@ -72,7 +74,8 @@ def apply_layers(parser: argparse.ArgumentParser, command_path: list[str],
                  config: dict[str, Any]) -> None:
     """Set the parser's defaults from the TOML section, then from the environment."""
     table = section_for(config, command_path)
-    known = {action.dest: action for action in parser._actions if action.dest != "help"}
+    known = {action.dest: action for action in parser._actions
+             if action.dest != "help" and action.dest not in GLOBAL_DESTS}
     unknown = sorted(set(table) - set(known))
     if unknown:
         raise ConfigError(

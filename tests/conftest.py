@@ -10,7 +10,9 @@ __all__ = ["keyserver", "keyserver_factory", "postgres_url"]
 def _known_servers_in_tmp(tmp_path_factory: pytest.TempPathFactory,
                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Peers the tests start (they inherit the environment) record key-server keys on first
-    contact in a file of the test's own, never in the user's home directory, and never
-    meet a key recorded by another test for a port reused since."""
-    path = tmp_path_factory.mktemp("known-servers") / "known_servers.json"
-    monkeypatch.setenv("IBE_PUBSUB_KNOWN_SERVERS", str(path))
+    contact, and publishers the ids they sent, in files of the test's own, never in the
+    user's home directory, and never meet a record of another test for a port reused
+    since."""
+    state = tmp_path_factory.mktemp("peer-state")
+    monkeypatch.setenv("IBE_PUBSUB_KNOWN_SERVERS", str(state / "known_servers.json"))
+    monkeypatch.setenv("IBE_PUBSUB_PUBLISHED_IDS", str(state / "published_ids.json"))

@@ -79,3 +79,64 @@ def test_required_options_can_come_from_the_environment(tmp_path):
     assert without.returncode == 2 and "--server" in without.stderr
     with_env = run("identity", "list", env=env)
     assert "--server" not in with_env.stderr  # got past parsing; fails reaching the server
+
+
+def _parsers(parser, path=()):
+    """(command path, parser) of every parser in the tree, however deep."""
+    import argparse
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers(child, (*path, name))
+
+
+def test_every_help_shows_its_defaults():
+    import argparse
+
+    from peer.cli import build_parser
+
+    helps = {}
+    for path, parser in _parsers(build_parser()):
+        text = " ".join(parser.format_help().split())
+        helps[" ".join(path)] = text
+        assert "(default: None)" not in text and "(default: False)" not in text, path
+        formatter = parser._get_formatter()  # the one --help uses
+        for action in parser._actions:
+            meaningful = action.option_strings and action.default not in (
+                None, False, "", [], argparse.SUPPRESS) and not isinstance(
+                action, argparse._CountAction | argparse._HelpAction)
+            if meaningful:
+                assert "default" in formatter._get_help_string(action).lower(), (
+                    path, action.option_strings)
+    assert {"keyserver serve", "bench crypto", "crypto vectors", "bulk issue",
+            "identity list"} <= set(helps)
+    for command, shown in (("keyserver serve", "--port PORT listen port (default: 8700)"),
+                           ("peer run", "(same for all peers) (default: ohf)"),
+                           ("peer run", "children per virtual peer (default: 4)"),
+                           ("publish", "to register (default: 30.0)"),
+                           ("demo", "--peers PEERS subscriber processes (default: 8)"),
+                           ("bench keyserver", "output JSON file (default: "
+                                               "bench/keyserver.json)"),
+                           ("bench transport", "(default: bench/transport.json)")):
+        assert shown in helps[command], (command, shown)
+    # a default the help text states already is not said twice
+    assert "(default 1,2,4,8)" in helps["bench crypto"]
+    assert "(default: 1,2,4,8)" not in helps["bench crypto"]
+
+
+def test_global_options_are_accepted_after_the_command(tmp_path):
+    from peer.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["peer", "run", "--server", "s"]).verbose == 0
+    assert parser.parse_args(["-v", "peer", "run", "-v", "--server", "s"]).verbose == 2
+    assert parser.parse_args(["peer", "-v", "run", "-vv", "--server", "s"]).verbose == 3
+    assert parser.parse_args(["demo", "--config", "f.toml"]).config == "f.toml"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[bench.crypto]\nnot_an_option = 1\n")
+    after = run("bench", "crypto", "--config", str(bad), "-v")
+    assert after.returncode == 2 and "not_an_option" in after.stderr
+    bad.write_text("[bench.crypto]\nverbose = 1\n")  # a global option, not the command's
+    assert "unknown option(s) in [bench.crypto]: verbose" in run(
+        "--config", str(bad), "bench", "crypto").stderr

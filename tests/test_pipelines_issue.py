@@ -162,3 +162,19 @@ def test_refusals_mismatches_and_bad_tokens_are_reported(keyserver, tmp_path):
                                   env=_env(keyserver), capture_output=True, text=True,
                                   timeout=60)
     assert wrong_schema.returncode == 2 and "schema" in wrong_schema.stderr
+
+
+def test_bulk_issue_reads_the_admin_token_file(keyserver, tmp_path):
+    source, names = _decompose(tmp_path, 2)
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(keyserver.admin_token + "\n")
+    env = child_env()
+    env.pop("IBE_PUBSUB_ADMIN_TOKEN", None)
+    done = subprocess.run(_issue_command(keyserver, source, tmp_path / "keys",
+                                         "--admin-token-file", str(token_file)),
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert all((tmp_path / "keys" / f"{name}.json").exists() for name in names)
+    without = subprocess.run(_issue_command(keyserver, source, tmp_path / "k2"), env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert without.returncode == 2 and "the admin token is required" in without.stderr
