@@ -6,11 +6,17 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint bench
 
+# pip shows what it collects and installs; the last line says how long it all took.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@echo "Installing ibe-pubsub and its development extras into $(VENV)" \
+		"(first run only; a few minutes)"
+	@start=$$(date +%s) && \
+	$(PYTHON) -m venv $(VENV) && \
+	$(VENV)/bin/pip install --quiet --upgrade pip && \
+	$(VENV)/bin/pip install -e '.[dev]' && \
+	echo "Installed in $$(( $$(date +%s) - start )) s: $(VENV)/bin/ibe-pubsub" \
+		"(to call it as ibe-pubsub: source $(VENV)/bin/activate)"
+	@touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ibe-pubsub demo

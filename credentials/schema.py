@@ -253,13 +253,19 @@ class Schema:
 
 
 def load_schema(path: str | Path) -> Schema:
-    """Read and validate a schema TOML file (the only I/O of this package)."""
+    """Read and validate a schema TOML file (the only I/O of this package); a SchemaError
+    names the file."""
     with open(path, "rb") as fh:
         try:
             doc = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise SchemaError(f"{path}: not valid TOML: {exc}") from exc
-    return Schema.from_dict(doc)
+        except UnicodeDecodeError:
+            raise SchemaError(f"{path}: not UTF-8 text") from None
+    try:
+        return Schema.from_dict(doc)
+    except SchemaError as exc:
+        raise SchemaError(f"{path}: {exc}") from None
 
 
 def schema_from_toml(text: str) -> Schema:
@@ -271,7 +277,35 @@ def schema_from_toml(text: str) -> Schema:
     return Schema.from_dict(doc)
 
 
+#: Schemas shipped inside the package, by the name ``--schema`` accepts instead of a path.
+BUILTIN_SCHEMAS = ("stocks",)
+
+
+def builtin_schema(name: str) -> Schema:
+    """A schema shipped with the package, so commands work from any directory."""
+    if name not in BUILTIN_SCHEMAS:
+        raise SchemaError(f"no built-in schema {name!r} (built-in: {', '.join(BUILTIN_SCHEMAS)})")
+    text = resources.files("credentials").joinpath(f"{name}.toml").read_text("utf-8")
+    return schema_from_toml(text)
+
+
 def default_schema() -> Schema:
     """The example ``stocks`` schema shipped with the package."""
-    text = resources.files("credentials").joinpath("stocks.toml").read_text("utf-8")
-    return schema_from_toml(text)
+    return builtin_schema("stocks")
+
+
+def resolve_schema(name_or_path: str) -> Schema:
+    """A built-in schema by name, else the schema TOML file at that path.
+
+    A built-in name wins over a file of the same name in the working directory
+    (``./stocks`` reaches the file). Every failure is one line naming the argument.
+    """
+    if name_or_path in BUILTIN_SCHEMAS:
+        return builtin_schema(name_or_path)
+    try:
+        return load_schema(name_or_path)
+    except FileNotFoundError:
+        raise SchemaError(f"no schema file {name_or_path!r} and no built-in schema of that "
+                          f"name (built-in: {', '.join(BUILTIN_SCHEMAS)})") from None
+    except OSError as exc:
+        raise SchemaError(f"cannot read the schema {name_or_path}: {exc.strerror}") from None

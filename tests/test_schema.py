@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from credentials.schema import (
+    BUILTIN_SCHEMAS,
     Attribute,
     Schema,
     SchemaError,
+    builtin_schema,
     default_schema,
     load_schema,
+    resolve_schema,
     schema_from_toml,
 )
+from peer.cli import main
 
 SETTINGS = settings(derandomize=True, deadline=None, max_examples=100)
 
@@ -74,6 +81,47 @@ def test_load_schema_from_file(tmp_path) -> None:
     path.write_text("name = ")
     with pytest.raises(SchemaError, match="TOML"):
         load_schema(path)
+
+
+def test_schema_arguments_take_a_built_in_name_or_a_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # far from the repository: the name needs no path
+    assert resolve_schema("stocks") == default_schema()
+    Path("mine.toml").write_text(STOCKS_TOML.replace('"stocks"', '"mine"'))
+    assert resolve_schema("mine.toml").name == "mine"
+    Path("stocks").write_text("not = [toml")  # the built-in name wins; ./stocks is the file
+    assert resolve_schema("stocks") == default_schema()
+    with pytest.raises(SchemaError, match="not valid TOML"):
+        resolve_schema("./stocks")
+    with pytest.raises(SchemaError, match=r"no schema file 'stock' .*\(built-in: stocks\)"):
+        resolve_schema("stock")
+    with pytest.raises(SchemaError, match="Is a directory"):
+        resolve_schema(str(tmp_path))
+
+
+def test_built_in_schemas_ship_in_the_wheel() -> None:
+    """setuptools copies package data by pattern; a built-in name must match one."""
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    data = pyproject["tool"]["setuptools"]["package-data"]
+    patterns = data.get("*", []) + data.get("credentials", [])
+    for name in BUILTIN_SCHEMAS:
+        assert any(fnmatch(f"{name}.toml", pattern) for pattern in patterns), name
+        assert builtin_schema(name).name == name
+
+
+@pytest.mark.parametrize("command", [("keyserver", "init", "--data", "ks"),
+                                     ("bulk", "decompose", "--input", "x", "--output", "y"),
+                                     ("bench", "bulk")])
+def test_every_schema_option_refuses_an_unknown_name_in_one_line(command, tmp_path,
+                                                                 monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main([*command, "--schema", "stock"])
+    except SystemExit as stop:  # argparse's own exit
+        code = stop.code
+    assert code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "--schema" in errors[0] and "built-in: stocks" in errors[0]
+    assert not Path("ks").exists()  # refused while parsing, before any work
 
 
 def test_dict_round_trip_and_order_matters() -> None:

@@ -1,4 +1,4 @@
-"""The directory attacks of issue 12 against a real key server, each with its control.
+"""Attacks on the key server's directory against a real key server, each with its control.
 
 Before, any identity could overwrite any (attribute, address) entry: a subscriber
 re-registering the root's address made 148 of 153 lookups return no root, 80 dead

@@ -1,5 +1,5 @@
 """Attacks on peer links, over real sockets on 127.0.0.1 with real mutual TLS under a test
-peer-link CA (issue #12). Each refusal is checked by its counter and by the victim's
+peer-link CA. Each refusal is checked by its counter and by the victim's
 handler having received nothing from the attacker, and has a control: the same step with
 proper credentials goes through.
 
