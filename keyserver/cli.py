@@ -1,10 +1,12 @@
-"""Commands: ``keyserver init|serve``, ``identity add|list|revoke``, ``bench keyserver``."""
+"""Commands: ``keyserver init|serve|rotate-admin-token``, ``identity add|list|revoke``,
+``bench keyserver``."""
 
 from __future__ import annotations
 
 import argparse
 import base64
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,10 +14,14 @@ from typing import TYPE_CHECKING, Any
 from keyserver.epochs import check_lengths, default_grace
 from peer.arguments import (
     CommandError,
+    add_admin_token,
     add_ca_file,
+    add_schema,
+    admin_token,
     bench_group,
     non_negative_int,
     positive_int,
+    write_json_atomically,
 )
 
 if TYPE_CHECKING:
@@ -25,7 +31,6 @@ if TYPE_CHECKING:
 # -- keyserver init / serve ------------------------------------------------------------------
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from credentials.schema import SchemaError, default_schema, load_schema
     from keyserver.keystore import KeyStoreError
     from keyserver.server import initialise
 
@@ -33,10 +38,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         if args.grace_seconds is None:
             args.grace_seconds = default_grace(args.epoch_seconds)
         check_lengths(args.epoch_seconds, args.grace_seconds)
-        schema = load_schema(args.schema) if args.schema else default_schema()
+        schema = args.schema  # loaded and checked by the argument type
         token_file = initialise(Path(args.data), schema, args.database_url, args.epoch_seconds,
                                 args.grace_seconds)
-    except (KeyStoreError, SchemaError, ValueError, OSError) as exc:
+    except (KeyStoreError, ValueError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     print(f"key store created in {args.data}; schema {schema.name!r} ({schema.id[:16]}...); "
           f"admin token in {token_file}", file=sys.stderr)
@@ -45,23 +50,39 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def _print_server_key(data_dir: Path) -> None:
-    """What peers trusting on first use will show, and what pins it (--server-key)."""
+    """What peers trusting on first use will show (stderr), and the key alone on stdout, so
+    a script can capture it to pin it (--server-key)."""
     from credentials.certificates import fingerprint
     from keyserver.keystore import PUBLIC_FILE
 
     key = json.loads((data_dir / PUBLIC_FILE).read_text())["server_key"]
     print(f"signing key {fingerprint(base64.b64decode(key))}; peers pin it with "
-          f"--server-key {key}", file=sys.stderr)
+          "--server-key KEY, the base64 key printed on stdout:", file=sys.stderr)
+    print(key)
+
+
+def cmd_rotate_admin_token(args: argparse.Namespace) -> int:
+    from keyserver.keystore import KeyStoreError, rotate_admin_token
+
+    try:
+        path = rotate_admin_token(Path(args.data))
+    except KeyStoreError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"new admin token in {path}; restart `keyserver serve` to use it (until then the "
+          "running server accepts only the old one)", file=sys.stderr)
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from keyserver.keystore import KeyStoreError
-    from keyserver.server import check_listen_address, serve
+    from keyserver.server import check_listen_address, check_tls_files, serve
     from keyserver.state import ServerConfig
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise CommandError("--tls-cert and --tls-key go together")
     try:
+        if args.tls_cert:
+            check_tls_files(args.tls_cert, args.tls_key)
         check_listen_address(args.host, bool(args.tls_cert), args.insecure)
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
@@ -75,9 +96,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         credentials_per_job=args.credentials_per_job,
         max_peer_addresses=args.max_peer_addresses,
         allow_unsafe_permissions=args.allow_unsafe_permissions)
+
+    def announce(url: str) -> None:
+        print(f"key server ready on {url}", file=sys.stderr, flush=True)
+        if args.ready_file:
+            write_json_atomically(args.ready_file, {"url": url, "pid": os.getpid()})
+
     try:
         serve(config, args.host, args.port, args.tls_cert, args.tls_key,
-              "debug" if args.verbose > 1 else "info" if args.verbose else "warning")
+              "debug" if args.verbose > 1 else "info" if args.verbose else "warning", announce)
     except (KeyStoreError, ValueError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     return 0
@@ -91,9 +118,10 @@ def _register_keyserver(subparsers: Any) -> None:
         "init", help="create master keys, database, signed schema and admin token",
         description="Create the key store in --data: master keys (sealed under "
         "$IBE_PUBSUB_PASSPHRASE), the database (Alembic migrations), the signed schema and "
-        "DIR/admin.token. Refuses to overwrite an existing key store.")
+        "DIR/admin.token. Refuses to overwrite an existing key store. Prints the server's "
+        "signing key (base64, for --server-key) alone on stdout, everything else on stderr.")
     init.add_argument("--data", required=True, help="data directory of the key server")
-    init.add_argument("--schema", help="schema TOML file (default: the stocks example)")
+    add_schema(init)
     init.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
     init.add_argument("--epoch-seconds", type=positive_int, default=3600, help="epoch length")
     init.add_argument("--grace-seconds", type=non_negative_int,
@@ -108,6 +136,8 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--data", required=True, help="data directory made by keyserver init")
     serve.add_argument("--host", default="127.0.0.1", help="listen address")
     serve.add_argument("--port", type=int, default=8700, help="listen port")
+    serve.add_argument("--ready-file", metavar="FILE",
+                       help="write {url, pid} as JSON here once the server accepts requests")
     serve.add_argument("--tls-cert", help="TLS certificate (PEM)")
     serve.add_argument("--tls-key", help="TLS private key (PEM)")
     serve.add_argument("--insecure", action="store_true",
@@ -149,18 +179,21 @@ def _register_keyserver(subparsers: Any) -> None:
                        "its files (refused by default; the fix is chmod -R go= DIR)")
     serve.set_defaults(handler=cmd_serve)
 
+    rotate = sub.add_parser(
+        "rotate-admin-token", help="replace DIR/admin.token with a new random token",
+        description="Write a new admin token to DIR/admin.token (mode 0600, atomically). A "
+        "running server keeps accepting the old token until it is restarted, and only the "
+        "new one after. Needs no passphrase.")
+    rotate.add_argument("--data", required=True, help="data directory made by keyserver init")
+    rotate.set_defaults(handler=cmd_rotate_admin_token)
+
 
 # -- identity add / list / revoke --------------------------------------------------------------
 
 def _admin_client(args: argparse.Namespace) -> KeyServerClient:
     from keyserver.client import KeyServerClient
 
-    token = args.admin_token
-    if token is None and args.admin_token_file:
-        token = Path(args.admin_token_file).read_text().strip()
-    if not token:
-        raise CommandError("give --admin-token or --admin-token-file")
-    return KeyServerClient(args.server, token, verify=args.ca_file or True)
+    return KeyServerClient(args.server, admin_token(args), verify=args.ca_file or True)
 
 
 def _call(args: argparse.Namespace, action: Any) -> Any:
@@ -186,6 +219,7 @@ def cmd_identity_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
+    print(f"{'id':>5}  {'name':<24} {'role':<10} {'state':<20} policy")
     for r in rows:
         state = f"revoked in epoch {r['revoked_epoch']}" if r["revoked_at"] else "active"
         print(f"{r['id']:>5}  {r['name']:<24} {r['role']:<10} {state:<20} {r['policy'] or '*'}")
@@ -216,8 +250,7 @@ def _register_identity(subparsers: Any) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--server", required=True, help="key server URL, e.g. http://127.0.0.1:8700")
-        p.add_argument("--admin-token", help="admin bearer token")
-        p.add_argument("--admin-token-file", help="file holding it (DIR/admin.token)")
+        add_admin_token(p)
         add_ca_file(p)
 
     add = sub.add_parser("add", help="create an identity and print its token",
@@ -248,9 +281,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = BenchSettings(clients=args.clients, seconds=args.seconds,
                              subscription=args.subscription, max_credentials=args.max_credentials,
                              workers=args.workers)
-    result = run_bench(settings, Path(args.json), None if args.no_plot else Path(
-        args.plot or str(Path(args.json).with_suffix(".png"))))
+    plot = None if args.no_plot else Path(args.plot or Path(args.json).with_suffix(".png"))
+    result = run_bench(settings, Path(args.json), plot)
     print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {args.json}" + (f" and {plot}" if plot else ""))
     return 0
 
 
@@ -260,7 +294,8 @@ def _register_bench(subparsers: Any) -> None:
         description="Starts a key server, measures credential keys issued per second by "
         "key generation alone (the floor, all cores) and over HTTP with concurrent "
         "clients, and p50/p99 enrolment latency.")
-    p.add_argument("--json", required=True, help="output JSON file")
+    p.add_argument("--json", default="bench/keyserver.json", metavar="FILE",
+                   help="output JSON file")
     p.add_argument("--plot", help="output PNG (default: next to --json)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--clients", type=positive_int, default=32, help="concurrent HTTP clients")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Iterator
+import socket
+import ssl
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import uvicorn
 from alembic.util import CommandError as MigrationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from uvicorn.config import STARTUP_FAILURE
 
 from credentials.schema import Schema
 from keyserver.app import create_app
@@ -103,8 +107,41 @@ def check_listen_address(host: str, tls: bool, insecure: bool) -> None:
                 "unencrypted", host)
 
 
+def check_tls_files(cert: str, key: str) -> None:
+    """Load the certificate and key once before unsealing (ValueError), so a missing,
+    unreadable, malformed, mismatched or passphrase-protected file stops start-up in one
+    line naming it, not after unsealing with a message naming no file (or a prompt)."""
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not Path(path).is_file():
+            raise ValueError(f"{flag} {path}: no such file (or not a regular file)")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            cert, key, password=lambda: b"")
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+        raise ValueError(f"cannot use --tls-cert {cert} with --tls-key {key}: {reason} "
+                         "(a PEM certificate chain and its unencrypted PEM key)") from exc
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """uvicorn's server, calling ``on_ready(url)`` once its socket listens (so a client
+    connecting from then on is served), e.g. to write ``--ready-file``."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.config.host, self.servers[0].sockets[0].getsockname()[1]
+            scheme = "https" if self.config.is_ssl else "http"
+            self._on_ready(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}")
+
+
 def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
-          tls_key: str | None, log_level: str = "info") -> None:
+          tls_key: str | None, log_level: str = "info",
+          on_ready: Callable[[str], None] = lambda url: None) -> None:
     """Check the data directory, unseal (failing fast with a clear message), migrate, start
     the workers, then serve; files created from here on (SQLite's -wal/-shm) are 0600."""
     use_private_umask()
@@ -115,7 +152,11 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
     app = create_app(state)
     # h11 bounds the request line and headers (httptools buffers them without limit, so a
     # client that never ends its headers could grow the server's memory before the gate)
-    uvicorn.run(app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
-                log_level=log_level, proxy_headers=False, server_header=False,
-                timeout_graceful_shutdown=10, http="h11",
-                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+    server = _AnnouncingServer(uvicorn.Config(
+        app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
+        log_level=log_level, proxy_headers=False, server_header=False,
+        timeout_graceful_shutdown=10, http="h11",
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES), on_ready)
+    server.run()
+    if not server.started:  # as uvicorn.run: a failed start-up is not a clean exit
+        sys.exit(STARTUP_FAILURE)

@@ -22,10 +22,13 @@ from peer.arguments import (
     non_negative_float,
     non_negative_int,
     positive_int,
+    write_json_atomically,
 )
+from peer.waiting import WaitAnnouncer
 
 if TYPE_CHECKING:
     from peer.known_servers import KnownServers
+    from peer.published_ids import PublishedIds
 
 
 def _server_key(text: str | None) -> bytes | None:
@@ -49,10 +52,24 @@ def _known_servers(args: argparse.Namespace) -> KnownServers | None:
     return KnownServers(Path(args.known_servers) if args.known_servers else default_path())
 
 
-def _write_json_atomically(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    Path(tmp).write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
+def _token(args: argparse.Namespace) -> str:
+    """--token (or IBE_PUBSUB_TOKEN), else the token in the --bundle file, if it has one."""
+    if args.token:
+        return str(args.token)
+    if args.bundle is None:
+        raise CommandError("--token (or IBE_PUBSUB_TOKEN) is required")
+    from keyserver.bundles import BundleError
+    from peer.bundle_file import file_token
+
+    try:
+        token = file_token(args.bundle)
+    except BundleError as exc:
+        raise CommandError(str(exc)) from exc
+    if token is None:
+        raise CommandError(f"bundle {args.bundle} carries no token (its identity was not "
+                           "created by bulk issuance): give the identity's token with --token "
+                           "or IBE_PUBSUB_TOKEN")
+    return token
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -74,7 +91,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
 
     options = NodeOptions(
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
-        roots=tuple(args.root or ()),
+        roots=tuple(args.root or ()), bundle=args.bundle,
         overlay=OverlayConfig(routing=args.routing, max_children=args.max_children,
                               heartbeat_interval=args.heartbeat,
                               failure_timeout=args.failure_timeout,
@@ -86,7 +103,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
         node = PeerNode(options)
     except NodeError as exc:
         raise CommandError(str(exc)) from exc
-    writer = EventWriter(args.events_out) if options.subscribe is not None else None
+    writer = EventWriter(args.events_out) if not options.roots else None
     if writer is not None:
         node.on_deliver(writer.write)
     stop = asyncio.Event()
@@ -97,31 +114,37 @@ async def _run_peer(args: argparse.Namespace) -> int:
         raise CommandError(f"peer could not start: {exc}") from exc
 
     async def announce() -> None:
-        await node.ready.wait()
+        await WaitAnnouncer(f"a parent for every virtual peer in tree(s) "
+                            f"{', '.join(node.attributes)}").wait(node.ready.wait())
         print(f"peer ready at {node.address} in tree(s) {', '.join(node.attributes)}",
               file=sys.stderr, flush=True)
         if args.ready_file:
-            _write_json_atomically(args.ready_file, {"address": node.address,
+            write_json_atomically(args.ready_file, {"address": node.address,
                                                      "pid": os.getpid(),
                                                      "attributes": node.attributes,
                                                      "join_seconds": node.join_seconds})
 
     announcer = asyncio.get_running_loop().create_task(announce())
+    failed = asyncio.get_running_loop().create_task(node.failed.wait())
+    failed.add_done_callback(lambda _: stop.set())
     await stop.wait()
     announcer.cancel()
+    failed.cancel()
     await node.stop()
     if writer is not None:
         writer.close()
     if args.stats_out:
-        _write_json_atomically(args.stats_out, node.stats())
+        write_json_atomically(args.stats_out, node.stats())
+    if node.failure is not None:
+        raise CommandError(node.failure)
     return 0
 
 
 def cmd_peer_run(args: argparse.Namespace) -> int:
-    if (args.subscribe is None) == (not args.root):
-        raise CommandError("give exactly one of --subscribe PREDICATE or --root ATTRIBUTE")
-    if not args.token:
-        raise CommandError("--token (or IBE_PUBSUB_TOKEN) is required")
+    if (args.subscribe is None and args.bundle is None) == (not args.root):
+        raise CommandError("give exactly one of --subscribe PREDICATE (and/or --bundle "
+                           "FILE: a subscriber) or --root ATTRIBUTE (a root)")
+    args.token = _token(args)
     return asyncio.run(_run_peer(args))
 
 
@@ -137,11 +160,12 @@ async def _publish(args: argparse.Namespace) -> int:
     publisher = EventPublisher(args.server, args.token, args.advertise,
                                server_key=_server_key(args.server_key),
                                known_servers=_known_servers(args), ca_file=args.ca_file,
-                               insecure_transport=args.insecure_transport)
+                               insecure_transport=args.insecure_transport, bundle=args.bundle)
     try:
         await publisher.enrol()
         assert publisher.params is not None
         events = read_events(args.events, publisher.params.pp.schema, publisher.advertisement)
+        _warn_repeated_ids(args, [e.event_id for e in events])
         await publisher.find_roots(args.root_timeout)
     except (PredicateError, EventFileError, KeyServerError, BundleError, PublishRefused) as exc:
         await publisher.close(0)
@@ -161,6 +185,7 @@ async def _publish(args: argparse.Namespace) -> int:
     finally:
         if sent_log is not None:
             sent_log.close()
+        _record_ids(args, [e.event_id for e in events[:publisher.sent]])
         delivered = await publisher.close(args.flush_timeout)
     print(f"sent {publisher.sent} event(s) to the roots of "
           f"{', '.join(sorted(publisher.roots))}", file=sys.stderr)
@@ -169,9 +194,47 @@ async def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _published_ids(args: argparse.Namespace) -> tuple[PublishedIds, str]:
+    """The record of ids sent before, and the name of this publisher in it."""
+    from peer.published_ids import PublishedIds, default_path, token_publisher
+
+    path = Path(args.published_ids) if args.published_ids else default_path()
+    return PublishedIds(path), token_publisher(args.token)
+
+
+def _warn_repeated_ids(args: argparse.Namespace, ids: list[str]) -> None:
+    """One line if this publisher sent some of ``ids`` to this key server before."""
+    from peer.published_ids import PublishedIdsError
+
+    record, publisher = _published_ids(args)
+    try:
+        repeated = record.repeated(args.server, publisher, ids)
+    except PublishedIdsError as exc:
+        print(f"ibe-pubsub: warning: {exc}; re-used event ids go unnoticed", file=sys.stderr)
+        return
+    if repeated:
+        shown = ", ".join(map(repr, repeated[:5])) + (", ..." if len(repeated) > 5 else "")
+        print(f"ibe-pubsub: warning: {len(repeated)} of {len(ids)} event id(s) were published "
+              f"before by this publisher to {args.server}: {shown}; subscribers that delivered "
+              "them drop these events as duplicates (new ids deliver them again)",
+              file=sys.stderr)
+
+
+def _record_ids(args: argparse.Namespace, ids: list[str]) -> None:
+    from peer.published_ids import PublishedIdsError
+
+    record, publisher = _published_ids(args)
+    try:
+        record.record(args.server, publisher, ids)
+    except PublishedIdsError as exc:
+        print(f"ibe-pubsub: warning: {exc}; the ids just sent are not recorded",
+              file=sys.stderr)
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
-    if not args.token:
-        raise CommandError("--token (or IBE_PUBSUB_TOKEN) is required")
+    if args.advertise is None and args.bundle is None:
+        raise CommandError("--advertise PREDICATE (or --bundle FILE) is required")
+    args.token = _token(args)
     return asyncio.run(_publish(args))
 
 
@@ -200,8 +263,9 @@ def cmd_bench_transport(args: argparse.Namespace) -> int:
     print(f"{result['connections']} connections on loopback: mutual TLS "
           f"{result['tls_ms']:.2f} ms, plaintext {result['plaintext_ms']:.2f} ms per "
           f"connection (+{result['tls_overhead_ms']:.2f} ms)", file=sys.stderr)
-    if args.json:
-        _write_json_atomically(args.json, result)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(args.json, result)
+    print(f"wrote {args.json}")
     return 0
 
 
@@ -226,7 +290,8 @@ def register(subparsers: Any) -> None:
     sub = peer.add_subparsers(dest="peer_command", metavar="COMMAND")
     run = sub.add_parser(
         "run", help="run a peer until interrupted",
-        description="Enrol with the key server, join the attribute trees and run until "
+        description="Enrol with the key server (or take the keys of --bundle), join the "
+                    "attribute trees and run until "
                     "SIGINT/SIGTERM (then leave gracefully, handing children over). A "
                     "subscriber writes each delivered event as one JSON line "
                     '{"id", "values", "body", "delivered_at"} to --events-out (or stdout).')
@@ -237,6 +302,12 @@ def register(subparsers: Any) -> None:
                      help='subscribe, e.g. \'symbol prefix "IB" and price < 100\'')
     run.add_argument("--root", action="append", metavar="ATTRIBUTE",
                      help="be the root of this attribute's tree (repeatable)")
+    run.add_argument("--bundle", metavar="FILE",
+                     help="a subscriber's bundle from `bulk issue`: its keys instead of "
+                     "enrolling, and its token unless --token is given; delivers the events "
+                     "its credentials enclose (a --subscribe inside them narrows that). "
+                     "The file is re-read before the keys expire: put the next epoch's "
+                     "bundle there, or the peer stops when they expire")
     run.add_argument("--routing", choices=("ohf", "mcr"), default="ohf",
                      help="one-hop flooding or multi-credential routing (same for all peers)")
     run.add_argument("--max-children", type=positive_int, default=4,
@@ -261,12 +332,18 @@ def register(subparsers: Any) -> None:
 
     pub = subparsers.add_parser(
         "publish", help="publish events from a JSON-lines file",
-        description="Enrol as publisher for --advertise, check every event of --events "
+        description="Enrol as publisher for --advertise (or take the keys of --bundle), "
+                    "check every event of --events "
                     "against it (nothing is sent if one lies outside), encrypt, sign and send "
                     "each to the root of every attribute tree. Exits non-zero on any refusal.")
     _connection_options(pub)
-    pub.add_argument("--advertise", required=True, metavar="PREDICATE",
-                     help="what this publisher will publish (\"\" for everything)")
+    pub.add_argument("--advertise", metavar="PREDICATE",
+                     help="what this publisher will publish (\"\" for everything); required "
+                     "unless --bundle")
+    pub.add_argument("--bundle", metavar="FILE",
+                     help="a publisher's bundle from `bulk issue`: its keys instead of "
+                     "enrolling, and its token unless --token is given; advertises what its "
+                     "credentials enclose (an --advertise inside them narrows that)")
     pub.add_argument("--events", required=True, metavar="FILE",
                      help='JSON lines {"id": ..., "values": {...}, "body": ...} ("-": stdin)')
     pub.add_argument("--interval", type=non_negative_float, default=0.0,
@@ -277,6 +354,11 @@ def register(subparsers: Any) -> None:
                      help="seconds to wait for the roots to register")
     pub.add_argument("--flush-timeout", type=non_negative_float, default=30.0,
                      help="seconds to wait for the roots to take every event")
+    pub.add_argument("--published-ids", metavar="FILE",
+                     help="where the ids this publisher sent are recorded, to warn when a "
+                     "later run re-uses one (subscribers drop an id they delivered before; "
+                     "default: ibe-pubsub/published_ids.json in $XDG_STATE_HOME or "
+                     "~/.local/state)")
     pub.set_defaults(handler=cmd_publish)
 
     demo = subparsers.add_parser(
@@ -305,8 +387,9 @@ def register(subparsers: Any) -> None:
         description="Open --connections fresh peer links on loopback, each one TCP connect, "
                     "a mutual TLS 1.3 handshake with Ed25519 certificates from a throwaway "
                     "CA, HELLO both ways and a first frame, then the same in plaintext; "
-                    "prints and writes (--json) the mean milliseconds per connection.")
+                    "prints the mean milliseconds per connection and writes them to --json.")
     transport.add_argument("--connections", type=positive_int, default=200,
                            help="connections per mode")
-    transport.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    transport.add_argument("--json", default="bench/transport.json", metavar="FILE",
+                           help="output JSON file")
     transport.set_defaults(handler=cmd_bench_transport)

@@ -8,40 +8,51 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from peer.arguments import CommandError, add_ca_file, bench_group, positive_int
+from peer.arguments import (
+    CommandError,
+    add_admin_token,
+    add_ca_file,
+    add_schema,
+    admin_token,
+    bench_group,
+    positive_int,
+)
 
 if TYPE_CHECKING:
-    from credentials.schema import Schema
     from pipelines.layout import Summary
     from pipelines.requests import Settings
 
 MAX_CHUNK_SIZE = 2000  # the key server's limit of items per bulk request
+SHOWN_REJECTIONS = 5  # rejections printed after a decomposition; all are in its outputs
 
 
-def _schema(path: str) -> Schema:
-    from credentials.schema import SchemaError, load_schema
-
+@contextmanager
+def _spark_extra() -> Iterator[None]:
+    """pyarrow (and pyspark) come with the 'spark' extra: without it, one line says so."""
     try:
-        return load_schema(path)
-    except OSError as exc:
-        raise CommandError(f"cannot read the schema {path}: {exc.strerror}") from exc
-    except SchemaError as exc:
-        raise CommandError(f"schema {path}: {exc}") from exc
+        yield
+    except ImportError as exc:
+        package = (exc.name or "a module").split(".")[0]
+        raise CommandError(f"{package} is missing; install the 'spark' extra") from exc
 
 
 def _decompose(args: argparse.Namespace) -> int:
-    try:
+    with _spark_extra():
         from pipelines.layout import LayoutError
         from pipelines.local_job import run_local
+        from pipelines.rejections import write_csv
         from pipelines.requests import Settings
-    except ImportError as exc:
-        raise CommandError(f"{exc.name} is missing; install the 'spark' extra") from exc
 
-    settings = Settings(_schema(args.schema), args.fine_depth, args.max_credentials)
+    settings = Settings(args.schema, args.fine_depth, args.max_credentials)
     source, out = Path(args.input), Path(args.output)
+    rejected_csv = Path(args.rejected_csv) if args.rejected_csv else None
+    if rejected_csv and not rejected_csv.parent.is_dir():
+        raise CommandError(f"--rejected-csv: the directory {rejected_csv.parent} does not exist")
     try:
         if args.engine == "python":
             summary = run_local(settings, source, out, args.overwrite)
@@ -50,41 +61,85 @@ def _decompose(args: argparse.Namespace) -> int:
     except LayoutError as exc:
         raise CommandError(str(exc)) from exc
     print(summary.line())
-    print(f"wrote {out / 'credentials'}, {out / 'rejected'} and {out / 'summary.json'}")
-    return 0
+    written = [out / "credentials", out / "rejected", out / "summary.json"]
+    if rejected_csv:
+        try:
+            write_csv(out, rejected_csv)
+        except OSError as exc:
+            raise CommandError(f"cannot write {rejected_csv}: {exc.strerror}") from exc
+        written.append(rejected_csv)
+    print(f"wrote {', '.join(map(str, written[:-1]))} and {written[-1]}")
+    return _decompose_status(summary, out, rejected_csv, args.allow_rejects)
+
+
+def _decompose_status(summary: Summary, out: Path, rejected_csv: Path | None,
+                      allow_rejects: bool) -> int:
+    """0 if every request was accepted, or some were and --allow-rejects accepts the rest."""
+    from pipelines.rejections import first
+
+    counted = ""
+    if summary.rejected:
+        for line in first(out, SHOWN_REJECTIONS):
+            print(f"  rejected: {line}", file=sys.stderr)
+        where = f"{rejected_csv} and {out / 'rejected'}" if rejected_csv else \
+            f"{out / 'rejected'} (Parquet; --rejected-csv FILE writes them as CSV)"
+        counted = f"{summary.rejected} of {summary.requests} request(s) rejected, all in {where}"
+    if not summary.accepted:
+        print(f"ibe-pubsub: error: no request was accepted; {counted or 'the input has none'}",
+              file=sys.stderr)
+        return 1
+    if not summary.rejected:
+        return 0
+    if allow_rejects:
+        print(f"{counted}; a partial run, as --allow-rejects allows", file=sys.stderr)
+        return 0
+    print(f"ibe-pubsub: error: {counted}; fix them, or pass --allow-rejects to accept the "
+          "partial run", file=sys.stderr)
+    return 1
 
 
 def _decompose_spark(args: argparse.Namespace, settings: Settings, source: Path,
                      out: Path) -> Summary:
-    try:
+    with _spark_extra():
         from pyspark.errors import PySparkException
 
-        from pipelines.spark_job import run_spark, spark_session
-    except ImportError as exc:
-        raise CommandError(f"{exc.name} is missing; install the 'spark' extra") from exc
-    print(f"bulk decompose: starting Spark ({args.master})", file=sys.stderr, flush=True)
-    spark = spark_session(args.master, args.partitions, args.driver_memory)
+        from pipelines.inputs import request_files
+        from pipelines.layout import SPARK_LOG, prepare_output
+        from pipelines.session import SparkStartError, StageProgress, spark_session
+        from pipelines.spark_job import run_spark
+    request_files(source)  # input and output problems show before the JVM's slow start
+    prepare_output(out, args.overwrite)
+    log = None if args.verbose else out / SPARK_LOG
+    print(f"bulk decompose: starting Spark ({args.master}); "
+          f"{f'its logs go to {log} (-v shows them here)' if log else 'its logs follow'}",
+          file=sys.stderr, flush=True)
     try:
-        return run_spark(spark, settings, source, out, args.overwrite)
+        spark = spark_session(args.master, args.partitions, args.driver_memory, log)
+    except SparkStartError as exc:
+        raise CommandError(f"cannot start Spark: {exc}; --engine python decomposes without "
+                           "Spark or Java") from exc
+    try:
+        with StageProgress(spark):
+            return run_spark(spark, settings, source, out, args.overwrite)
     except PySparkException as exc:
-        raise CommandError(f"Spark job failed: {str(exc).splitlines()[0]}") from exc
+        raise CommandError(f"Spark job failed: {str(exc).splitlines()[0]}"
+                           f"{f' (details in {log})' if log else ''}") from exc
     finally:
         spark.stop()
 
 
 def _issue(args: argparse.Namespace) -> int:
     from keyserver.client import KeyServerClient
-    from pipelines.issue import IssueError, IssueOptions, issue_bulk
-    from pipelines.keydir import KeyDirError
-    from pipelines.layout import LayoutError
+    with _spark_extra():
+        from pipelines.issue import IssueError, IssueOptions, issue_bulk
+        from pipelines.keydir import KeyDirError
+        from pipelines.layout import LayoutError
 
-    if not args.admin_token:
-        raise CommandError("the admin token is required: --admin-token or "
-                           "$IBE_PUBSUB_ADMIN_TOKEN")
+    token = admin_token(args)
     if args.chunk_size > MAX_CHUNK_SIZE:
         raise CommandError(f"--chunk-size is at most {MAX_CHUNK_SIZE}")
     options = IssueOptions(args.chunk_size, args.chunk_rows, "next" if args.next_epoch else None)
-    with KeyServerClient(args.server, args.admin_token, timeout=args.timeout,
+    with KeyServerClient(args.server, token, timeout=args.timeout,
                          verify=args.ca_file or True) as client:
         try:
             report = issue_bulk(client, Path(args.input), Path(args.output), options)
@@ -103,12 +158,17 @@ def _issue(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from credentials.schema import default_schema
     from pipelines.bench import main
+    from pipelines.session import SparkStartError
 
-    schema = _schema(args.schema) if args.schema else default_schema()
-    report = main(Path(args.json), schema, args.requests, args.master, args.partitions,
-                  args.fine_depth)
+    json_path = Path(args.json)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    spark_log = None if args.verbose else json_path.with_suffix(".spark.log")
+    try:
+        report = main(json_path, args.schema, args.requests, args.master, args.partitions,
+                      args.fine_depth, spark_log=spark_log)
+    except SparkStartError as exc:
+        raise CommandError(f"cannot start Spark: {exc}") from exc
     python, spark = report["python"], report["spark"]
     print(f"one Python process: {python['rows_per_s']:.0f} requests/s "
           f"({python['seconds']:.1f} s)")
@@ -143,11 +203,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decompose = commands.add_parser(
         "decompose", help="requests (CSV, JSON lines, Parquet) -> credentials (Parquet)",
         description="Read enrolment requests with the columns identity, role (subscriber or "
-        "publisher) and predicate from CSV (with a header), JSON lines or Parquet, chosen by "
-        "the extension. Write one row per credential to DIR/credentials, every request that "
-        "fails validation with its reason to DIR/rejected, and the counts to "
-        "DIR/summary.json.")
-    decompose.add_argument("--schema", required=True, help="event-space schema (TOML)")
+        "publisher) and predicate from CSV, JSON lines or Parquet, chosen by the extension. "
+        "CSV: a header line naming the columns (any order, more allowed), then one request "
+        'per line; quote a field that holds a comma with " ("" inside is one quote); an '
+        'unquoted empty field is missing, a quoted empty predicate "" selects every event. '
+        "Write one row per credential to DIR/credentials, every rejected request (a row "
+        "that cannot be read, or fails validation) with its file, line and reason to "
+        "DIR/rejected, the counts to DIR/summary.json, and Spark's own logs to "
+        "DIR/spark.log. Exit status: 0 if every request was accepted; 1 if some were "
+        "rejected (0 with --allow-rejects) or none was accepted.")
+    add_schema(decompose, required=True)
     decompose.add_argument("--input", required=True,
                            help="file or directory: .csv, .json/.jsonl/.ndjson or .parquet")
     decompose.add_argument("--output", required=True, help="output directory DIR")
@@ -155,26 +220,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decompose.add_argument("--driver-memory", default="2g",
                            help="Spark driver memory (default 2g)")
     decompose.add_argument("--engine", choices=["spark", "python"], default="spark",
-                           help="spark, or python: the same decomposition in this process "
-                           "without a JVM (default spark)")
+                           help="spark, or python: the same decomposition in this process, "
+                           "no Java needed (default spark)")
     _decomposition_options(decompose)
     decompose.add_argument("--max-credentials", type=positive_int, default=None,
                            help="cap the credentials per numeric attribute by coarsening "
                            "(default: exact cover)")
     decompose.add_argument("--overwrite", action="store_true",
                            help="replace an earlier decomposition in DIR")
+    decompose.add_argument("--rejected-csv", metavar="FILE", default=None,
+                           help="also write the rejections as CSV: file, line, identity, "
+                           "reason, row (default: only DIR/rejected, Parquet)")
+    decompose.add_argument("--allow-rejects", action="store_true",
+                           help="accept a partial run: exit 0 when some requests are "
+                           "rejected, as long as one is accepted")
     decompose.set_defaults(handler=_decompose)
 
     issue = commands.add_parser(
         "issue", help="send decomposed credentials to the key server, write key bundles",
         description="Send DIR/credentials to the key server's bulk issuance in chunks and "
-        "write KEYDIR/<identity>.json per identity (secret keys; mode 0600). Resumable: "
-        "run the same command again after an interruption and it issues nothing twice.")
+        "write KEYDIR/<identity>.json per identity (secret keys; mode 0600), the bundle its "
+        "holder runs `peer run --bundle` or `publish --bundle` with. Resumable: run the "
+        "same command again after an interruption and it issues nothing twice. Each epoch "
+        "needs a new run into a new KEYDIR (--next-epoch in the grace window).")
     issue.add_argument("--server", required=True, help="key server base URL")
-    # Checked in the handler, whose message points to the environment variable too.
-    issue.add_argument("--admin-token", default=None,
-                       help="the key server's admin token (required; better given as "
-                       "$IBE_PUBSUB_ADMIN_TOKEN than on the command line)")
+    add_admin_token(issue)
     add_ca_file(issue)
     issue.add_argument("--input", required=True, help="the output DIR of `bulk decompose`")
     issue.add_argument("--output", required=True, help="directory KEYDIR for the bundles")
@@ -192,13 +262,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bulk", help="requests/s of the Spark decomposition vs one Python process",
         description="Decompose synthetic requests with Spark and with the same function "
         "in one plain Python process; write rows/s of both and their ratio as JSON and a "
-        "PNG plot.")
-    bench.add_argument("--json", default="bench/bulk.json",
+        "PNG plot. Spark's own logs go next to the JSON as .spark.log (-v shows them).")
+    bench.add_argument("--json", default="bench/bulk.json", metavar="FILE",
                        help="output JSON file (the plot goes next to it as .png)")
     bench.add_argument("--requests", type=positive_int, default=1_000_000,
                        help="number of synthetic requests (default 1000000)")
-    bench.add_argument("--schema", default=None, help="schema TOML (default: the stocks "
-                       "example)")
+    add_schema(bench)
     _spark_options(bench, "local[2]")
     _decomposition_options(bench)
     bench.set_defaults(handler=_bench)
