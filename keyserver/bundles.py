@@ -143,7 +143,8 @@ def decode_params(group: PairingGroup, doc: dict[str, Any],
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"public parameters do not decode: {exc}") from exc
     if server_key is not None and key != server_key:
-        raise BundleError("the key server presents another Ed25519 key than the pinned one")
+        raise BundleError(f"the key server presents signing key {fingerprint(key)}, not the "
+                          f"pinned {fingerprint(server_key)} (--server-key)")
     if schema.id != doc.get("schema_id"):
         raise BundleError("schema id does not match the schema")
     if not verify_schema(key, schema, signature):

@@ -24,7 +24,8 @@ from sqlalchemy import (
     event,
     false,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 
@@ -119,8 +120,25 @@ class BulkChunk(Base):
     sealed_result: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 
+SUPPORTED_URLS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+SUPPORTED_DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
+
+
 def sqlite_url(path: str) -> str:
     return f"sqlite:///{path}"
+
+
+def check_url(url: str) -> None:
+    """Refuse (ValueError) a URL of a database or driver this build does not ship, before
+    SQLAlchemy fails on it with a traceback or a plugin error."""
+    try:
+        driver = make_url(url).drivername
+    except ArgumentError:
+        driver = None
+    if driver not in SUPPORTED_DRIVERS:
+        scheme = url.split("://", 1)[0] + "://..." if "://" in url else "without a scheme"
+        raise ValueError(f"unsupported database URL {scheme}: the key server supports "
+                         f"{SUPPORTED_URLS}")
 
 
 def make_engine(url: str) -> Engine:

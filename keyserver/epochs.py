@@ -43,11 +43,18 @@ def default_grace(length: int) -> int:
     return min(300, length // 4)
 
 
+def max_grace(length: int) -> int:
+    """Half the epoch: next-epoch keys fetched in the grace window let a revoked identity
+    keep receiving until that epoch ends, so the window must stay a part of the epoch."""
+    return length // 2
+
+
 def check_lengths(length: int, grace: int) -> None:
     if length < 1:
         raise ValueError(f"epoch length must be at least 1 second, got {length}")
-    if not 0 <= grace < length:
-        raise ValueError(f"grace must be in [0, epoch length), got {grace} for length {length}")
+    if not 0 <= grace <= max_grace(length):
+        raise ValueError(f"the grace window must be between 0 and half the epoch length "
+                         f"({max_grace(length)} s for {length} s epochs), got {grace} s")
 
 
 @dataclass(frozen=True)

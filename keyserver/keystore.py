@@ -7,6 +7,7 @@ Layout of ``DIR``:
 * ``public.json`` (0600): curve, MPK, schema, its signature, the server's verification key.
 * ``admin.token`` (0600): the admin bearer token (``keyserver rotate-admin-token`` replaces it).
 * ``keyserver.db`` (0600): the SQLite database, unless a database URL says otherwise.
+* ``database.json`` (0600): the database ``init`` was given (:mod:`keyserver.binding`).
 
 The directory itself is 0700 (:mod:`keyserver.permissions`). The peer-link CA
 (:class:`PeerLinkCA`) has no file: its key is derived from the master secret and its
@@ -34,7 +35,7 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from credentials.backends import load_group
-from credentials.certificates import peer_ca_message, schema_message
+from credentials.certificates import fingerprint, peer_ca_message, schema_message
 from credentials.codec import CodecError, decode_mpk, decode_msk, encode_mpk, encode_msk
 from credentials.groups import PairingGroup
 from credentials.keys import SCHEME_VERSION, MasterPublicKey, MasterSecretKey
@@ -102,6 +103,11 @@ class KeyStore:
         """The raw 32-byte Ed25519 verification key."""
         return self.signing_key.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    @property
+    def fingerprint(self) -> str:
+        """The signing key's fingerprint, as peers show it and the database records it."""
+        return fingerprint(self.server_key)
 
     def signing_key_bytes(self) -> bytes:
         return self.signing_key.private_bytes(

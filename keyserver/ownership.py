@@ -23,6 +23,7 @@ together.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
@@ -46,13 +47,19 @@ def check_canonical(addresses: Sequence[str], field: str) -> None:
                            {"address": address, "canonical": canonical})
 
 
+def when(timestamp: float) -> str:
+    """A Unix time as people read it, with the number the JSON detail carries."""
+    iso = datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds")
+    return f"{iso.replace('+00:00', 'Z')} ({timestamp:.0f} Unix time)"
+
+
 def _held_by_other(row: PeerAddress | None, identity_id: int, now: float) -> bool:
     return row is not None and row.identity_id != identity_id and row.expires_at > now
 
 
 def _taken(address: str, until: float) -> ApiError:
-    return ApiError(409, f"{address} is certified to another identity until {until:.0f} "
-                    "(Unix time)", "address_taken", {"address": address, "until": until})
+    return ApiError(409, f"{address} is certified to another identity until {when(until)}",
+                    "address_taken", {"address": address, "until": until})
 
 
 def _claim(session: Session, identity_id: int, address: str, now: float,
@@ -104,7 +111,7 @@ def _check_cap(session: Session, identity_id: int, addresses: Sequence[str], hel
     raise ApiError(409, f"this identity holds {holds} live certified addresses and this "
                    f"server allows at most {cap}: reuse one of them (re-certifying an address "
                    "the identity holds always works, e.g. a peer restarted with --listen "
-                   f"HOST:PORT on a fixed port) or wait until {until:.0f} (Unix time), when "
+                   f"HOST:PORT on a fixed port) or wait until {when(until)}, when "
                    "enough of them have expired", "too_many_addresses",
                    {"held": holds, "cap": cap, "until": until})
 

@@ -11,7 +11,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
-from keyserver.epochs import EpochClock, default_grace
+from keyserver.epochs import EpochClock, default_grace, max_grace
 
 EPOCH_SETTING = "epoch_schedule"
 
@@ -42,7 +42,7 @@ def load_clock(session: Session, now: float, length: int | None, grace: int | No
         if length is not None or grace is not None:
             length = length or last.length
             if grace is None:
-                grace = last.grace if last.grace < length else default_grace(length)
+                grace = last.grace if last.grace <= max_grace(length) else default_grace(length)
             clock = clock.rescheduled(now, length, grace)
     put_setting(session, EPOCH_SETTING, clock.to_json())
     return clock

@@ -13,13 +13,34 @@ from pathlib import Path
 
 import uvicorn
 from alembic.util import CommandError as MigrationError
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session
 from uvicorn.config import STARTUP_FAILURE
 
 from credentials.schema import Schema
 from keyserver.app import create_app
-from keyserver.keystore import KeyStoreError, create_keystore, load_keystore, passphrase_from_env
+from keyserver.binding import (
+    RECORD_FILE,
+    bind,
+    check_owner,
+    check_record,
+    check_unclaimed,
+    shown_url,
+    write_record,
+)
+from keyserver.db import check_url
+from keyserver.epochs import EpochClock
+from keyserver.keystore import (
+    ADMIN_TOKEN_FILE,
+    DATABASE_FILE,
+    PUBLIC_FILE,
+    SEALED_FILE,
+    KeyStore,
+    KeyStoreError,
+    create_keystore,
+    load_keystore,
+    passphrase_from_env,
+)
 from keyserver.permissions import (
     make_private_dir,
     require_private,
@@ -34,8 +55,12 @@ ALLOW_UNSAFE_PERMISSIONS = "--allow-unsafe-permissions"
 MAX_HEADER_BYTES = 32 * 1024  # request line and headers together
 
 
+SERVE_ADVICE = "restore it from a backup, or check --database-url"
+INIT_ADVICE = "check --database-url and that the database server is reachable, then run init again"
+
+
 @contextmanager
-def database_errors(url: str) -> Iterator[None]:
+def database_errors(url: str, advice: str = SERVE_ADVICE) -> Iterator[None]:
     """A database that cannot be opened or migrated (damaged file, unreachable server, a
     revision this build does not know) stops start-up with one line, not a traceback."""
     try:
@@ -43,15 +68,8 @@ def database_errors(url: str) -> Iterator[None]:
     except (SQLAlchemyError, MigrationError) as exc:
         reason = exc.orig if isinstance(exc, DBAPIError) else exc
         first_line = (str(reason).strip().splitlines() or [type(reason).__name__])[0]
-        raise KeyStoreError(f"cannot use the database {_shown(url)}: {first_line} (restore it "
-                            "from a backup, or check --database-url)") from exc
-
-
-def _shown(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except SQLAlchemyError:
-        return "given by --database-url"
+        raise KeyStoreError(f"cannot use the database {shown_url(url)}: {first_line} "
+                            f"({advice})") from exc
 
 
 def check_data_dir(config: ServerConfig) -> None:
@@ -65,22 +83,42 @@ def check_data_dir(config: ServerConfig) -> None:
 
 def initialise(data_dir: Path, schema: Schema, database_url: str | None,
                epoch_seconds: int, grace_seconds: int) -> str:
-    """Create keys, database and epoch schedule; returns the admin token's file."""
+    """Create keys, database and epoch schedule; returns the admin token's file. All or
+    nothing: if the database refuses, the files written are removed, so a retry works."""
     config = ServerConfig(data_dir=data_dir, database_url=database_url)
+    check_url(config.url)
     passphrase = passphrase_from_env()
     use_private_umask()
     make_private_dir(data_dir)
+    sqlite_file = data_dir / DATABASE_FILE
+    new_sqlite = database_url is None and not sqlite_file.exists()
     store, _ = create_keystore(data_dir, schema, passphrase)
-    with database_errors(config.url):
-        engine, sessions, clock = open_database(config.url, epoch_seconds, grace_seconds)
     try:
-        with sessions.begin() as session:
-            audit(session, "admin", "init", clock.segments[0].first_epoch,
-                  {"schema_id": schema.id, "server_key": store.public_document()["server_key"],
-                   "epoch_length": epoch_seconds, "grace": grace_seconds})
-    finally:
-        engine.dispose()
-    return str(data_dir / "admin.token")
+        with database_errors(config.url, INIT_ADVICE):
+            check_unclaimed(config.url)
+            _create_database(config.url, store, epoch_seconds, grace_seconds)
+        write_record(data_dir, database_url)
+    except BaseException:
+        written = [SEALED_FILE, PUBLIC_FILE, ADMIN_TOKEN_FILE, RECORD_FILE]
+        if new_sqlite:
+            written += [sqlite_file.name + suffix for suffix in ("", "-wal", "-shm")]
+        for name in written:
+            (data_dir / name).unlink(missing_ok=True)
+        raise
+    return str(data_dir / ADMIN_TOKEN_FILE)
+
+
+def _create_database(url: str, store: KeyStore, epoch_seconds: int, grace_seconds: int) -> None:
+    """Migrate, then start the schedule, bind the key store and audit ``init`` in one
+    transaction, so a database is either this key store's or still unclaimed."""
+    def claim(session: Session, clock: EpochClock) -> None:
+        bind(session, store.fingerprint)
+        audit(session, "admin", "init", clock.segments[0].first_epoch,
+              {"schema_id": store.schema.id, "server_key": store.public_document()["server_key"],
+               "epoch_length": epoch_seconds, "grace": grace_seconds})
+
+    engine, _, _ = open_database(url, epoch_seconds, grace_seconds, claim)
+    engine.dispose()
 
 
 def is_loopback(host: str) -> bool:
@@ -146,9 +184,13 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
     the workers, then serve; files created from here on (SQLite's -wal/-shm) are 0600."""
     use_private_umask()
     check_data_dir(config)
+    check_url(config.url)
+    check_record(config.data_dir, config.database_url)
     store = load_keystore(config.data_dir, passphrase_from_env())
     with database_errors(config.url):
+        check_owner(config.url, store.fingerprint, config.data_dir)
         state = build_state(config, store)
+    write_record(config.data_dir, config.database_url)
     app = create_app(state)
     # h11 bounds the request line and headers (httptools buffers them without limit, so a
     # client that never ends its headers could grow the server's memory before the gate)

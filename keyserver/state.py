@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
+from keyserver.binding import bind
 from keyserver.db import make_engine, make_sessions, sqlite_url
 from keyserver.epochs import Epoch, EpochClock
 from keyserver.fair_pool import FairIssuer
@@ -75,20 +77,29 @@ class AppState:
         self.engine.dispose()
 
 
-def open_database(url: str, length: int | None, grace: int | None
+def open_database(url: str, length: int | None, grace: int | None,
+                  then: Callable[[Session, EpochClock], None] | None = None
                   ) -> tuple[Engine, sessionmaker, EpochClock]:
-    """Migrate to the newest schema, then load (or start) the epoch schedule."""
+    """Migrate to the newest schema, then load (or start) the epoch schedule and run
+    ``then`` in the same transaction (e.g. record the key store, :mod:`keyserver.binding`)."""
     upgrade(url)
     engine = make_engine(url)
     sessions = make_sessions(engine)
-    with sessions.begin() as session:
-        clock = load_clock(session, time.time(), length, grace)
+    try:
+        with sessions.begin() as session:
+            clock = load_clock(session, time.time(), length, grace)
+            if then is not None:
+                then(session, clock)
+    except BaseException:
+        engine.dispose()
+        raise
     return engine, sessions, clock
 
 
 def build_state(config: ServerConfig, store: KeyStore) -> AppState:
     engine, sessions, clock = open_database(config.url, config.epoch_seconds,
-                                            config.grace_seconds)
+                                            config.grace_seconds,
+                                            lambda session, _: bind(session, store.fingerprint))
     pool = IssuerPool(store, config.workers)
     pool.warm_up()
     # By default one identity may fill all workers but one, so another finds one free.

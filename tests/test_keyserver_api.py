@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import re
 import time
 
 import httpx
@@ -12,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from credentials.backends import load_group
+from credentials.certificates import fingerprint
 from credentials.scheme import (
     Event,
     check_connection_request,
@@ -68,8 +70,13 @@ def test_params_are_signed_and_decode(keyserver):
     params = decode_params(load_group(), doc)
     assert params.pp.schema.id == doc["schema_id"] and len(params.server_key) == 32
     assert params.epoch_start <= time.time() < params.epoch_end
-    with pytest.raises(BundleError):
-        decode_params(load_group(), doc, server_key=b"\x01" * 32)
+    pinned = b"\x01" * 32
+    presented = fingerprint(base64.b64decode(doc["server_key"]))
+    with pytest.raises(BundleError, match=f"presents signing key {re.escape(presented)}, not "
+                       f"the pinned {re.escape(fingerprint(pinned))}"):
+        decode_params(load_group(), doc, server_key=pinned)
+    assert decode_params(load_group(), doc, server_key=params.server_key).pp.schema.id == \
+        doc["schema_id"]
     tampered = dict(doc, schema_signature=base64.b64encode(b"\x00" * 64).decode())
     with pytest.raises(BundleError):
         decode_params(load_group(), tampered)

@@ -37,9 +37,11 @@ def test_init_keeps_secrets_private_and_refuses_to_overwrite(tmp_path):
     again = _run("keyserver", "init", "--data", str(data))
     assert again.returncode == 2 and "refusing to overwrite" in again.stderr
     assert (data / "master.sealed").read_bytes() == sealed
-    bad = _run("keyserver", "init", "--data", str(tmp_path / "x"), "--epoch-seconds", "10",
-               "--grace-seconds", "10")
-    assert bad.returncode == 2 and "grace" in bad.stderr
+    bad = _run("keyserver", "init", "--data", str(tmp_path / "x"), "--epoch-seconds", "100",
+               "--grace-seconds", "99")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "between 0 and half the epoch length (50 s" in bad.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_restart_keeps_keys_identities_epochs_and_audit_and_needs_the_passphrase(

@@ -24,9 +24,10 @@ def test_epochs_are_numbered_from_the_start_and_keep_numbering_when_rescheduled(
     assert faster.current(1200.0).number == 6
     assert EpochClock.from_json(json.loads(json.dumps(faster.to_json()))) == faster
     assert faster.rescheduled(1300.0, 10, 2) is faster
-    for length, grace in ((0, 0), (10, 10), (10, -1)):
+    for length, grace in ((0, 0), (10, 10), (10, 6), (100, 99), (10, -1)):
         with pytest.raises(ValueError):
             EpochClock.start(0.0, length, grace)
+    assert EpochClock.start(0.0, 10, 5).segments[0].grace == 5  # half the epoch is the most
 
 
 def test_rate_limiter_allows_bursts_then_refills():

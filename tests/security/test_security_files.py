@@ -17,8 +17,8 @@ from keyserver_fixtures import PASSPHRASE, KeyServers
 from keyserver.client import KeyServerClient
 from keyserver.launcher import init_keyserver, serve_expecting_exit
 
-EXPECTED_FILES = {"master.sealed", "public.json", "admin.token", "keyserver.db",
-                  "keyserver.db-wal", "keyserver.db-shm", "server.log"}
+EXPECTED_FILES = {"master.sealed", "public.json", "admin.token", "database.json",
+                  "keyserver.db", "keyserver.db-wal", "keyserver.db-shm", "server.log"}
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_keyserver_migrations import fresh_database
 
 from keyserver.launcher import child_env, cli_command
 
@@ -191,8 +192,9 @@ def test_allow_option_with_a_lone_surrogate_fails_in_one_line(keyserver, allow: 
 def test_control_characters_refused_on_postgresql(keyserver_factory, postgres_url) -> None:
     """NUL in a stored string made PostgreSQL raise (500 before the shared text check);
     the same probes are now 422, and the server keeps serving."""
-    server = keyserver_factory.start(init_args=("--database-url", postgres_url),
-                                     serve_args=("--database-url", postgres_url, "--workers", "1"))
+    url = fresh_database(postgres_url)
+    server = keyserver_factory.start(init_args=("--database-url", url),
+                                     serve_args=("--database-url", url, "--workers", "1"))
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         subscriber = _post(client, "/v1/admin/identities", server.admin_token, json.dumps(
             {"name": "nul-subscriber", "role": "subscriber"}).encode()).json()["token"]
