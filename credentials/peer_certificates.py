@@ -58,11 +58,23 @@ class PeerCertificateError(ValueError):
     cannot be certified."""
 
 
+def is_unspecified(host: str) -> bool:
+    """Whether ``host`` (an IPv6 one in brackets or not) is 0.0.0.0 or ::, which a listener
+    takes for every interface but no peer can dial."""
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
+
+
 def canonical_address(address: str) -> str:
-    """``host:port`` in the one spelling that is certified and compared: an IP literal in its
-    compressed form (IPv6 in brackets) or a lower-case DNS name whose last label is not a
-    number, and a port in 1..65535. Raises :class:`PeerCertificateError` for anything
-    else."""
+    """``host:port`` in the one spelling that is certified and compared: a unicast IP literal
+    other than 0.0.0.0 and :: (IPv4-mapped and scoped IPv6 refused, as second spellings of
+    one endpoint) in its compressed form (IPv6 in brackets) or a lower-case DNS name
+    whose last label is not a number, and a port in 1..65535. Raises
+    :class:`PeerCertificateError` for anything else."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536:
         raise PeerCertificateError(f"not a HOST:PORT address with a port in 1..65535: "
@@ -80,6 +92,18 @@ def canonical_address(address: str) -> str:
         return f"{name}:{int(port)}"
     if ip.version == 6 and not bracketed:
         raise PeerCertificateError(f"an IPv6 host goes in brackets: {address!r}")
+    if is_unspecified(host):
+        raise PeerCertificateError(f"{host} is the unspecified address (every interface, to a "
+                                   "listener), which no peer can dial")
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        # A second spelling of an IPv4 endpoint would let two identities own one address.
+        raise PeerCertificateError(f"{host} is an IPv4-mapped IPv6 address: write the IPv4 "
+                                   f"address {ip.ipv4_mapped} instead")
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+        raise PeerCertificateError(f"{host} carries a zone (%...), which names an interface "
+                                   "of one machine only: use an address without one")
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise PeerCertificateError(f"{host} is a multicast or broadcast address, not a peer's")
     return f"[{ip.compressed}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
 
 

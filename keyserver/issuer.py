@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +70,9 @@ def _exit_with_parent(parent_pid: int) -> None:
 def _init_worker(parent_pid: int, mpk: bytes, msk: bytes, schema: dict[str, Any],
                  signing_key: bytes) -> None:
     global _worker
+    # Ctrl-C in a terminal reaches the whole process group: the server shuts its pool down
+    # then, and a worker that took the signal itself would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="parent-watch",
                      daemon=True).start()
     group = load_group()

@@ -21,6 +21,7 @@ to stop it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -48,9 +49,10 @@ from overlay.machine import PeerMachine
 from overlay.wire import Message, Publish, WireError, decode
 from peer import bundle_file, enrolment
 from peer.known_servers import KnownServers
+from peer.retry import Backoff
 from peer.tls import PeerTLS
 from peer.transport import Transport, split_address
-from peer.waiting import WaitAnnouncer
+from peer.waiting import WaitAnnouncer, in_daemon_thread
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class PeerNode:
         self._events: deque[tuple[str, Publish]] = deque()
         self._drainer: asyncio.Task[None] | None = None
         self._register_at = 0.0
+        #: Directory renewals retried less and less often (and logged rarely) while they fail.
+        self._renewals = Backoff("directory renewal", functools.partial(log.warning, "%s"))
         self._background: asyncio.Task[None] | None = None
         self._join_started = 0.0
         #: Seconds from the first join message to every virtual peer attached (0 for a root).
@@ -203,15 +207,16 @@ class PeerNode:
             raise NodeError(f"--listen {self.options.listen}: {exc}") from exc
         try:
             await WaitAnnouncer(f"keys from the key server at {self.client.base_url}"
-                                ).wait(asyncio.to_thread(self._enrol))
-            self._install_link_certificate(await asyncio.to_thread(self._certify, False))
+                                ).wait(in_daemon_thread(self._enrol))
+            self._install_link_certificate(await in_daemon_thread(
+                functools.partial(self._certify, False)))
         except Exception:
             await self.transport.close(0)
             self.client.close()
             raise
         assert self.machine is not None
         if self.options.roots:
-            await asyncio.to_thread(self._register)
+            await in_daemon_thread(self._register)
             self.join_seconds = 0.0
             self.ready.set()
         else:
@@ -329,7 +334,7 @@ class PeerNode:
         """Contacts for every tree this peer joins; waits for the roots to register."""
         announcer = WaitAnnouncer("peers in the directory", limit=timeout)
         while True:
-            contacts = await asyncio.to_thread(self._lookup)
+            contacts = await in_daemon_thread(self._lookup)
             missing = ", ".join(a for a, cs in contacts.items() if not cs)
             if not missing:
                 return contacts
@@ -411,9 +416,9 @@ class PeerNode:
                 await asyncio.to_thread(self._register)
                 contacts = await asyncio.to_thread(self._lookup)
             except KeyServerError as exc:
-                log.warning("directory renewal failed: %s", exc)
-                self._register_at = now + 2.0
+                self._register_at = now + self._renewals.failed(now, exc)
             else:
+                self._renewals.succeeded()
                 self.machine.contacts = {a: [c for c in cs if c != self.address]
                                          for a, cs in contacts.items() if cs}
 

@@ -29,7 +29,7 @@ from peer import bundle_file, enrolment
 from peer.known_servers import KnownServers
 from peer.tls import PeerTLS
 from peer.transport import Transport
-from peer.waiting import WaitAnnouncer
+from peer.waiting import WaitAnnouncer, in_daemon_thread
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +72,14 @@ class EventPublisher:
     async def enrol(self) -> None:
         """Publisher keys of the current epoch (KeyServerError if refused)."""
         await WaitAnnouncer(f"publisher keys from the key server at {self.client.base_url}"
-                            ).wait(asyncio.to_thread(self._enrol))
+                            ).wait(in_daemon_thread(self._enrol))
 
     async def find_roots(self, root_timeout: float = 30.0) -> None:
         """The root of every attribute tree, from the directory (waits for them)."""
         assert self.params is not None
         announcer = WaitAnnouncer("the roots to register", limit=root_timeout)
         while True:
-            self.roots = await asyncio.to_thread(self._lookup_roots)
+            self.roots = await in_daemon_thread(self._lookup_roots)
             missing = ", ".join(sorted(set(self.params.pp.schema.names) - set(self.roots)))
             if not missing:
                 break

@@ -3,20 +3,43 @@
 A :class:`WaitAnnouncer` is told what is awaited; once the wait has lasted
 ``first`` seconds it says so, and again every ``every`` seconds, on stderr by default.
 Polling loops call :meth:`WaitAnnouncer.tick` on each round; a single awaitable is
-waited for with :meth:`WaitAnnouncer.wait`. It imports nothing of the project, so any
-package can use it.
+waited for with :meth:`WaitAnnouncer.wait`. A blocking call awaited with
+:func:`in_daemon_thread` can be given up on when a signal ends the wait. It imports nothing
+of the project, so any package can use it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+async def in_daemon_thread(call: Callable[[], T]) -> T:
+    """``call()`` in a thread of its own, like ``asyncio.to_thread`` except that the thread
+    is a daemon: a wait cancelled by a signal abandons a call blocked on the network (which
+    cannot be interrupted) instead of keeping the process alive until it times out."""
+    outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not outcome.set_running_or_notify_cancel():
+            return
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # abandoned
+            try:
+                outcome.set_result(call())
+            except BaseException as exc:  # handed to the awaiting task
+                outcome.set_exception(exc)
+
+    threading.Thread(target=run, name="blocking-call", daemon=True).start()
+    return await asyncio.wrap_future(outcome)
 
 
 def to_stderr(message: str) -> None:

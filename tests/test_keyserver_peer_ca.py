@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import time
+from datetime import UTC, datetime
 
 import pytest
 from cryptography import x509
@@ -31,8 +32,8 @@ from keyserver.bundles import BundleError, decode_params, decode_transport_certi
 from keyserver.client import KeyServerClient, KeyServerError
 
 _count = iter(range(10**6))
-DATA_FILES = {"admin.token", "keyserver.db", "keyserver.db-shm", "keyserver.db-wal",
-              "master.sealed", "public.json", "server.log"}
+DATA_FILES = {"admin.token", "database.json", "keyserver.db", "keyserver.db-shm",
+              "keyserver.db-wal", "master.sealed", "public.json", "server.log"}
 
 
 def _identity(server, role: str, policy: str | None = None) -> tuple[KeyServerClient, str]:
@@ -150,6 +151,13 @@ def test_issued_certificate_chains_binds_and_ends_with_the_epoch(keyserver):
     (["127.1:4000"], "invalid_address"),          # numeric spellings of 127.0.0.1
     (["2130706433:4000"], "invalid_address"),
     (["0x7f.0.0.1:4000"], "invalid_address"),
+    (["0.0.0.0:4000"], "invalid_address"),        # "every interface": nobody can dial it
+    (["[::]:4000"], "invalid_address"),
+    (["[::ffff:0.0.0.0]:4000"], "invalid_address"),
+    (["[::ffff:7f00:1]:4000"], "invalid_address"),  # a second spelling of 127.0.0.1:4000
+    (["[fe80::1%eth0]:4000"], "invalid_address"),
+    (["224.0.0.1:4000"], "invalid_address"),
+    (["255.255.255.255:4000"], "invalid_address"),
     (["a.test:1", "a.test:1"], "duplicate_address"),
     ([f"h{i}.test:4000" for i in range(5)], "invalid"),
 ])
@@ -203,6 +211,8 @@ def test_next_epoch_certificate_in_the_grace_window(keyserver_factory):
     err = _refused(lambda: other.enrol_transport(_key()[2], ["127.0.0.1:40002"]))
     assert (err.code, err.body["error"]["detail"]["until"]) == ("address_taken",
                                                                 issued["not_after"])
+    until = datetime.fromtimestamp(issued["not_after"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"until {until} ({issued['not_after']:.0f} Unix time)" in err.body["error"]["message"]
 
 
 def test_issuance_is_audited_metered_and_counted(keyserver_factory):

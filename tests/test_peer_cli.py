@@ -49,6 +49,20 @@ def test_peer_run_needs_exactly_one_role():
     assert unreachable.returncode == 2 and "could not start" in unreachable.stderr
 
 
+def test_peer_run_refuses_a_wildcard_listen_address():
+    for listen in ("0.0.0.0:7000", "[::]:0", "[0::0]:7000", "[::ffff:0.0.0.0]:7000"):
+        result = run("peer", "run", "--server", "http://127.0.0.1:9", "--subscribe", "",
+                     "--listen", listen, token="t")
+        assert result.returncode == 2
+        assert result.stderr.startswith("ibe-pubsub: error: --listen must be an address "
+                                        "other peers can dial, not ")
+        assert len(result.stderr.splitlines()) == 1
+    # the control: a dialable address passes the check (and the start fails later)
+    dialable = run("peer", "run", "--server", "http://127.0.0.1:9", "--subscribe", "",
+                   "--listen", "127.0.0.1:0", token="t")
+    assert dialable.returncode == 2 and "could not start" in dialable.stderr
+
+
 def test_read_events_refuses_bad_files(tmp_path):
     schema = default_schema()
     ad = parse_predicate(schema, "price < 500")
