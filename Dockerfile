@@ -34,7 +34,10 @@ RUN pip wheel --no-cache-dir --find-links /wheels --wheel-dir /wheels '.[postgre
 
 # -- what both images share ---------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
-RUN useradd --system --uid 10001 --user-group --home-dir /data --shell /usr/sbin/nologin ibe \
+# The home is not /data: a peer or publish run in the container writes its ~/.config and
+# ~/.local/state there, never into the key server's volume (which `serve` wants private).
+RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/ibe \
+        --shell /usr/sbin/nologin ibe \
     && mkdir -p /data && chown ibe:ibe /data && chmod 0700 /data
 # `keyserver serve` (and init, rotate-admin-token) read their options from IBE_PUBSUB_*
 # variables; so does the HEALTHCHECK, so change the server's address, port or TLS here

@@ -1,9 +1,13 @@
 # A whole overlay on this machine: a key server, one root peer, one subscriber and a
 # publisher. Runs from any directory, in a new temporary directory, and stops everything
-# it started when it ends. Needs `ibe-pubsub` on PATH. It all runs in a subshell ( ... ),
-# so pasting it into a terminal is safe: its settings and processes end with it.
+# it started when it ends. A bash script: needs bash and `ibe-pubsub` on PATH. It all runs
+# in a subshell ( ... ), so pasting it into bash is safe: its settings and processes end
+# with it.
 (
 set -euo pipefail
+# Only this script's settings: none of the user's IBE_PUBSUB_* variables (a database URL,
+# a token, ...) reaches the processes it starts.
+unset $(compgen -v IBE_PUBSUB_)
 
 # Ports: the usual ones, or others from the environment.
 KEYSERVER_PORT=${KEYSERVER_PORT:-8700}
@@ -15,6 +19,7 @@ WORK=$(mktemp -d)
 cd "$WORK"
 echo "quickstart: working in $WORK"
 export IBE_PUBSUB_PASSPHRASE='a long passphrase'   # seals the key server's master secret
+export IBE_PUBSUB_PUBLISHED_IDS=$WORK/published_ids.json   # the ids `publish` sent, kept here
 
 # On exit, also after a failure or Ctrl-C: stop the background processes.
 stop_all() {

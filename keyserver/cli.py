@@ -126,7 +126,8 @@ def _register_keyserver(subparsers: Any) -> None:
     init.add_argument("--epoch-seconds", type=positive_int, default=3600, help="epoch length")
     init.add_argument("--grace-seconds", type=non_negative_int,
                       help="seconds before an epoch ends from which next-epoch keys are issued "
-                      "(default: 300, at most a quarter of the epoch)")
+                      "(default: 300 or a quarter of the epoch if less; at most half the "
+                      "epoch)")
     init.set_defaults(handler=cmd_init)
 
     serve = sub.add_parser(
@@ -147,7 +148,8 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--epoch-seconds", type=positive_int,
                        help="change the epoch length from the next epoch on")
     serve.add_argument("--grace-seconds", type=non_negative_int,
-                       help="change the grace window from the next epoch on")
+                       help="change the grace window from the next epoch on (at most half "
+                       "the epoch)")
     serve.add_argument("--workers", type=positive_int, help="issuer processes (default: cores)")
     serve.add_argument("--rate", type=float, default=100.0,
                        help="requests/s per identity and for the admin on token routes")
@@ -257,7 +259,10 @@ def _register_identity(subparsers: Any) -> None:
                          description="Create an identity; prints its bearer token (once).")
     common(add)
     add.add_argument("--name", required=True, help="unique identity name")
-    add.add_argument("--role", required=True, choices=("subscriber", "publisher", "root"))
+    add.add_argument("--role", required=True, choices=("subscriber", "publisher", "root"),
+                     help="what the token lets it do: subscriber (`peer run --subscribe`), "
+                     "publisher (`publish`) or root (`peer run --root ATTRIBUTE`, the root of "
+                     "an attribute's tree, for every attribute its --allow leaves whole)")
     add.add_argument("--allow", help="policy predicate bounding what it may subscribe to or "
                      "advertise (default: anything)")
     add.set_defaults(handler=cmd_identity_add)

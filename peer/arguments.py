@@ -59,7 +59,8 @@ def ca_file(text: str) -> str:
 
 def schema_argument(text: str) -> Schema:
     """``--schema``: a built-in schema name (``stocks``) or a schema TOML file, loaded and
-    checked while parsing, so a wrong one fails in one line before any work."""
+    checked while parsing, so a wrong one fails with argparse's usage and error line
+    before any work."""
     from credentials.schema import SchemaError, resolve_schema
 
     try:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from peer.arguments import CommandError
-from peer.config import ConfigError, apply_layers, load_config_file
+from peer.config import ConfigError, apply_layers, check_tables, load_config_file
 from peer.logsafe import EscapingFormatter
 from peer.parser import CommandParser
 
@@ -27,6 +30,14 @@ COMMAND_MODULES = (
 )
 
 
+def _version() -> str:
+    """The installed package's version (a source checkout run without installing has none)."""
+    try:
+        return version("ibe-pubsub")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="ibe-pubsub", top=True,
@@ -36,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or in a TOML file (--config, $IBE_PUBSUB_CONFIG or ./ibe-pubsub.toml) "
         "in a table named after the command, e.g. [keyserver.serve].",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -65,6 +77,22 @@ def _leaf(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; Ctrl-C (even during the imports of start-up) and a reader that
+    closed stdout (``ibe-pubsub identity list | head -1``) end it without a traceback."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, rather than at exit
+        return status
+    except KeyboardInterrupt:
+        print("ibe-pubsub: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Python's recipe: stdout goes nowhere, so flushing it at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     # Only --config is read before the layers apply: a full parse would already insist on
@@ -73,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_flag.add_argument("--config")
     try:
         config = load_config_file(config_flag.parse_known_args(args_list)[0].config)
+        check_tables(parser, config)
         leaf, path = _leaf(parser, args_list)
         if path:
             apply_layers(leaf, path, config)
@@ -95,6 +124,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
 

@@ -28,6 +28,7 @@ from peer.waiting import WaitAnnouncer
 
 if TYPE_CHECKING:
     from peer.known_servers import KnownServers
+    from peer.node import PeerNode
     from peer.published_ids import PublishedIds
 
 
@@ -72,10 +73,34 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
+def _stop_on_signals(stop: asyncio.Event) -> list[signal.Signals]:
+    """Set ``stop`` on SIGTERM or SIGINT; the returned list collects the signals received."""
+    received: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
+
+    def handle(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, handle, sig)
+    return received
+
+
+async def _start_unless_stopped(node: PeerNode, stop: asyncio.Event) -> bool:
+    """``node.start()``, abandoned as soon as ``stop`` is set (a signal), since starting can
+    wait long for the key server or for a root; whether the node started."""
+    starting = asyncio.ensure_future(node.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if starting.done():
+        starting.result()  # raises what stopped the start
+        return True
+    starting.cancel()
+    await asyncio.gather(starting, return_exceptions=True)
+    await node.stop()
+    return False
 
 
 # -- peer run ------------------------------------------------------------------------------
@@ -107,11 +132,15 @@ async def _run_peer(args: argparse.Namespace) -> int:
     if writer is not None:
         node.on_deliver(writer.write)
     stop = asyncio.Event()
-    _stop_on_signals(stop)
+    received = _stop_on_signals(stop)
     try:
-        await node.start()
+        started = await _start_unless_stopped(node, stop)
     except (NodeError, KeyServerError, BundleError, PredicateError, TransportError) as exc:
         raise CommandError(f"peer could not start: {exc}") from exc
+    if not started:
+        if writer is not None:
+            writer.close()
+        return 130 if signal.SIGINT in received else 0
 
     async def announce() -> None:
         await WaitAnnouncer(f"a parent for every virtual peer in tree(s) "
@@ -144,8 +173,20 @@ def cmd_peer_run(args: argparse.Namespace) -> int:
     if (args.subscribe is None and args.bundle is None) == (not args.root):
         raise CommandError("give exactly one of --subscribe PREDICATE (and/or --bundle "
                            "FILE: a subscriber) or --root ATTRIBUTE (a root)")
+    _check_listen(args.listen)
     args.token = _token(args)
     return asyncio.run(_run_peer(args))
+
+
+def _check_listen(listen: str) -> None:
+    """Refuse 0.0.0.0 and [::]: the address is certified and listed in the directory for
+    other peers to dial, and nobody can dial "every interface"."""
+    from credentials.peer_certificates import is_unspecified
+
+    host = listen.rpartition(":")[0]
+    if is_unspecified(host):
+        raise CommandError(f"--listen must be an address other peers can dial, not {host} "
+                           "(every interface): give this machine's address on their network")
 
 
 # -- publish -------------------------------------------------------------------------------
@@ -297,7 +338,8 @@ def register(subparsers: Any) -> None:
                     '{"id", "values", "body", "delivered_at"} to --events-out (or stdout).')
     _connection_options(run)
     run.add_argument("--listen", default="127.0.0.1:0",
-                     help="HOST:PORT to accept peers on (port 0: any free port)")
+                     help="HOST:PORT to accept peers on, an address they can dial (not "
+                     "0.0.0.0 or [::]; port 0: any free port)")
     run.add_argument("--subscribe", metavar="PREDICATE",
                      help='subscribe, e.g. \'symbol prefix "IB" and price < 100\'')
     run.add_argument("--root", action="append", metavar="ATTRIBUTE",
@@ -327,7 +369,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--ready-file", metavar="FILE",
                      help="write {address, pid, attributes} as JSON here once joined")
     run.add_argument("--stats-out", metavar="FILE",
-                     help="write the peer's counters as JSON here when it stops")
+                     help="write the peer's counters as JSON here when it stops (each "
+                     "field is described in docs/events.md)")
     run.set_defaults(handler=cmd_peer_run)
 
     pub = subparsers.add_parser(

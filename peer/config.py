@@ -3,9 +3,11 @@
 Each option of a subcommand can be set, by its destination name, as
 * the environment variable ``IBE_PUBSUB_<NAME>`` (upper case), or
 * a key in the TOML file's table named after the command path, e.g.
-  ``[keyserver.serve] port = 8700``.
+  ``[keyserver.serve] port = 8700`` (``admin_token_file`` or, as on the command line,
+  ``admin-token-file``).
 The TOML file is ``--config FILE``, else ``$IBE_PUBSUB_CONFIG``, else ``./ibe-pubsub.toml``
-if it exists.
+if it exists. A table that names no command (a misspelling, or a group such as
+``[identity]``) is an error rather than silently ignored, as is an unknown key.
 """
 
 from __future__ import annotations
@@ -43,13 +45,55 @@ def load_config_file(path: str | None) -> dict[str, Any]:
 
 
 def section_for(config: dict[str, Any], command_path: list[str]) -> dict[str, Any]:
-    """The table of the TOML file that configures one subcommand."""
+    """The table of the TOML file that configures one subcommand, its keys spelt with
+    underscores (``admin-token-file``, as on the command line, is ``admin_token_file``)."""
     table: Any = config
     for name in command_path:
         table = table.get(name, {}) if isinstance(table, dict) else {}
-    return {k: v for k, v in table.items() if not isinstance(v, dict)} if isinstance(
-        table, dict
-    ) else {}
+    section: dict[str, Any] = {}
+    for key, value in (table.items() if isinstance(table, dict) else ()):
+        if isinstance(value, dict):
+            continue
+        dest = key.replace("-", "_")
+        if dest in section:
+            raise ConfigError(f"[{'.'.join(command_path)}] sets {dest} twice "
+                              f"(with '-' and with '_')")
+        section[dest] = value
+    return section
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def check_tables(parser: argparse.ArgumentParser, config: dict[str, Any]) -> None:
+    """Refuse tables that configure no command: a misspelt one, or options in a group's
+    table (``[identity]`` rather than ``[identity.list]``), which would have no effect."""
+    problems: list[str] = []
+
+    def walk(node: argparse.ArgumentParser, table: dict[str, Any], path: list[str]) -> None:
+        children = _subcommands(node)
+        tables = [f"[{'.'.join([*path, name])}]" for name in sorted(children)]
+        if children and any(not isinstance(v, dict) for v in table.values()):
+            problems.append(f"[{'.'.join(path)}] is a group, not a command: use "
+                            f"{', '.join(tables)}" if path else
+                            "options outside any table: use a command's, e.g. [peer.run]")
+        for key, value in table.items():
+            if not isinstance(value, dict):
+                continue
+            if key in children:
+                walk(children[key], value, [*path, key])
+            else:
+                hint = f"the tables there: {', '.join(tables)}" if children else (
+                    f"[{'.'.join(path)}] has no subcommands")
+                problems.append(f"[{'.'.join([*path, key])}] is not a command ({hint})")
+
+    walk(parser, config, [])
+    if problems:
+        raise ConfigError("configuration file: " + "; ".join(problems))
 
 
 def _coerce(action: argparse.Action, raw: Any, origin: str) -> Any:
@@ -79,7 +123,8 @@ def apply_layers(parser: argparse.ArgumentParser, command_path: list[str],
     unknown = sorted(set(table) - set(known))
     if unknown:
         raise ConfigError(
-            f"unknown option(s) in [{'.'.join(command_path)}]: {', '.join(unknown)}"
+            f"unknown option(s) in [{'.'.join(command_path)}]: {', '.join(unknown)} "
+            f"(valid: {', '.join(sorted(known))})"
         )
     defaults: dict[str, Any] = {}
     for dest, action in known.items():

@@ -211,7 +211,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "that cannot be read, or fails validation) with its file, line and reason to "
         "DIR/rejected, the counts to DIR/summary.json, and Spark's own logs to "
         "DIR/spark.log. Exit status: 0 if every request was accepted; 1 if some were "
-        "rejected (0 with --allow-rejects) or none was accepted.")
+        "rejected (0 with --allow-rejects) or none was accepted; 2 if it could not run "
+        "(a wrong option or schema, a missing or unreadable input file, an output "
+        "directory that holds a decomposition without --overwrite, Spark not starting).")
     add_schema(decompose, required=True)
     decompose.add_argument("--input", required=True,
                            help="file or directory: .csv, .json/.jsonl/.ndjson or .parquet")

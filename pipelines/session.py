@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from typing import TextIO
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
+from pyspark.status import SparkStageInfo
 
 from pipelines.progress import Progress
 
@@ -120,17 +122,22 @@ def _ship_packages(spark: SparkSession) -> None:
 
 
 class StageProgress:
-    """While a Spark job runs, a progress line for the tasks of its current stage, unless
-    Spark shows its own stage bars (a session without a log file).
+    """While a Spark job runs, its progress on ``stream`` (stderr), unless Spark shows its
+    own stage bars (a session without a log file).
 
-    Use as a context manager around the job; it polls Spark's status tracker in a thread."""
+    On a terminal: a bar for the tasks of the running stage, named "stage k of n" of its
+    job rather than by Spark's internal stage ids. Otherwise (a log, a pipe) a line when the
+    first stage runs, then at most every ``log_every`` seconds, so an unattended run shows
+    it is alive. Use as a context manager around the job; it polls Spark's status tracker
+    in a thread."""
 
     def __init__(self, spark: SparkSession, stream: TextIO | None = None,
-                 poll: float = 0.5) -> None:
+                 poll: float = 0.5, log_every: float = 10.0) -> None:
         context = spark.sparkContext
         self.tracker = context.statusTracker()
-        self.stream = stream
+        self.stream = stream or sys.stderr
         self.poll = poll
+        self.log_every = log_every
         self.shown = context.getConf().get("spark.ui.showConsoleProgress") != "true"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="stage-progress", daemon=True)
@@ -145,19 +152,54 @@ class StageProgress:
         if self.shown:
             self._thread.join()
 
+    def _running(self) -> tuple[SparkStageInfo, str] | None:
+        """The running stage (the earliest, if several) and its name, "stage k of n"."""
+        active = self.tracker.getActiveStageIds()
+        info = self.tracker.getStageInfo(min(active)) if active else None
+        if info is None:
+            return None
+        for job_id in self.tracker.getActiveJobsIds():
+            job = self.tracker.getJobInfo(job_id)
+            if job is not None and info.stageId in job.stageIds:
+                stages = sorted(job.stageIds)
+                return info, f"stage {stages.index(info.stageId) + 1} of {len(stages)}"
+        return info, "a stage"
+
     def _watch(self) -> None:
+        if self.stream.isatty():
+            self._bars()
+        else:
+            self._lines()
+
+    def _bars(self) -> None:
         stage, bar = None, None
         while not self._stop.wait(self.poll):
-            active = self.tracker.getActiveStageIds()
-            info = self.tracker.getStageInfo(min(active)) if active else None
-            if info is None:
+            running = self._running()
+            if running is None:
                 continue
+            info, name = running
             if bar is None or info.stageId != stage:
                 if bar is not None:
                     bar.close()
                 stage = info.stageId
-                bar = Progress(info.numTasks, f"Spark tasks of stage {stage}", self.stream,
+                bar = Progress(info.numTasks, f"Spark tasks, {name}", self.stream,
                                done=info.numCompletedTasks)
             bar.advance(info.numCompletedTasks - bar.done)
         if bar is not None:
             bar.close()
+
+    def _lines(self) -> None:
+        started = time.monotonic()
+        last: float | None = None
+        while not self._stop.wait(self.poll):
+            running = self._running()
+            now = time.monotonic()
+            first = last is None and running is not None
+            if not first and now - (started if last is None else last) < self.log_every:
+                continue
+            last = now
+            line = f"Spark: {now - started:.0f} s"
+            if running:
+                info, name = running
+                line += f"; {name}: {info.numCompletedTasks}/{info.numTasks} tasks done"
+            print(line, file=self.stream, flush=True)

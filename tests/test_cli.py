@@ -19,6 +19,15 @@ def test_every_command_has_help():
     assert top.returncode == 0 and "bench" in top.stdout
     crypto = run("bench", "crypto", "--help")
     assert crypto.returncode == 0 and "--dims" in crypto.stdout
+    add = run("identity", "add", "--help")
+    assert "publisher (`publish`)" in " ".join(add.stdout.split())  # what each --role does
+
+
+def test_version_comes_from_the_installed_package():
+    from importlib.metadata import version
+
+    shown = run("--version")
+    assert (shown.returncode, shown.stdout) == (0, f"ibe-pubsub {version('ibe-pubsub')}\n")
 
 
 def test_bench_crypto_writes_json_and_plot(tmp_path):
@@ -70,6 +79,26 @@ def test_configuration_errors_are_reported(tmp_path):
     assert result.returncode == 2 and "IBE_PUBSUB_DIMS" in result.stderr
     result = run("bench", "crypto", "--backend", "nope")
     assert result.returncode == 2
+
+
+def test_configuration_keys_take_hyphens_and_every_table_must_name_a_command(tmp_path):
+    config = tmp_path / "conf.toml"
+    options = f'dims = "1"\nbits = "3"\nmin-seconds = 0.01\njson = "{tmp_path / "out.json"}"\n'
+    config.write_text("[bench.crypto]\n" + options)
+    done = run("--config", str(config), "bench", "crypto")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.json").exists()
+    for table, message in [("[bench]", "[bench] is a group, not a command: use [bench.bulk]"),
+                           ("[bench.crypt]", "[bench.crypt] is not a command"),
+                           ("[bench.crypto.x]", "[bench.crypto] has no subcommands")]:
+        config.write_text(f"{table}\n{options}")
+        refused = run("--config", str(config), "bench", "crypto")
+        assert refused.returncode == 2 and message in refused.stderr, table
+        assert refused.stderr.count("\n") == 1, refused.stderr
+    config.write_text("[bench.crypto]\nmin-second = 1\n")
+    refused = run("--config", str(config), "bench", "crypto")
+    assert "unknown option(s) in [bench.crypto]: min_second (valid: " in refused.stderr
+    assert "min_seconds" in refused.stderr
 
 
 def test_required_options_can_come_from_the_environment(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from credentials.schema import default_schema
 from keyserver.client import KeyServerClient, KeyServerError
-from keyserver.launcher import child_env, cli_command, free_port
+from keyserver.launcher import REPO_ROOT, child_env, cli_command, free_port
 from peer.cluster import Cluster
 from peer.waiting import WaitAnnouncer
 
@@ -164,4 +164,11 @@ def test_publish_announces_its_waits_and_warns_on_reused_ids(keyserver_factory, 
     finally:
         cluster.stop_all()
     assert sorted(d["id"] for d in sub.delivered()) == ["r1", "r2", "r3", "r4"]
-    assert sub.stats()["repeated_ids"] == 3
+    stats = sub.stats()
+    assert stats["repeated_ids"] == 3
+    # docs/events.md documents exactly the fields a subscriber writes to --stats-out
+    written = {f"{key}.{inner}" if isinstance(value, dict) else key
+               for key, value in stats.items()
+               for inner in (value if isinstance(value, dict) else [None])}
+    table = (REPO_ROOT / "docs" / "events.md").read_text().split("(`--stats-out`)\n")[1]
+    assert set(re.findall(r"^\| `([\w.]+)` \|", table, re.MULTILINE)) == written

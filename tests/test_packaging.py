@@ -90,6 +90,18 @@ def test_targets_install_what_their_commands_need():
         assert [rest for s, word, rest in steps if s == stage and word == "USER"] == ["ibe"]
 
 
+def test_the_user_home_is_made_and_outside_the_data_volume():
+    """A peer run in the container writes ~/.config and ~/.local/state: in /data they
+    would open the key server's directory to other users, and `serve` would refuse it."""
+    useradd = next(shlex.split(rest.split("&&")[0]) for _, word, rest in dockerfile()
+                   if word == "RUN" and rest.startswith("useradd"))
+    home = Path(useradd[useradd.index("--home-dir") + 1])
+    volume = Path(json.loads(next(rest for _, w, rest in dockerfile() if w == "VOLUME"))[0])
+    assert "--create-home" in useradd and home.is_absolute()
+    assert home != volume and volume not in home.parents
+    assert "HOME" not in image_environment()  # Docker takes it from the user's entry
+
+
 def test_architecture_check_refuses_all_but_amd64_before_any_wheel():
     steps = dockerfile()
     check = next(i for i, (_, word, rest) in enumerate(steps)

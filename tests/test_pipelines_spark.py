@@ -216,6 +216,10 @@ def test_bulk_decompose_command_runs_spark_and_keeps_its_logs_in_a_file(tmp_path
     assert f"its logs go to {tmp_path / 'out' / 'spark.log'}" in done.stderr
     for noise in ("log4j", "WARN", "[Stage", "Traceback"):
         assert noise not in done.stderr, noise
+    # stderr is not a terminal: progress as lines, not a bar, named without Spark's stage ids
+    assert re.search(r"^Spark: \d+ s; stage \d+ of \d+: \d+/\d+ tasks done$", done.stderr,
+                     re.MULTILINE), done.stderr
+    assert "\r" not in done.stderr
     again = subprocess.run(cli_command(
         "bulk", "decompose", "--schema", "stocks", "--input", str(tmp_path / "missing.csv"),
         "--output", str(tmp_path / "out2"), "--engine", "python"),

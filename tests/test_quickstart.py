@@ -2,7 +2,8 @@
 
 The script runs as a new user would run it: from a directory outside the repository,
 with only the virtual environment's ``bin`` and the system on PATH, a fresh home and
-configuration directory, and no variable of ours in the environment. The delivered
+configuration directory, and (in the main run) IBE_PUBSUB_* variables of the user's own
+that the script must ignore: a database URL, a token, a published-ids file. The delivered
 events are checked against the events the script publishes and the subscription it
 makes, through the project's own predicate parser.
 """
@@ -36,8 +37,8 @@ def test_the_readme_includes_the_quickstart_script_verbatim():
     assert f"```sh\n{text}```\n" in (REPO / "README.md").read_text()
 
 
-def _run_script(tmp_path: Path, keyserver_port: int | None = None
-                ) -> subprocess.CompletedProcess[str]:
+def _run_script(tmp_path: Path, keyserver_port: int | None = None,
+                user_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     venv_bin = Path(sys.executable).parent
     assert (venv_bin / "ibe-pubsub").exists(), f"no ibe-pubsub next to {sys.executable}"
     for name in ("home", "config", "tmp", "elsewhere"):
@@ -45,7 +46,7 @@ def _run_script(tmp_path: Path, keyserver_port: int | None = None
     env = {"PATH": f"{venv_bin}{os.pathsep}{os.defpath}", "HOME": str(tmp_path / "home"),
            "XDG_CONFIG_HOME": str(tmp_path / "config"), "TMPDIR": str(tmp_path / "tmp"),
            "KEYSERVER_PORT": str(keyserver_port or free_port()), "ROOT_PORT": str(free_port()),
-           "SUBSCRIBER_PORT": str(free_port())}
+           "SUBSCRIBER_PORT": str(free_port()), **(user_env or {})}
     process = subprocess.Popen(["bash", str(SCRIPT)], cwd=tmp_path / "elsewhere", env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
@@ -59,7 +60,10 @@ def _run_script(tmp_path: Path, keyserver_port: int | None = None
 
 
 def test_the_quickstart_script_delivers_exactly_the_matching_events(tmp_path):
-    done = _run_script(tmp_path)
+    users_own = {"IBE_PUBSUB_DATABASE_URL": f"sqlite:///{tmp_path / 'users.db'}",
+                 "IBE_PUBSUB_TOKEN": "not-a-token",
+                 "IBE_PUBSUB_PUBLISHED_IDS": str(tmp_path / "users_ids.json")}
+    done = _run_script(tmp_path, user_env=users_own)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     work = Path(re.search(r"working in (\S+)", done.stdout).group(1))
     assert work.parent == tmp_path / "tmp"  # its own directory, from mktemp
@@ -76,6 +80,9 @@ def test_the_quickstart_script_delivers_exactly_the_matching_events(tmp_path):
         event = expected[line["id"]]
         assert (line["values"], line["body"].encode()) == (event.values, event.body)
     assert (work / "delivered.jsonl").read_text() in done.stdout  # shown to the user
+    assert (work / "published_ids.json").exists()  # its record stays in its directory
+    assert not (tmp_path / "users.db").exists() and not (tmp_path / "users_ids.json").exists()
+    assert not any((tmp_path / "home").iterdir())
     for ready in ("keyserver.ready", "root.ready", "subscriber.ready"):
         assert not _alive(json.loads((work / ready).read_text())["pid"]), ready
 
