@@ -113,8 +113,11 @@ def test_docs_link_only_to_files_inside_the_repository():
     broken = []
     for doc in _markdown_files():
         text = doc.read_text(encoding="utf-8")
-        if "../shared" in text:
-            broken.append(f"{doc.relative_to(REPO)}: mentions ../shared")
+        # a path in prose, not only in a link, that leaves the clone
+        for path in re.findall(r"(?<![\w/.])\.\./[\w./-]+", text):
+            resolved = (doc.parent / path).resolve()
+            if not resolved.is_relative_to(REPO) or not resolved.exists():
+                broken.append(f"{doc.relative_to(REPO)}: mentions {path}")
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
                 continue  # a web address or an anchor in the same file
