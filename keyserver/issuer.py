@@ -150,8 +150,14 @@ class IssuerPool:
                       store.signing_key_bytes()))
 
     def warm_up(self) -> None:
-        """Start every worker now rather than on the first enrolment."""
-        list(self._executor.map(_ready, range(self.workers)))
+        """Start every worker now rather than on the first enrolment. They start with SIGINT
+        blocked (the mask survives exec) until they ignore it: a Ctrl-C to the terminal's
+        process group while one is still importing would otherwise end it in a traceback."""
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            list(self._executor.map(_ready, range(self.workers)))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def submit(self, job: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run ``job(*args)`` in a worker. The server submits through
