@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from overlay.bench_sizes import EXPERIMENTS, Sizes
 from peer.arguments import CommandError, bench_group, int_list
 
 
 def _names(text: str) -> list[str]:
-    from overlay.bench_overlay import EXPERIMENTS
-
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = sorted(set(names) - set(EXPERIMENTS))
     if unknown or not names:
@@ -21,7 +20,7 @@ def _names(text: str) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from overlay.bench_overlay import EXPERIMENTS, Bench, Sizes
+    from overlay.bench_overlay import Bench
     from overlay.simulator import LatencyModel
 
     try:
@@ -68,8 +67,6 @@ def _csv(values: tuple[int, ...]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from overlay.bench_overlay import Sizes
-
     d = Sizes()
     p = bench_group(subparsers).add_parser(
         "overlay", help="connection and dissemination delays, OHF vs MCR, encryption "
