@@ -110,7 +110,7 @@ def test_two_inits_racing_for_one_database_have_one_winner(tmp_path, monkeypatch
     second, which leaves nothing behind (the control is the winner, which serves)."""
     import threading
 
-    import keyserver.server as server
+    import keyserver.initialise as server
     from credentials.schema import builtin_schema
     from keyserver.keystore import KeyStoreError
 
