@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 import ssl
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import uvicorn
-from uvicorn.config import STARTUP_FAILURE
-
-from keyserver.app import create_app
 from keyserver.binding import check_owner, check_record, write_record
 from keyserver.db import check_url
 from keyserver.initialise import database_errors
@@ -75,22 +70,6 @@ def check_tls_files(cert: str, key: str) -> None:
                          "(a PEM certificate chain and its unencrypted PEM key)") from exc
 
 
-class _AnnouncingServer(uvicorn.Server):
-    """uvicorn's server, calling ``on_ready(url)`` once its socket listens (so a client
-    connecting from then on is served), e.g. to write ``--ready-file``."""
-
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None]) -> None:
-        super().__init__(config)
-        self._on_ready = on_ready
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            host, port = self.config.host, self.servers[0].sockets[0].getsockname()[1]
-            scheme = "https" if self.config.is_ssl else "http"
-            self._on_ready(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}")
-
-
 def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
           tls_key: str | None, log_level: str = "info",
           on_ready: Callable[[str], None] = lambda url: None) -> None:
@@ -103,12 +82,19 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
     store = load_keystore(config.data_dir, passphrase_from_env())
     with database_errors(config.url):
         check_owner(config.url, store.fingerprint, config.data_dir)
+        # The web stack loads only now, so a start-up refused above ends sooner.
+        import uvicorn
+        from uvicorn.config import STARTUP_FAILURE
+
+        from keyserver.announcing import AnnouncingServer
+        from keyserver.app import create_app
+
         state = build_state(config, store)
     write_record(config.data_dir, config.database_url)
     app = create_app(state)
     # h11 bounds the request line and headers (httptools buffers them without limit, so a
     # client that never ends its headers could grow the server's memory before the gate)
-    server = _AnnouncingServer(uvicorn.Config(
+    server = AnnouncingServer(uvicorn.Config(
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
         log_level=log_level, proxy_headers=False, server_header=False,
         timeout_graceful_shutdown=10, http="h11",
