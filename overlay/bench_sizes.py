@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
                "loopback")
+#: The schemas `bench exactness` runs over, by name.
+EXACTNESS_SCHEMAS = ("stocks", "strings")
 #: Most subscriber processes the loopback cross-check starts.
 MAX_LOOPBACK_PEERS = 50
 
