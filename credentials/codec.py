@@ -32,10 +32,13 @@ from credentials.keys import (
 from credentials.messages import (
     AttributeCiphertext,
     AttributeSignature,
+    CertificatePart,
     ConnectionRequest,
     EncryptedEvent,
     EventHeader,
     RequestEntry,
+    SessionCertificate,
+    StreamEvent,
 )
 
 FORMAT_VERSION = 2
@@ -174,6 +177,10 @@ class Reader:
 
 TAG_MPK, TAG_MSK, TAG_PUB, TAG_SUBCRED, TAG_TOKEN, TAG_SUB, TAG_EVENT, TAG_HEADER = range(1, 9)
 TAG_REQUEST, TAG_REQUEST_BODY, TAG_BLINDED = 9, 10, 11
+#: Streams (v2.1); 12 is the signed digest's tag (credentials.scheme).
+TAG_CERTIFICATE, TAG_CERTIFICATE_BODY, TAG_STREAM_EVENT, TAG_STREAM_HEADER = 13, 14, 15, 16
+#: Bytes of an Ed25519 public key and signature, and of a SHA-256 hash.
+VK_BYTES, SIGNATURE_BYTES, HASH_BYTES = 32, 64, 32
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:
@@ -364,3 +371,70 @@ def decode_request(group: PairingGroup, data: bytes) -> ConnectionRequest:
     if not q.entries:
         raise CodecError("connection request: no entries")
     return q
+
+
+# -- streams (v2.1) ---------------------------------------------------------------------------
+
+def encode_certificate_body(c: SessionCertificate) -> bytes:
+    """vk || epoch || expiry || schema id || every p_i: hashed into m_c."""
+    return (Writer(TAG_CERTIFICATE_BODY).fixed(c.vk).u64(c.epoch).u64(c.expires_at)
+            .text(c.schema_id).many(c.publisher_credentials, Writer.credential).done())
+
+
+def encode_certificate(c: SessionCertificate) -> bytes:
+    return (Writer(TAG_CERTIFICATE).blob(encode_certificate_body(c))
+            .many(c.parts, lambda w, p: w.element(p.Sig).element(p.P2).element(p.R)).done())
+
+
+def decode_certificate(group: PairingGroup, data: bytes) -> SessionCertificate:
+    r = Reader(group, data, TAG_CERTIFICATE, "session certificate")
+    b = Reader(group, r.blob(), TAG_CERTIFICATE_BODY, "session certificate")
+    vk, epoch, expires_at, schema_id = b.take(VK_BYTES), b.u64(), b.u64(), b.text()
+    credentials = b.many(Reader.credential)
+    b.end()
+    parts = r.many(lambda rr: CertificatePart(Sig=rr.unchecked(G1), P2=rr.unchecked(G2),
+                                              R=rr.unchecked(G2)))
+    r.end()
+    if len(parts) != len(credentials) or not parts:
+        raise CodecError("session certificate: part and credential counts differ")
+    return SessionCertificate(vk=vk, epoch=epoch, expires_at=expires_at, schema_id=schema_id,
+                              publisher_credentials=credentials, parts=parts)
+
+
+def encode_stream_header(header: EventHeader, vk: bytes, certificate_hash: bytes) -> bytes:
+    """The version 2 header, the session key and the certificate's hash: the AEAD's
+    associated data and the start of the signed digest."""
+    return (Writer(TAG_STREAM_HEADER).blob(encode_header(header)).fixed(vk)
+            .fixed(certificate_hash).done())
+
+
+def encode_stream_event(e: StreamEvent) -> bytes:
+    return (Writer(TAG_STREAM_EVENT).blob(encode_stream_header(e.header, e.vk,
+                                                               e.certificate_hash))
+            .blob(encode_certificate(e.certificate)).element(e.C0)
+            .many(e.attributes, write_attribute).blob(e.sealed).fixed(e.signature).done())
+
+
+def decode_stream_event(group: PairingGroup, data: bytes) -> StreamEvent:
+    r = Reader(group, data, TAG_STREAM_EVENT, "stream event")
+    hr = Reader(group, r.blob(), TAG_STREAM_HEADER, "stream event header")
+    inner = Reader(group, hr.blob(), TAG_HEADER, "event header")
+    header = _read_header(inner)
+    inner.end()
+    vk, certificate_hash = hr.take(VK_BYTES), hr.take(HASH_BYTES)
+    hr.end()
+    event = StreamEvent(header=header, vk=vk, certificate_hash=certificate_hash,
+                        certificate=decode_certificate(group, r.blob()), C0=r.unchecked(G2),
+                        attributes=r.many(_read_attribute), sealed=r.blob(),
+                        signature=r.take(SIGNATURE_BYTES))
+    r.end()
+    if len(event.attributes) != len(header.publisher_credentials):
+        raise CodecError("stream event: attribute and credential counts differ")
+    return event
+
+
+def decode_any_event(group: PairingGroup, data: bytes) -> EncryptedEvent | StreamEvent:
+    """A version 2 event or a stream event, told apart by the type tag."""
+    if data[:1] == bytes((TAG_STREAM_EVENT,)):
+        return decode_stream_event(group, data)
+    return decode_event(group, data)

@@ -138,3 +138,6 @@ class CryptoSuite(Protocol):
     def verify(self, event: Any) -> bool: ...
 
     def decrypt(self, key: Any, event: Any) -> Event | None: ...
+
+    def drop_epoch(self, epoch: int) -> None:
+        """Forget what was cached for ``epoch`` (its keys expired) and refuse its events."""

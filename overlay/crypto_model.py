@@ -284,3 +284,5 @@ class ModeledCrypto:
                 return None
         return Event(event.event_id, dict(event.values), event.body)
 
+    def drop_epoch(self, epoch: int) -> None:
+        """Nothing to forget: the model keeps no per-epoch cache."""
