@@ -98,6 +98,13 @@ class Writer:
             write(self, item)
         return self
 
+    def fixed_many(self, items: Sequence[bytes]) -> Writer:
+        """A list of byte strings of one fixed size: the count, then their concatenation."""
+        if len(items) > 0xFFFF:
+            raise CodecError("list too long to encode")
+        self.out += struct.pack(">H", len(items)) + b"".join(items)
+        return self
+
     def done(self) -> bytes:
         return bytes(self.out)
 
@@ -167,6 +174,12 @@ class Reader:
     def many(self, read: Callable[[Reader], T]) -> tuple[T, ...]:
         (n,) = struct.unpack(">H", self.take(2))
         return tuple(read(self) for _ in range(n))
+
+    def fixed_many(self, size: int) -> tuple[bytes, ...]:
+        """A list written by :meth:`Writer.fixed_many` of items of ``size`` bytes."""
+        (n,) = struct.unpack(">H", self.take(2))
+        data = self.take(n * size)
+        return tuple(data[k:k + size] for k in range(0, n * size, size))
 
     def end(self) -> None:
         if self.pos != len(self.data):
@@ -307,13 +320,13 @@ def _read_header(r: Reader) -> EventHeader:
 
 
 def write_attribute(w: Writer, a: AttributeCiphertext) -> None:
-    w.element(a.C1).many(a.E, Writer.fixed).many(a.R, Writer.fixed)
+    w.element(a.C1).fixed_many(a.E).fixed_many(a.R)
 
 
 def _read_attribute(r: Reader) -> AttributeCiphertext:
     c1 = r.unchecked(G2)
-    masked = r.many(lambda rr: rr.take(rr.group.sizes[G1]))
-    tags = r.many(lambda rr: rr.take(TAG_BYTES))
+    masked = r.fixed_many(r.group.sizes[G1])
+    tags = r.fixed_many(TAG_BYTES)
     if len(masked) != len(tags) or not masked:
         raise CodecError(f"{r.what}: E and R lists differ in length")
     return AttributeCiphertext(C1=c1, E=masked, R=tags)
@@ -411,7 +424,7 @@ def encode_stream_header(header: EventHeader, vk: bytes, certificate_hash: bytes
 def encode_stream_event(e: StreamEvent) -> bytes:
     return (Writer(TAG_STREAM_EVENT).blob(encode_stream_header(e.header, e.vk,
                                                                e.certificate_hash))
-            .blob(encode_certificate(e.certificate)).element(e.C0)
+            .blob(e.certificate).element(e.C0)
             .many(e.attributes, write_attribute).blob(e.sealed).fixed(e.signature).done())
 
 
@@ -424,7 +437,7 @@ def decode_stream_event(group: PairingGroup, data: bytes) -> StreamEvent:
     vk, certificate_hash = hr.take(VK_BYTES), hr.take(HASH_BYTES)
     hr.end()
     event = StreamEvent(header=header, vk=vk, certificate_hash=certificate_hash,
-                        certificate=decode_certificate(group, r.blob()), C0=r.unchecked(G2),
+                        certificate=r.blob(), C0=r.unchecked(G2),
                         attributes=r.many(_read_attribute), sealed=r.blob(),
                         signature=r.take(SIGNATURE_BYTES))
     r.end()

@@ -104,14 +104,14 @@ class SessionCertificate:
 @dataclass(frozen=True)
 class StreamEvent:
     """An event of a stream: the version 2 header, the session key ``vk`` and the hash of
-    the certificate (all signed), the certificate itself for a peer that has not seen it,
-    C0, the attribute entries (reused while their cell and window hold), the sealed payload,
-    and an Ed25519 signature under the session key."""
+    the certificate (all signed), the encoded certificate itself for a peer that has not
+    seen it (parsed only then), C0, the attribute entries (reused while their cell and
+    window hold), the sealed payload, and an Ed25519 signature under the session key."""
 
     header: EventHeader
     vk: bytes
     certificate_hash: bytes
-    certificate: SessionCertificate
+    certificate: bytes
     C0: Element
     attributes: tuple[AttributeCiphertext, ...]
     sealed: bytes

@@ -28,13 +28,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from credentials.codec import (
+    decode_certificate,
     encode_certificate,
     encode_certificate_body,
     encode_stream_header,
 )
 from credentials.credential import Credential
-from credentials.groups import Element, GroupError
-from credentials.keys import PublisherKey, SubscriberKey
+from credentials.groups import Element, GroupError, PreparedG2
+from credentials.keys import PublisherKey, SubscriberCredentialKey, SubscriberKey
 from credentials.lru import LRU
 from credentials.messages import (
     AttributeCiphertext,
@@ -86,11 +87,6 @@ class StreamWindow:
 
 # -- Session certificate ------------------------------------------------------------------------
 
-def certificate_hash(certificate: SessionCertificate) -> bytes:
-    """SHA-256 of the certificate's encoding: what the header carries."""
-    return hashlib.sha256(encode_certificate(certificate)).digest()
-
-
 def issue_session_certificate(pp: PublicParams, keys: Sequence[PublisherKey], vk: bytes,
                               expires_at: int) -> SessionCertificate:
     """Per attribute r_i in Zq*; m_c = M(SHA-256(vk || epoch || expiry || schema id ||
@@ -139,12 +135,22 @@ class _Entry:
     uses: int = 1
 
 
-@dataclass
-class _Session:
+@dataclass(frozen=True)
+class Session:
+    """A stream's session: its Ed25519 key and the certificate over it, encoded, with the
+    hash of that encoding (what the header carries)."""
+
     signing_key: Ed25519PrivateKey
     certificate: SessionCertificate
+    encoded: bytes
     certificate_hash: bytes
     vk: bytes
+
+    @classmethod
+    def of(cls, signing_key: Ed25519PrivateKey, certificate: SessionCertificate) -> Session:
+        encoded = encode_certificate(certificate)
+        return cls(signing_key, certificate, encoded, hashlib.sha256(encoded).digest(),
+                   signing_key.public_key().public_bytes_raw())
 
 
 @dataclass
@@ -159,10 +165,17 @@ class Stream:
     #: The certificates' expiry (Unix seconds): the end of the keys' epoch, or earlier.
     expires_at: int
     clock: Callable[[], float] = time.time
-    session: _Session | None = None
+    session: Session | None = None
     entries: list[_Entry | None] = field(default_factory=list)
     #: (C0, Y^s) of the current entries, while every entry is reused.
     combined: tuple[Element, Element] | None = None
+
+    def begin(self, session: Session) -> Session:
+        """Run ``session`` from now on; no entry of the previous one is reused."""
+        self.session = session
+        self.entries = [None] * len(self.pp.schema.attributes)
+        self.combined = None
+        return session
 
     def reusable(self, i: int, path: tuple[Credential, ...], now: float) -> _Entry | None:
         """Attribute i's entry if its path is ``path`` and its window is open."""
@@ -174,16 +187,13 @@ class Stream:
         return entry
 
 
-def start_session(stream: Stream, keys: Sequence[PublisherKey]) -> _Session:
+def start_session(stream: Stream, keys: Sequence[PublisherKey]) -> Session:
     """A fresh Ed25519 pair (sk, vk), certified by :func:`issue_session_certificate` for
-    the publisher keys ``keys``; the entries of the previous session are not reused."""
+    the publisher keys ``keys``."""
     sk = Ed25519PrivateKey.generate()
     vk = sk.public_key().public_bytes_raw()
-    certificate = issue_session_certificate(stream.pp, keys, vk, stream.expires_at)
-    stream.session = _Session(sk, certificate, certificate_hash(certificate), vk)
-    stream.entries = [None] * len(stream.pp.schema.attributes)
-    stream.combined = None
-    return stream.session
+    return stream.begin(Session.of(sk, issue_session_certificate(stream.pp, keys, vk,
+                                                                 stream.expires_at)))
 
 
 def stream_encrypt_and_sign(stream: Stream, event: Event) -> StreamEvent:
@@ -226,7 +236,7 @@ def stream_encrypt_and_sign(stream: Stream, event: Event) -> StreamEvent:
                   group.random_bytes(NONCE_BYTES))
     digest = signed_digest(header_bytes, C0, attributes, (), sealed)
     return StreamEvent(header=header, vk=session.vk, certificate_hash=session.certificate_hash,
-                       certificate=session.certificate, C0=C0, attributes=tuple(attributes),
+                       certificate=session.encoded, C0=C0, attributes=tuple(attributes),
                        sealed=sealed, signature=session.signing_key.sign(digest))
 
 
@@ -247,7 +257,10 @@ class EpochCaches:
     certificates: LRU[bytes, _Certified] = field(init=False)
     #: e(T, C1_i) by (T, C1_i): a router's route tests, a subscriber's unmasking.
     position_keys: PositionKeys = field(init=False)
-    #: (credential matched, e(C2, S2) / e(S1, C1_i)) by (D, C1_i).
+    #: (credential key matched, C2 unmasked) by (D, C1_i), for an entry seen once.
+    unmasked: LRU[tuple[bytes, bytes],
+                  tuple[SubscriberCredentialKey, Element]] = field(init=False)
+    #: (credential matched, e(C2, S2) / e(S1, C1_i)) by (D, C1_i), for an entry seen twice.
     factors: LRU[tuple[bytes, bytes], tuple[Credential, Element]] = field(init=False)
     #: (every C1_i, credentials matched, Y^s) by (D, C0).
     ys: LRU[tuple[bytes, bytes],
@@ -259,7 +272,7 @@ class EpochCaches:
 
     def __post_init__(self) -> None:
         self.certificates, self.position_keys = LRU(self.size), LRU(self.size)
-        self.factors, self.ys = LRU(self.size), LRU(self.size)
+        self.unmasked, self.factors, self.ys = LRU(self.size), LRU(self.size), LRU(self.size)
         self.verified, self.seen = LRU(self.size), LRU(self.size)
 
 
@@ -288,26 +301,30 @@ class StreamCaches:
             del self._epochs[old]
 
 
-def stream_digest(event: StreamEvent) -> bytes:
+def stream_header_bytes(event: StreamEvent) -> bytes:
+    return encode_stream_header(event.header, event.vk, event.certificate_hash)
+
+
+def stream_digest(event: StreamEvent, header_bytes: bytes) -> bytes:
     """SHA-256(header with vk and the certificate's hash || C0 || every C1_i, E_ij, R_ij ||
-    sealed payload): what the session key signs."""
-    header_bytes = encode_stream_header(event.header, event.vk, event.certificate_hash)
+    sealed payload): what the session key signs (``header_bytes``: the header encoded)."""
     return signed_digest(header_bytes, event.C0, event.attributes, (), event.sealed)
 
 
 def _certified(pp: PublicParams, caches: EpochCaches, event: StreamEvent) -> _Certified | None:
     """The event's certificate: from the cache by hash, else the copy it carries, checked
-    against the hash and by :func:`verify_session_certificate`."""
+    against the hash, parsed and verified by :func:`verify_session_certificate`."""
     known = caches.certificates.get(event.certificate_hash)
     if known is not None:
         return known
-    certificate = event.certificate
-    if (certificate_hash(certificate) != event.certificate_hash
-            or not verify_session_certificate(pp, certificate)):
+    if hashlib.sha256(event.certificate).digest() != event.certificate_hash:
         return None
     try:
+        certificate = decode_certificate(pp.group, event.certificate)
         vk = Ed25519PublicKey.from_public_bytes(certificate.vk)
-    except ValueError:
+    except ValueError:  # CodecError, or not an Ed25519 key
+        return None
+    if not verify_session_certificate(pp, certificate):
         return None
     return caches.certificates.remember(event.certificate_hash, _Certified(certificate, vk))
 
@@ -317,6 +334,11 @@ def stream_verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, no
     """The certificate verifies (once; then by hash), names this event's vk, epoch, schema
     and publisher credentials and has not expired at ``now``, its epoch was not dropped,
     and the Ed25519 signature under vk verifies over :func:`stream_digest`."""
+    return _verify(pp, caches, event, now, stream_header_bytes(event))
+
+
+def _verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: float,
+            header_bytes: bytes) -> bool:
     header = event.header
     epoch_caches = caches.epoch(header.epoch)
     if epoch_caches is None:
@@ -332,7 +354,7 @@ def stream_verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, no
     if (c.vk != event.vk or c.epoch != header.epoch or c.schema_id != header.schema_id
             or c.publisher_credentials != header.publisher_credentials or c.expires_at < now):
         return False
-    digest = stream_digest(event)
+    digest = stream_digest(event, header_bytes)
     if digest in epoch_caches.verified:
         return True
     try:
@@ -346,11 +368,11 @@ def stream_verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, no
 def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
                    event: StreamEvent, now: float) -> Event:
     """After :func:`stream_verify` (so that only the publisher's entries are cached):
-    per attribute, the factor e(C2_{i,j_i}, S2_i) / e(S1_i, C1_i), cached by C1_i (a miss
-    unmasks C2 as in version 2, the mask bound to ENTRY_MASK_ID); then
-    Y^s = e(D, C0) * prod factors, cached by C0; K = KDF(Y^s, "payload" || id); the AEAD;
-    the values against the credentials. A (vk, event id) seen before is refused."""
-    if not stream_verify(pp, caches, event, now):
+    Y^s = e(D, C0) * prod_i e(C2_{i,j_i}, S2_i) / e(S1_i, C1_i), cached by C0, each factor
+    cached by C1_i (:func:`_combine`); K = KDF(Y^s, "payload" || id); the AEAD; the values
+    against the credentials. A (vk, event id) seen before is refused."""
+    header_bytes = stream_header_bytes(event)
+    if not _verify(pp, caches, event, now, header_bytes):
         raise DecryptionError("stream event fails its certificate or its signature")
     header = event.header
     if header.epoch != key.epoch:
@@ -361,40 +383,64 @@ def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
         raise DecryptionError(f"event id {header.event_id!r} of this stream seen before")
     D, C1s = bytes(key.D), tuple(bytes(a.C1) for a in event.attributes)
     hit = epoch_caches.ys.get((D, bytes(event.C0)))
+    learned = _Learned()
     if hit is not None and hit[0] == C1s:
-        matched, Ys, fresh = hit[1], hit[2], {}
+        matched, Ys = hit[1], hit[2]
     else:
-        matched, Ys, fresh = _combine(pp, key, epoch_caches, event, C1s)
+        matched, Ys = _combine(pp, key, epoch_caches, event, learned)
     try:
-        sealed = open_sealed(payload_key(Ys, header.event_id), event.sealed,
-                             encode_stream_header(header, event.vk, event.certificate_hash))
+        sealed = open_sealed(payload_key(Ys, header.event_id), event.sealed, header_bytes)
     except AuthenticationFailed as exc:
         raise DecryptionError("payload does not open: credentials do not match") from exc
     out = parse_payload(pp.schema, header, matched, sealed)
-    for C1, factor in fresh.items():
+    for C1, unmasked in learned.unmasked.items():
+        epoch_caches.unmasked.remember((D, C1), unmasked)
+    for C1, factor in learned.factors.items():
         epoch_caches.factors.remember((D, C1), factor)
     epoch_caches.ys.remember((D, bytes(event.C0)), (C1s, matched, Ys))
     epoch_caches.seen.remember((event.vk, header.event_id), True)
     return out
 
 
+@dataclass
+class _Learned:
+    """What one decryption learnt, cached once its payload opens."""
+
+    unmasked: dict[bytes, tuple[SubscriberCredentialKey, Element]] = field(default_factory=dict)
+    factors: dict[bytes, tuple[Credential, Element]] = field(default_factory=dict)
+
+
 def _combine(pp: PublicParams, key: SubscriberKey, caches: EpochCaches, event: StreamEvent,
-             C1s: tuple[bytes, ...]
-             ) -> tuple[tuple[Credential, ...], Element, dict[bytes, tuple[Credential, Element]]]:
-    """Y^s = e(D, C0) * prod_i factor_i, the factors from the cache or computed; returns the
-    credentials matched, Y^s and the factors computed (cached once the payload opens)."""
+             learned: _Learned) -> tuple[tuple[Credential, ...], Element]:
+    """Y^s = e(D, C0) * prod_i factor_i, factor_i = e(C2_i, S2_i) / e(S1_i, C1_i), and the
+    credentials matched. A factor costs a final exponentiation of its own, worth paying
+    only for an entry that recurs: an entry seen for the first time is unmasked and its
+    pairs join e(D, C0) in one multi-pairing (its C2 is remembered); seen a second time,
+    its factor is computed from the remembered C2 and cached by C1_i; from then on it
+    costs nothing."""
     group, D = pp.group, bytes(key.D)
-    matched, fresh = [], {}
+    pairs: list[tuple[Element, Element | PreparedG2]] = [(key.D, event.C0)]
+    matched, factors = [], []
     try:
-        Ys = group.pair(key.D, event.C0)
         for i, (a, ct) in enumerate(zip(pp.schema.attributes, event.attributes, strict=True)):
-            factor = caches.factors.get((D, C1s[i])) or fresh.get(C1s[i])
+            C1 = bytes(ct.C1)
+            factor = caches.factors.get((D, C1))
             if factor is None:
-                k, C2 = unmask(pp, key, i, a.name, event, ENTRY_MASK_ID, caches.position_keys)
-                factor = fresh[C1s[i]] = (k.credential, group.multi_pair(
+                unmasked = caches.unmasked.get((D, C1))
+                if unmasked is None:
+                    k, C2 = learned.unmasked[C1] = unmask(pp, key, i, a.name, event,
+                                                          ENTRY_MASK_ID, caches.position_keys)
+                    pairs += [(C2, k.S2_prepared or k.S2), (~k.S1, ct.C1)]
+                    matched.append(k.credential)
+                    continue
+                k, C2 = unmasked
+                factor = learned.factors[C1] = (k.credential, group.multi_pair(
                     [(C2, k.S2_prepared or k.S2), (~k.S1, ct.C1)]))
             matched.append(factor[0])
-            Ys = Ys * factor[1]
+            factors.append(factor[1])
+        Ys = group.multi_pair(pairs)
     except GroupError as exc:
         raise DecryptionError(f"malformed event: {exc}") from exc
-    return tuple(matched), Ys, fresh
+    for f in factors:
+        Ys = Ys * f
+    return tuple(matched), Ys

@@ -9,7 +9,7 @@ import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from test_scheme import EPOCH, SCHEMA, world
+from test_scheme import EPOCH, world
 from test_scheme import subscriber as scheme_subscriber
 
 from credentials import codec
@@ -80,9 +80,7 @@ def test_window_closes_by_count_and_by_duration(world):
 def _with_session(world, signing_key, certificate):
     """A stream whose session is ``certificate`` under ``signing_key``."""
     s = stream(world)
-    vk = signing_key.public_key().public_bytes_raw()
-    s.session = T._Session(signing_key, certificate, T.certificate_hash(certificate), vk)
-    s.entries = [None] * len(SCHEMA.attributes)
+    s.begin(T.Session.of(signing_key, certificate))
     return s
 
 
@@ -126,9 +124,10 @@ def test_event_signed_by_another_streams_key_refused(world):
     a, b = stream(world), stream(world)
     ct = T.stream_encrypt_and_sign(a, event(0))
     T.stream_encrypt_and_sign(b, event(0))
-    other = dataclasses.replace(ct, signature=b.session.signing_key.sign(T.stream_digest(ct)))
+    digest = T.stream_digest(ct, T.stream_header_bytes(ct))
+    other = dataclasses.replace(ct, signature=b.session.signing_key.sign(digest))
     assert not T.stream_verify(pp, T.StreamCaches(), wire(pp.group, other), time.time())
-    own = dataclasses.replace(ct, signature=a.session.signing_key.sign(T.stream_digest(ct)))
+    own = dataclasses.replace(ct, signature=a.session.signing_key.sign(digest))
     assert T.stream_verify(pp, T.StreamCaches(), wire(pp.group, own), time.time())  # control
 
 
@@ -161,15 +160,15 @@ def test_tampered_reused_entry_refused(world):
 
 def test_caches_stay_bounded_under_a_flood_of_distinct_C1(world):
     pp, msk, _ = world
-    key, s, caches = subscriber(pp, msk), stream(world, max_events=1), T.StreamCaches(size=4)
+    key, s, caches = subscriber(pp, msk), stream(world, max_events=2), T.StreamCaches(size=4)
     token = key.for_attribute("symbol")[0].token.blinded()
-    for n in range(12):
-        ct = wire(pp.group, T.stream_encrypt_and_sign(s, event(n)))
+    for n in range(12):  # qty moves every event, the other entries live for two
+        ct = wire(pp.group, T.stream_encrypt_and_sign(s, event(n, (0, 0, n % 2))))
         assert S.route_test(pp, token, ct, caches.epoch(EPOCH).position_keys)
         T.stream_decrypt(pp, key, caches, ct, time.time())
     c = caches.epoch(EPOCH)
-    sizes = [len(x) for x in (c.position_keys, c.factors, c.ys, c.verified, c.seen)]
-    assert sizes == [4] * 5  # full (the flood reached them), and no fuller
+    sizes = [len(x) for x in (c.position_keys, c.unmasked, c.factors, c.ys, c.verified, c.seen)]
+    assert sizes == [4] * 6  # full (the flood reached them), and no fuller
 
 
 def test_real_crypto_takes_both_modes(world):
