@@ -189,3 +189,17 @@ def test_bench_streams_writes_json_and_plot(tmp_path):
     assert reused["publisher_events_per_s"] > 10 * fresh["publisher_events_per_s"]
     refused = run("bench", "streams", "--seconds", "0")
     assert refused.returncode != 0 and "--seconds must be more than 0" in refused.stderr
+
+
+def test_stream_options_are_checked_from_flags_and_the_configuration_file(tmp_path):
+    base = ("publish", "--server", "http://127.0.0.1:9", "--token", "t", "--advertise", "",
+            "--events", "-")
+    flag = run(*base, "--stream-window", "0s")
+    assert flag.returncode == 2 and "must be a positive duration" in flag.stderr
+    config = tmp_path / "ibe-pubsub.toml"
+    config.write_text('[publish]\nstream_window = "250ms"\nstream_max_events = 0\n')
+    layered = run("--config", str(config), *base)
+    assert layered.returncode == 2
+    assert layered.stderr.strip().splitlines() == [
+        "ibe-pubsub: error: --stream-window/--stream-max-events: a stream window must allow "
+        "at least one event"]
