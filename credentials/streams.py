@@ -13,8 +13,8 @@ and the events of one session by ``vk``: the known limits in docs/scheme.md say 
 The certificate travels in full in every event, next to its hash in the signed header: a
 peer that has verified it looks it up by the hash and ignores the copy; one that has not
 (it joined mid-stream, or its cache evicted it) verifies the copy, so no event is lost for
-want of a certificate. The price is the certificate's size on every event (about 0.8 kB on
-the stock schema, some 15 % of an event).
+want of a certificate. The price is the certificate's size on every event (893 bytes on
+the stock schema: a stream event is 5.7 kB, a version 2 event 5.1 kB).
 """
 
 from __future__ import annotations
