@@ -267,8 +267,8 @@ class EpochCaches:
             tuple[tuple[bytes, ...], tuple[Credential, ...], Element]] = field(init=False)
     #: Signed digests whose Ed25519 signature verified.
     verified: LRU[bytes, bool] = field(init=False)
-    #: (vk, event id) of every event decrypted: a repeat is dropped.
-    seen: LRU[tuple[bytes, str], bool] = field(init=False)
+    #: (D, vk, event id) of every event decrypted: a repeat is dropped.
+    seen: LRU[tuple[bytes, bytes, str], bool] = field(init=False)
 
     def __post_init__(self) -> None:
         self.certificates, self.position_keys = LRU(self.size), LRU(self.size)
@@ -379,9 +379,9 @@ def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
         raise DecryptionError(f"event of epoch {header.epoch}, keys of epoch {key.epoch}")
     epoch_caches = caches.epoch(header.epoch)
     assert epoch_caches is not None  # stream_verify checked it
-    if (event.vk, header.event_id) in epoch_caches.seen:
-        raise DecryptionError(f"event id {header.event_id!r} of this stream seen before")
     D, C1s = bytes(key.D), tuple(bytes(a.C1) for a in event.attributes)
+    if (D, event.vk, header.event_id) in epoch_caches.seen:
+        raise DecryptionError(f"event id {header.event_id!r} of this stream seen before")
     hit = epoch_caches.ys.get((D, bytes(event.C0)))
     learned = _Learned()
     if hit is not None and hit[0] == C1s:
@@ -398,7 +398,7 @@ def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
     for C1, factor in learned.factors.items():
         epoch_caches.factors.remember((D, C1), factor)
     epoch_caches.ys.remember((D, bytes(event.C0)), (C1s, matched, Ys))
-    epoch_caches.seen.remember((event.vk, header.event_id), True)
+    epoch_caches.seen.remember((D, event.vk, header.event_id), True)
     return out
 
 

@@ -141,6 +141,9 @@ def test_replayed_event_id_dropped(world):
     for ct in (first, again):
         with pytest.raises(S.DecryptionError, match="seen before"):
             T.stream_decrypt(pp, key, caches, wire(pp.group, ct), time.time())
+    # another subscriber sharing the caches (one crypto suite, several keys) is not fooled
+    assert T.stream_decrypt(pp, subscriber(pp, msk), caches, wire(pp.group, first),
+                            time.time()) == event(0)
 
 
 def test_tampered_reused_entry_refused(world):
