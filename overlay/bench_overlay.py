@@ -25,6 +25,7 @@ from overlay import (
     evaluation_encryption,
     evaluation_loopback,
     evaluation_plots,
+    evaluation_streams,
     evaluation_trees,
 )
 from overlay.crypto_model import CostTable
@@ -44,7 +45,10 @@ from overlay.simulator import LatencyModel
 from peer.cluster import ClusterError
 
 EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
-               "loopback")
+               "loopback", "streams")
+#: What runs unless --experiments names others: "streams" runs real cryptography on every
+#: peer of the dissemination setting, which takes many minutes.
+DEFAULT_EXPERIMENTS = EXPERIMENTS[:-1]
 #: Experiments on the simulator, which need the measured crypto costs.
 SIMULATED = ("connection", "degree", "dissemination", "routing", "trees")
 #: The report's security overheads (ms), read off its Figs. 8.1 and 8.3.
@@ -92,7 +96,7 @@ class Bench:
     seed: int = 1
     workers: int = 2
     min_seconds: float = 0.1
-    experiments: Sequence[str] = EXPERIMENTS
+    experiments: Sequence[str] = DEFAULT_EXPERIMENTS
     progress: Callable[[str], None] = field(
         default=lambda msg: print(f"[bench overlay] {msg}", file=sys.stderr, flush=True))
 
@@ -155,6 +159,17 @@ class Bench:
             else:
                 self.write("loopback", report, evaluation_plots.loopback)
                 summary["loopback_ratio"] = report["mean_ratio_processes_to_simulator"]
+        if "streams" in self.experiments:
+            setting = Setting(tree_schema(), CostTable.default(), self.latency, self.seed)
+            pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+            try:
+                report = evaluation_streams.run(setting, s.dissemination_peers[0],
+                                                s.max_children, s.publishers,
+                                                s.events_per_publisher, self.runner(pool))
+            finally:
+                if pool is not None:
+                    pool.shutdown()
+            self.write("streams", report, evaluation_streams.plot)
         summary["report_overhead_ms"] = REPORT_OVERHEAD_MS
         summary["seconds"] = round(time.monotonic() - started, 1)
         summary["load_average_at_end"] = os.getloadavg()

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from credentials.predicates import Predicate
 from credentials.schema import Schema
 from credentials.scheme import Event
+from credentials.streams import StreamWindow
 from overlay.actions import Action, Connected, Deliver, Log, Send
 from overlay.config import OverlayConfig
 from overlay.crypto_model import CostTable
@@ -85,7 +86,8 @@ class Simulator:
     def __init__(self, schema: Schema, config: OverlayConfig | None = None, *,
                  mode: Mode = "modeled", costs: CostTable | None = None,
                  latency: LatencyModel | None = None, seed: int = 0, wire: bool = False,
-                 epoch: int = 1, tick_gap: float = TICK_GAP) -> None:
+                 epoch: int = 1, tick_gap: float = TICK_GAP,
+                 stream_window: StreamWindow | None = None) -> None:
         self.schema = schema
         self.config = config or OverlayConfig()
         self.rng = random.Random(seed)
@@ -94,7 +96,9 @@ class Simulator:
         self.epoch = epoch
         self.tick_gap = tick_gap
         if mode == "real":
-            self.issuer: ModeledIssuer | RealIssuer = RealIssuer(schema)
+            self.issuer: ModeledIssuer | RealIssuer = RealIssuer(schema, stream_window)
+        elif stream_window is not None:
+            raise ValueError("streams run on real cryptography only (mode='real')")
         else:
             table = CostTable.zero() if mode == "plaintext" else costs
             self.issuer = ModeledIssuer(schema, table, random.Random(self.rng.random()))
@@ -290,7 +294,7 @@ class Simulator:
             members.append(address)
 
     def _publish(self, publisher: str, event_id: str, values: dict[str, Any], at: float) -> None:
-        data = self.issuer.encrypt(Event(event_id, values, b""), self.epoch)
+        data = self.issuer.encrypt(Event(event_id, values, b""), self.epoch, publisher, at)
         self._event_ids[data] = event_id
         self.metrics.published[event_id] = at
         machine = self.machines[publisher]
