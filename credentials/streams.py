@@ -87,6 +87,11 @@ class StreamWindow:
 
 # -- Session certificate ------------------------------------------------------------------------
 
+def certificate_message(pp: PublicParams, certificate: SessionCertificate) -> Element:
+    """m_c = M(SHA-256(vk || epoch || expiry || schema id || every p_i))."""
+    return pp.M(hashlib.sha256(encode_certificate_body(certificate)).digest())
+
+
 def issue_session_certificate(pp: PublicParams, keys: Sequence[PublisherKey], vk: bytes,
                               expires_at: int) -> SessionCertificate:
     """Per attribute r_i in Zq*; m_c = M(SHA-256(vk || epoch || expiry || schema id ||
@@ -96,7 +101,7 @@ def issue_session_certificate(pp: PublicParams, keys: Sequence[PublisherKey], vk
                                   schema_id=pp.schema.id,
                                   publisher_credentials=tuple(k.credential for k in keys),
                                   parts=())
-    m_c = pp.M(hashlib.sha256(encode_certificate_body(unsigned)).digest())
+    m_c = certificate_message(pp, unsigned)
     parts = []
     for k in keys:
         r = group.random_scalar()
@@ -113,7 +118,7 @@ def verify_session_certificate(pp: PublicParams, certificate: SessionCertificate
         check_publisher_credentials(pp, c.schema_id, c.publisher_credentials)
         if len(c.parts) != len(c.publisher_credentials):
             return False
-        m_c = pp.M(hashlib.sha256(encode_certificate_body(c)).digest())
+        m_c = certificate_message(pp, c)
         return batch_verify(pp, m_c, c.epoch, c.publisher_credentials,
                             [p.Sig for p in c.parts], [p.P2 for p in c.parts],
                             [p.R for p in c.parts])
