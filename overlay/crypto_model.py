@@ -286,3 +286,7 @@ class ModeledCrypto:
 
     def drop_epoch(self, epoch: int) -> None:
         """Nothing to forget: the model keeps no per-epoch cache."""
+
+    def for_peer(self) -> ModeledCrypto:
+        """The model's only cache (decoded events) holds no secret: peers share it."""
+        return self

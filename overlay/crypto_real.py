@@ -139,3 +139,9 @@ class RealCrypto:
 
     def drop_epoch(self, epoch: int) -> None:
         self.streams.drop_epoch(epoch)
+
+    def for_peer(self) -> RealCrypto:
+        """Same parameters, trust anchor, clock and meter; stream caches of its own."""
+        suite = RealCrypto(self.pp, self.server_key, self.clock)
+        suite.meter = self.meter
+        return suite

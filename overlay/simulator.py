@@ -145,7 +145,7 @@ class Simulator:
         for a in self.schema.names:
             address = f"root-{a}"
             kit = self.issuer.root_kit(a, self.epoch, EXPIRY)
-            self._add_machine(address, PeerMachine(address, self.crypto, self.config,
+            self._add_machine(address, PeerMachine(address, self.crypto.for_peer(), self.config,
                                                    random.Random(self.rng.random()),
                                                    roots=[kit]))
             self.roots[a] = address
@@ -160,7 +160,7 @@ class Simulator:
         address = f"sub-{self._counter}"
         kit = self.issuer.subscriber_kit(predicate, self.epoch, EXPIRY, max_credentials,
                                          fine_depth)
-        machine = PeerMachine(address, self.crypto, self.config,
+        machine = PeerMachine(address, self.crypto.for_peer(), self.config,
                               random.Random(self.rng.random()), kit=kit)
         self._add_machine(address, machine)
         self.predicates[address] = predicate
@@ -170,7 +170,7 @@ class Simulator:
     def add_publisher(self) -> str:
         self._counter += 1
         address = f"pub-{self._counter}"
-        self._add_machine(address, PeerMachine(address, self.crypto, self.config,
+        self._add_machine(address, PeerMachine(address, self.crypto.for_peer(), self.config,
                                                random.Random(self.rng.random())))
         return address
 
