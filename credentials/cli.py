@@ -1,4 +1,4 @@
-"""Commands of the credentials package: `bench crypto`, `crypto vectors`."""
+"""Commands of the credentials package: `bench crypto`, `bench streams`, `crypto vectors`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,23 @@ def _run_crypto(args: argparse.Namespace) -> int:
     raw = report["raw"]
     print(f"pairing {raw['pairing_ms']:.3f} ms; multi-pairing of 7 {raw['multi_pairing_7_ms']:.3f}"
           f" ms vs 7 pairings {raw['seven_pairings_ms']:.3f} ms")
+    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
+    return 0
+
+
+def _run_streams(args: argparse.Namespace) -> int:
+    from credentials.bench_streams import GOALS, main
+
+    if not args.seconds > 0:
+        raise CommandError("--seconds must be more than 0")
+    report = main(Path(args.json), args.seconds, args.backend)
+    print(f"{'scenario':9} {'publisher/s':>12} {'floor':>9} {'subscriber/s':>13} {'floor':>9}"
+          f" {'goal':>6}")
+    for name, r in report["scenarios"].items():
+        print(f"{name:9} {r['publisher_events_per_s']:12.0f} "
+              f"{r['publisher_floor_events_per_s']:9.0f} {r['subscriber_events_per_s']:13.0f}"
+              f" {r['subscriber_floor_events_per_s']:9.0f} {GOALS.get(name, ''):>6}")
+    print("events/s per core, from CPU time")
     print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
     return 0
 
@@ -80,21 +97,36 @@ def _register_vectors(subparsers: argparse._SubParsersAction) -> None:
     vectors.set_defaults(handler=_run_vectors)
 
 
+def _output_and_backend(parser: argparse.ArgumentParser, default_json: str) -> None:
+    parser.add_argument("--json", default=default_json, metavar="FILE",
+                        help="output JSON file (the plot is written next to it as .png)")
+    parser.add_argument("--backend", choices=["mcl", "charm"], default=None,
+                        help="pairing backend (default: $IBE_PUBSUB_BACKEND or mcl)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     _register_vectors(subparsers)
     crypto = bench_group(subparsers).add_parser(
         "crypto", help="raw pairing operations and every algorithm of docs/scheme.md vs its floor",
         description="Measure the pairing backend's raw operations and each algorithm of "
         "docs/scheme.md for several attribute counts and widths; write JSON and a PNG plot.")
-    crypto.add_argument("--json", default="bench/crypto.json", metavar="FILE",
-                        help="output JSON file "
-                        "(the plot is written next to it as .png)")
     crypto.add_argument("--dims", type=int_list, default=[1, 2, 4, 8],
                         help="attribute counts d, comma-separated (default 1,2,4,8)")
     crypto.add_argument("--bits", type=int_list, default=[8, 16, 32],
                         help="bits per attribute, comma-separated (default 8,16,32)")
     crypto.add_argument("--min-seconds", type=float, default=0.3,
                         help="minimum measuring time per operation (default 0.3)")
-    crypto.add_argument("--backend", choices=["mcl", "charm"], default=None,
-                        help="pairing backend (default: $IBE_PUBSUB_BACKEND or mcl)")
+    _output_and_backend(crypto, "bench/crypto.json")
     crypto.set_defaults(handler=_run_crypto)
+    streams = bench_group(subparsers).add_parser(
+        "streams", help="a stream's publisher and subscriber events/s per core, four scenarios",
+        description="Measure events per second per core (CPU time) of a stream's publisher "
+        "(encrypt and sign) and subscriber (decode, decrypt, verify) on the stock schema, in "
+        "four scenarios: fresh (no reuse), reused (every entry reused), ticks (fixed symbol, "
+        "price a random walk of cent steps from 150.00, random trade sizes) and ticks8 (the "
+        "same with 8 price and 8 volume bits), each against the floor of its public-key "
+        "operations priced in the same run. Writes JSON and a PNG plot.")
+    streams.add_argument("--seconds", type=float, default=3.0,
+                         help="CPU seconds of publishing per scenario (default 3)")
+    _output_and_backend(streams, "bench/streams.json")
+    streams.set_defaults(handler=_run_streams)

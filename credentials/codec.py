@@ -32,10 +32,13 @@ from credentials.keys import (
 from credentials.messages import (
     AttributeCiphertext,
     AttributeSignature,
+    CertificatePart,
     ConnectionRequest,
     EncryptedEvent,
     EventHeader,
     RequestEntry,
+    SessionCertificate,
+    StreamEvent,
 )
 
 FORMAT_VERSION = 2
@@ -93,6 +96,13 @@ class Writer:
         self.out += struct.pack(">H", len(items))
         for item in items:
             write(self, item)
+        return self
+
+    def fixed_many(self, items: Sequence[bytes]) -> Writer:
+        """A list of byte strings of one fixed size: the count, then their concatenation."""
+        if len(items) > 0xFFFF:
+            raise CodecError("list too long to encode")
+        self.out += struct.pack(">H", len(items)) + b"".join(items)
         return self
 
     def done(self) -> bytes:
@@ -165,6 +175,12 @@ class Reader:
         (n,) = struct.unpack(">H", self.take(2))
         return tuple(read(self) for _ in range(n))
 
+    def fixed_many(self, size: int) -> tuple[bytes, ...]:
+        """A list written by :meth:`Writer.fixed_many` of items of ``size`` bytes."""
+        (n,) = struct.unpack(">H", self.take(2))
+        data = self.take(n * size)
+        return tuple(data[k:k + size] for k in range(0, n * size, size))
+
     def end(self) -> None:
         if self.pos != len(self.data):
             raise CodecError(f"{self.what}: {len(self.data) - self.pos} trailing bytes")
@@ -174,6 +190,10 @@ class Reader:
 
 TAG_MPK, TAG_MSK, TAG_PUB, TAG_SUBCRED, TAG_TOKEN, TAG_SUB, TAG_EVENT, TAG_HEADER = range(1, 9)
 TAG_REQUEST, TAG_REQUEST_BODY, TAG_BLINDED = 9, 10, 11
+#: Streams (v2.1); 12 is the signed digest's tag (credentials.scheme).
+TAG_CERTIFICATE, TAG_CERTIFICATE_BODY, TAG_STREAM_EVENT, TAG_STREAM_HEADER = 13, 14, 15, 16
+#: Bytes of an Ed25519 public key and signature, and of a SHA-256 hash.
+VK_BYTES, SIGNATURE_BYTES, HASH_BYTES = 32, 64, 32
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:
@@ -300,13 +320,13 @@ def _read_header(r: Reader) -> EventHeader:
 
 
 def write_attribute(w: Writer, a: AttributeCiphertext) -> None:
-    w.element(a.C1).many(a.E, Writer.fixed).many(a.R, Writer.fixed)
+    w.element(a.C1).fixed_many(a.E).fixed_many(a.R)
 
 
 def _read_attribute(r: Reader) -> AttributeCiphertext:
     c1 = r.unchecked(G2)
-    masked = r.many(lambda rr: rr.take(rr.group.sizes[G1]))
-    tags = r.many(lambda rr: rr.take(TAG_BYTES))
+    masked = r.fixed_many(r.group.sizes[G1])
+    tags = r.fixed_many(TAG_BYTES)
     if len(masked) != len(tags) or not masked:
         raise CodecError(f"{r.what}: E and R lists differ in length")
     return AttributeCiphertext(C1=c1, E=masked, R=tags)
@@ -364,3 +384,70 @@ def decode_request(group: PairingGroup, data: bytes) -> ConnectionRequest:
     if not q.entries:
         raise CodecError("connection request: no entries")
     return q
+
+
+# -- streams (v2.1) ---------------------------------------------------------------------------
+
+def encode_certificate_body(c: SessionCertificate) -> bytes:
+    """vk || epoch || expiry || schema id || every p_i: hashed into m_c."""
+    return (Writer(TAG_CERTIFICATE_BODY).fixed(c.vk).u64(c.epoch).u64(c.expires_at)
+            .text(c.schema_id).many(c.publisher_credentials, Writer.credential).done())
+
+
+def encode_certificate(c: SessionCertificate) -> bytes:
+    return (Writer(TAG_CERTIFICATE).blob(encode_certificate_body(c))
+            .many(c.parts, lambda w, p: w.element(p.Sig).element(p.P2).element(p.R)).done())
+
+
+def decode_certificate(group: PairingGroup, data: bytes) -> SessionCertificate:
+    r = Reader(group, data, TAG_CERTIFICATE, "session certificate")
+    b = Reader(group, r.blob(), TAG_CERTIFICATE_BODY, "session certificate")
+    vk, epoch, expires_at, schema_id = b.take(VK_BYTES), b.u64(), b.u64(), b.text()
+    credentials = b.many(Reader.credential)
+    b.end()
+    parts = r.many(lambda rr: CertificatePart(Sig=rr.unchecked(G1), P2=rr.unchecked(G2),
+                                              R=rr.unchecked(G2)))
+    r.end()
+    if len(parts) != len(credentials) or not parts:
+        raise CodecError("session certificate: part and credential counts differ")
+    return SessionCertificate(vk=vk, epoch=epoch, expires_at=expires_at, schema_id=schema_id,
+                              publisher_credentials=credentials, parts=parts)
+
+
+def encode_stream_header(header: EventHeader, vk: bytes, certificate_hash: bytes) -> bytes:
+    """The version 2 header, the session key and the certificate's hash: the AEAD's
+    associated data and the start of the signed digest."""
+    return (Writer(TAG_STREAM_HEADER).blob(encode_header(header)).fixed(vk)
+            .fixed(certificate_hash).done())
+
+
+def encode_stream_event(e: StreamEvent) -> bytes:
+    return (Writer(TAG_STREAM_EVENT).blob(encode_stream_header(e.header, e.vk,
+                                                               e.certificate_hash))
+            .blob(e.certificate).element(e.C0)
+            .many(e.attributes, write_attribute).blob(e.sealed).fixed(e.signature).done())
+
+
+def decode_stream_event(group: PairingGroup, data: bytes) -> StreamEvent:
+    r = Reader(group, data, TAG_STREAM_EVENT, "stream event")
+    hr = Reader(group, r.blob(), TAG_STREAM_HEADER, "stream event header")
+    inner = Reader(group, hr.blob(), TAG_HEADER, "event header")
+    header = _read_header(inner)
+    inner.end()
+    vk, certificate_hash = hr.take(VK_BYTES), hr.take(HASH_BYTES)
+    hr.end()
+    event = StreamEvent(header=header, vk=vk, certificate_hash=certificate_hash,
+                        certificate=r.blob(), C0=r.unchecked(G2),
+                        attributes=r.many(_read_attribute), sealed=r.blob(),
+                        signature=r.take(SIGNATURE_BYTES))
+    r.end()
+    if len(event.attributes) != len(header.publisher_credentials):
+        raise CodecError("stream event: attribute and credential counts differ")
+    return event
+
+
+def decode_any_event(group: PairingGroup, data: bytes) -> EncryptedEvent | StreamEvent:
+    """A version 2 event or a stream event, told apart by the type tag."""
+    if data[:1] == bytes((TAG_STREAM_EVENT,)):
+        return decode_stream_event(group, data)
+    return decode_event(group, data)

@@ -76,3 +76,43 @@ class RequestOpening:
 
     sw: bytes
     position: int
+
+
+@dataclass(frozen=True)
+class CertificatePart:
+    """Cert_i = (P1_i * m_c^r_i, P2_i, ĝ^r_i): an identity-based signature of attribute i's
+    publisher credential p_i over the session's certificate digest m_c."""
+
+    Sig: Element
+    P2: Element
+    R: Element
+
+
+@dataclass(frozen=True)
+class SessionCertificate:
+    """A stream's session certificate: binds the Ed25519 key ``vk`` to the publisher
+    credentials p_i, for one epoch and schema, until ``expires_at`` (Unix seconds)."""
+
+    vk: bytes
+    epoch: int
+    expires_at: int
+    schema_id: str
+    publisher_credentials: tuple[Credential, ...]
+    parts: tuple[CertificatePart, ...]
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """An event of a stream: the version 2 header, the session key ``vk`` and the hash of
+    the certificate (all signed), the encoded certificate itself for a peer that has not
+    seen it (parsed only then), C0, the attribute entries (reused while their cell and
+    window hold), the sealed payload, and an Ed25519 signature under the session key."""
+
+    header: EventHeader
+    vk: bytes
+    certificate_hash: bytes
+    certificate: bytes
+    C0: Element
+    attributes: tuple[AttributeCiphertext, ...]
+    sealed: bytes
+    signature: bytes

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,6 +48,7 @@ from credentials.keys import (
     SubscriberCredentialKey,
     SubscriberKey,
 )
+from credentials.lru import LRU
 from credentials.messages import (
     AttributeCiphertext,
     AttributeSignature,
@@ -57,6 +57,7 @@ from credentials.messages import (
     EventHeader,
     RequestEntry,
     RequestOpening,
+    StreamEvent,
 )
 from credentials.schema import Attribute, Schema, SchemaError
 from credentials.symmetric import (
@@ -81,6 +82,10 @@ MAX_PAYLOAD = 8 * 1024 * 1024
 PAYLOAD_BUCKET = 256
 #: Tag of the signed digest's input (see docs/wire-format.md).
 TAG_DIGEST = 12
+#: Both kinds of event: version 2, or of a stream (v2.1).
+AnyEvent = EncryptedEvent | StreamEvent
+#: e(T, C1_i) by (T, C1_i): the position keys a peer remembers for a stream's reused C1_i.
+PositionKeys = LRU[tuple[bytes, bytes], Element]
 
 
 class SchemeError(ValueError):
@@ -120,18 +125,6 @@ def identity_string(attribute: str, role: str, epoch: int, credential: Credentia
                             credential.encode())
 
 
-class _LRU(OrderedDict[bytes, Element]):
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def remember(self, key: bytes, value: Element) -> Element:
-        self[key] = value
-        if len(self) > self.size:
-            self.popitem(last=False)
-        return value
-
-
 class PublicParams:
     """Group, master public key and schema, with the precomputations every peer reuses."""
 
@@ -142,14 +135,13 @@ class PublicParams:
         self.schema = schema
         self.g_hat = group.prepare(mpk.g_hat)
         self.h = group.prepare(mpk.h)
-        self._f: _LRU = _LRU(cache_size)
-        self._f_h: _LRU = _LRU(cache_size)
+        self._f: LRU[bytes, Element] = LRU(cache_size)
+        self._f_h: LRU[bytes, Element] = LRU(cache_size)
 
     def F(self, identity: bytes) -> Element:
         """F(s): RFC 9380 hash onto G1 with domain tag DST_ID (cached)."""
         cached = self._f.get(identity)
         if cached is not None:
-            self._f.move_to_end(identity)
             return cached
         return self._f.remember(identity, self.group.hash_to_g1(identity, DST_ID))
 
@@ -157,7 +149,6 @@ class PublicParams:
         """e(F(s), h) (cached): turns the per-position pairing of encryption into a GT power."""
         cached = self._f_h.get(identity)
         if cached is not None:
-            self._f_h.move_to_end(identity)
             return cached
         return self._f_h.remember(identity, self.group.pair(self.F(identity), self.h))
 
@@ -236,7 +227,7 @@ def publisher_key_for(keys: Sequence[PublisherKey], leaf: Credential) -> Publish
     raise NotAuthorized(f"no publisher credential covers the value of {leaf.attribute!r}")
 
 
-def _payload(event: Event) -> bytes:
+def payload(event: Event) -> bytes:
     """msgpack({"v": values, "b": body}), then 0x80 and zeros up to a multiple of
     PAYLOAD_BUCKET bytes, so the ciphertext's size does not give away a value's length."""
     packed = msgpack.packb({"v": event.values, "b": event.body}, use_bin_type=True) + b"\x80"
@@ -262,7 +253,7 @@ def _xor(a: bytes, b: bytes) -> bytes:
     return (int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).to_bytes(len(a), "big")
 
 
-def _signed_digest(header_bytes: bytes, C0: Element, attributes: Sequence[AttributeCiphertext],
+def signed_digest(header_bytes: bytes, C0: Element, attributes: Sequence[AttributeCiphertext],
                    signatures: Sequence[AttributeSignature], sealed: bytes) -> bytes:
     """SHA-256(header || C0 || every C1_i, E_i, R_i || every P2_i || sealed payload)."""
     w = Writer(TAG_DIGEST).blob(header_bytes).element(C0)
@@ -294,23 +285,30 @@ def encrypt_attribute(pp: PublicParams, attribute: Attribute, i: int, epoch: int
                                R=tuple(tags))
 
 
-def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Event
-                     ) -> EncryptedEvent:
-    """Per attribute i, :func:`encrypt_attribute` with a fresh b_i; C0 = hd^s with
-    s = sum b_i; K = KDF(Y^s, "payload" || id) seals the payload; Sig_i = P1_i * m^b_i
-    with m = M(digest), the digest covering every P2_i too."""
-    group, mpk, schema = pp.group, pp.mpk, pp.schema
+def plan_publication(pp: PublicParams, keys: Sequence[PublisherKey], event: Event
+                     ) -> tuple[int, list[tuple[Credential, ...]], list[PublisherKey]]:
+    """The epoch of ``keys``, each value's credential path, and per attribute the publisher
+    key that covers the value; NotAuthorized if the values or the keys do not allow it."""
     if not keys:
         raise NotAuthorized("no publisher keys")
     epoch = keys[0].epoch
     if any(k.epoch != epoch for k in keys):
         raise NotAuthorized("publisher keys of different epochs")
     try:
-        values = schema.validate_values(event.values)
+        values = pp.schema.validate_values(event.values)
     except SchemaError as exc:
         raise NotAuthorized(str(exc)) from exc
-    paths = [enclosing_path(schema, a.name, values[a.name]) for a in schema.attributes]
-    chosen = [publisher_key_for(keys, path[-1]) for path in paths]
+    paths = [enclosing_path(pp.schema, a.name, values[a.name]) for a in pp.schema.attributes]
+    return epoch, paths, [publisher_key_for(keys, path[-1]) for path in paths]
+
+
+def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Event
+                     ) -> EncryptedEvent:
+    """Per attribute i, :func:`encrypt_attribute` with a fresh b_i; C0 = hd^s with
+    s = sum b_i; K = KDF(Y^s, "payload" || id) seals the payload; Sig_i = P1_i * m^b_i
+    with m = M(digest), the digest covering every P2_i too."""
+    group, mpk, schema = pp.group, pp.mpk, pp.schema
+    epoch, paths, chosen = plan_publication(pp, keys, event)
     header = EventHeader(schema_id=schema.id, epoch=epoch, event_id=event.event_id,
                          publisher_credentials=tuple(k.credential for k in chosen))
     b = [group.random_scalar() for _ in schema.attributes]
@@ -320,27 +318,28 @@ def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Even
     s = sum(b) % group.order
     C0 = group.exp_secret(mpk.hd, s)
     header_bytes = encode_header(header)
-    sealed = seal(_payload_key(mpk.Y ** s, event.event_id), _payload(event), header_bytes,
+    sealed = seal(payload_key(mpk.Y ** s, event.event_id), payload(event), header_bytes,
                   group.random_bytes(NONCE_BYTES))
     unsigned = [AttributeSignature(Sig=k.P1, P2=k.P2) for k in chosen]
-    m = pp.M(_signed_digest(header_bytes, C0, attributes, unsigned, sealed))
+    m = pp.M(signed_digest(header_bytes, C0, attributes, unsigned, sealed))
     signatures = tuple(AttributeSignature(Sig=k.P1 * group.exp_secret(m, b_i), P2=k.P2)
                        for k, b_i in zip(chosen, b, strict=True))
     return EncryptedEvent(header=header, C0=C0, attributes=attributes, sealed=sealed,
                           signatures=signatures)
 
 
-def _payload_key(Ys: Element, event_id: str) -> bytes:
+def payload_key(Ys: Element, event_id: str) -> bytes:
     """K = KDF(Y^s, "payload" || event id)."""
     return KDF(Ys, b"payload" + _length_prefixed(event_id.encode()))
 
 
 # -- Route test, decrypt, verify (report 6.3, eq. 7.1) -----------------------------------------
 
-def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken, event: EncryptedEvent
-                  ) -> tuple[int, Element] | None:
+def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken, event: AnyEvent,
+                  known: PositionKeys | None = None) -> tuple[int, Element] | None:
     """(i, K_ij = e(T, C1_i)) when the token's tag matches R_ij, j the token's position;
-    None otherwise. Only the header, C1_i and R_i are read (and C1_i checked)."""
+    None otherwise. Only the header, C1_i and R_i are read (and C1_i checked). ``known``
+    remembers e(T, C1_i) by (T, C1_i): a stream reuses C1_i across events."""
     j = token.position
     try:
         i = pp.schema.index(token.attribute)
@@ -352,44 +351,64 @@ def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken, event: E
     ct = event.attributes[i]
     if len(ct.R) != expected or j >= expected:
         return None
-    try:
-        K = pp.group.pair(token.T, ct.C1)
-    except GroupError:
-        return None
+    cache_key = (bytes(token.T), bytes(ct.C1))
+    K = known.get(cache_key) if known is not None else None
+    if K is None:
+        try:
+            K = pp.group.pair(token.T, ct.C1)
+        except GroupError:
+            return None
+        if known is not None:
+            known.remember(cache_key, K)
     return (i, K) if mac_equal(H4(K), ct.R[j]) else None
 
 
-def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: EncryptedEvent
-               ) -> bool:
-    """Forward iff H4(e(T, C1_i)) == R_ij, j = position of the token's credential."""
-    return token.epoch == event.header.epoch and _position_key(pp, token, event) is not None
+def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: AnyEvent,
+               known: PositionKeys | None = None) -> bool:
+    """Forward iff H4(e(T, C1_i)) == R_ij, j = position of the token's credential; ``known``
+    caches e(T, C1_i) (a stream's routers)."""
+    return (token.epoch == event.header.epoch
+            and _position_key(pp, token, event, known) is not None)
 
 
-def _check_structure(pp: PublicParams, event: EncryptedEvent) -> None:
-    schema, header = pp.schema, event.header
-    if header.schema_id != schema.id:
+def check_publisher_credentials(pp: PublicParams, schema_id: str,
+                                credentials: Sequence[Credential]) -> None:
+    """Raise SchemeError unless ``credentials`` name one credential per attribute of this
+    schema, in its order."""
+    schema = pp.schema
+    if schema_id != schema.id:
         raise SchemeError("event is for another schema")
-    if len(event.attributes) != len(schema.attributes):
+    if len(credentials) != len(schema.attributes):
         raise SchemeError("event does not carry every attribute of the schema")
-    for a, c, ct in zip(schema.attributes, header.publisher_credentials, event.attributes,
-                        strict=True):
+    for a, c in zip(schema.attributes, credentials, strict=True):
         if c.attribute != a.name or c.kind != a.kind:
             raise SchemeError(f"publisher credential {c} does not belong to {a.name!r}")
+
+
+def check_structure(pp: PublicParams, event: AnyEvent) -> None:
+    """Raise SchemeError unless the event has this schema's shape."""
+    header = event.header
+    check_publisher_credentials(pp, header.schema_id, header.publisher_credentials)
+    if len(event.attributes) != len(pp.schema.attributes):
+        raise SchemeError("event does not carry every attribute of the schema")
+    for a, ct in zip(pp.schema.attributes, event.attributes, strict=True):
         if len(ct.R) != a.positions:
             raise SchemeError(f"attribute {a.name!r} carries {len(ct.R)} positions, "
                               f"not {a.positions}")
 
 
-def _unmask(pp: PublicParams, key: SubscriberKey, i: int, attribute: str,
-            event: EncryptedEvent) -> tuple[SubscriberCredentialKey, Element]:
+def unmask(pp: PublicParams, key: SubscriberKey, i: int, attribute: str, event: AnyEvent,
+           mask_id: str, known: PositionKeys | None = None
+           ) -> tuple[SubscriberCredentialKey, Element]:
     """The credential key on ``attribute`` whose tag matches (a subscriber's credentials on
-    one attribute are disjoint), and C2 = E_ij XOR KDF(K_ij, ...), checked as a G1 element."""
+    one attribute are disjoint), and C2 = E_ij XOR KDF(K_ij, "c2" || mask_id || i || j),
+    checked as a G1 element; ``mask_id`` is the event id the entry was made for."""
     for k in key.for_attribute(attribute):
-        found = _position_key(pp, k.token, event)
+        found = _position_key(pp, k.token, event, known)
         if found is None:
             continue
         j = k.credential.position
-        mask = KDF(found[1], _mask_info(event.header.event_id, i, j), pp.group.sizes[G1])
+        mask = KDF(found[1], _mask_info(mask_id, i, j), pp.group.sizes[G1])
         try:
             return k, pp.group.deserialize(G1, _xor(event.attributes[i].E[j], mask))
         except GroupError as exc:
@@ -401,14 +420,14 @@ def decrypt(pp: PublicParams, key: SubscriberKey, event: EncryptedEvent) -> Even
     """Per attribute, the own token's route test gives K_ij and unmasks C2_{i,j}; then
     Y^s = e(D, C0) * prod_i e(C2_{i,j_i}, S2_i) / e(S1_i, C1_i), one multi-pairing;
     K = KDF(Y^s, ...), the AEAD, and the values against the header and the path."""
-    _check_structure(pp, event)
+    check_structure(pp, event)
     header = event.header
     if header.epoch != key.epoch:
         raise DecryptionError(f"event of epoch {header.epoch}, keys of epoch {key.epoch}")
     pairs: list[tuple[Element, Element | PreparedG2]] = [(key.D, event.C0)]
     matched = []
     for i, (a, ct) in enumerate(zip(pp.schema.attributes, event.attributes, strict=True)):
-        k, C2 = _unmask(pp, key, i, a.name, event)
+        k, C2 = unmask(pp, key, i, a.name, event, header.event_id)
         matched.append(k.credential)
         pairs.append((C2, k.S2_prepared or k.S2))
         pairs.append((~k.S1, ct.C1))
@@ -417,20 +436,27 @@ def decrypt(pp: PublicParams, key: SubscriberKey, event: EncryptedEvent) -> Even
     except GroupError as exc:
         raise DecryptionError(f"malformed event: {exc}") from exc
     try:
-        payload = open_sealed(_payload_key(Ys, header.event_id), event.sealed,
+        payload = open_sealed(payload_key(Ys, header.event_id), event.sealed,
                               encode_header(header))
     except AuthenticationFailed as exc:
         raise DecryptionError("payload does not open: credentials do not match") from exc
-    event_out = _parse_payload(pp.schema, header.event_id, payload)
-    for a, mine, theirs in zip(pp.schema.attributes, matched, header.publisher_credentials,
+    return parse_payload(pp.schema, header, matched, payload)
+
+
+def parse_payload(schema: Schema, header: EventHeader, matched: Sequence[Credential],
+                  payload: bytes) -> Event:
+    """The event sealed in ``payload``; its values must lie in the subscriber's ``matched``
+    credentials and in the publisher credentials the header names."""
+    event = _unpack_payload(schema, header.event_id, payload)
+    for a, mine, theirs in zip(schema.attributes, matched, header.publisher_credentials,
                                strict=True):
-        leaf = value_credential(pp.schema, a.name, event_out.values[a.name])
+        leaf = value_credential(schema, a.name, event.values[a.name])
         if not (mine.covers(leaf) and theirs.covers(leaf)):
             raise DecryptionError(f"value of {a.name!r} lies outside the credentials it names")
-    return event_out
+    return event
 
 
-def _parse_payload(schema: Schema, event_id: str, payload: bytes) -> Event:
+def _unpack_payload(schema: Schema, event_id: str, payload: bytes) -> Event:
     try:
         data = msgpack.unpackb(_unpad(payload), raw=False, max_bin_len=MAX_PAYLOAD,
                                max_str_len=MAX_PAYLOAD)
@@ -447,20 +473,32 @@ def verify(pp: PublicParams, event: EncryptedEvent) -> bool:
     """Batch check of e(Sig_i, ĝ) = Y * e(F(Pu_PUB(A_i, p_i)), P2_i) * e(m, C1_i) with 64-bit
     weights: e(prod Sig_i^w_i, ĝ) = Y^(sum w_i) * prod e(F_i^w_i, P2_i) * e(m, prod C1_i^w_i)."""
     try:
-        _check_structure(pp, event)
-        group, header = pp.group, event.header
-        m = pp.M(_signed_digest(encode_header(header), event.C0, event.attributes,
+        check_structure(pp, event)
+        header = event.header
+        m = pp.M(signed_digest(encode_header(header), event.C0, event.attributes,
                                 event.signatures, event.sealed))
-        w = [secrets.randbits(BATCH_WEIGHT_BITS) | 1 for _ in event.signatures]
-        pairs: list[tuple[Element, Element | PreparedG2]] = [
-            (group.multi_exp([s.Sig for s in event.signatures], w), pp.g_hat)]
-        for c, s, w_i in zip(header.publisher_credentials, event.signatures, w, strict=True):
-            F = pp.F(identity_string(c.attribute, PUB, header.epoch, c))
-            pairs.append((~(F ** w_i), s.P2))
-        pairs.append((~m, group.multi_exp([a.C1 for a in event.attributes], w)))
-        return group.multi_pair(pairs) == pp.mpk.Y ** sum(w)
+        return batch_verify(pp, m, header.epoch, header.publisher_credentials,
+                            [s.Sig for s in event.signatures], [s.P2 for s in event.signatures],
+                            [a.C1 for a in event.attributes])
     except (SchemeError, GroupError):
         return False
+
+
+def batch_verify(pp: PublicParams, m: Element, epoch: int, credentials: Sequence[Credential],
+                 Sig: Sequence[Element], P2: Sequence[Element], C1: Sequence[Element]) -> bool:
+    """e(Sig_i, ĝ) = Y * e(F(Pu_PUB(A_i, p_i)), P2_i) * e(m, C1_i) for every i, checked at
+    once with 64-bit weights w_i:
+    e(prod Sig_i^w_i, ĝ) = Y^(sum w_i) * prod e(F_i^w_i, P2_i) * e(m, prod C1_i^w_i).
+    Raises GroupError on a malformed element."""
+    group = pp.group
+    w = [secrets.randbits(BATCH_WEIGHT_BITS) | 1 for _ in Sig]
+    pairs: list[tuple[Element, Element | PreparedG2]] = [(group.multi_exp(list(Sig), w),
+                                                          pp.g_hat)]
+    for c, P2_i, w_i in zip(credentials, P2, w, strict=True):
+        F = pp.F(identity_string(c.attribute, PUB, epoch, c))
+        pairs.append((~(F ** w_i), P2_i))
+    pairs.append((~m, group.multi_exp(list(C1), w)))
+    return group.multi_pair(pairs) == pp.mpk.Y ** sum(w)
 
 
 # -- Connection requests (report 7.3, Algorithm 2) ----------------------------------------------

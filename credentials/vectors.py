@@ -208,20 +208,20 @@ def _decryption_section(pp: S.PublicParams, key: SubscriberKey, event: Encrypted
     pairs: list[tuple[Element, Element]] = [(key.D, event.C0)]
     used = []
     for i, a in enumerate(pp.schema.attributes):
-        k, C2 = S._unmask(pp, key, i, a.name, event)
+        k, C2 = S.unmask(pp, key, i, a.name, event, event.header.event_id)
         pairs += [(C2, k.S2), (~k.S1, event.attributes[i].C1)]
         used.append({"attribute": a.name, "position": k.credential.position,
                      "credential": k.credential.label()})
     Ys = group.multi_pair(pairs)
     return {"subscriber": "matching", "credentials": used, "Ys": _hex(Ys),
-            "payload_key": S._payload_key(Ys, event.header.event_id).hex()}
+            "payload_key": S.payload_key(Ys, event.header.event_id).hex()}
 
 
 def _event_section(pp: S.PublicParams, msk: MasterSecretKey, key: SubscriberKey,
                    schema_name: str, plain: S.Event, event: EncryptedEvent) -> dict[str, Any]:
     header_bytes = codec.encode_header(event.header)
     # The same arguments as scheme.verify passes: the digest M hashes onto G1.
-    digest = S._signed_digest(header_bytes, event.C0, event.attributes, event.signatures,
+    digest = S.signed_digest(header_bytes, event.C0, event.attributes, event.signatures,
                               event.sealed)
     m = pp.M(digest)
     paths = [enclosing_path(pp.schema, a.name, plain.values[a.name])
@@ -233,7 +233,7 @@ def _event_section(pp: S.PublicParams, msk: MasterSecretKey, key: SubscriberKey,
         "event_id": event.header.event_id,
         "values": plain.values,
         "body": plain.body.hex(),
-        "payload": S._payload(plain).hex(),
+        "payload": S.payload(plain).hex(),
         "header": {"bytes": header_bytes.hex(), "publisher_credentials": [
             _credential(c) for c in event.header.publisher_credentials]},
         "encoded": codec.encode_event(event).hex(),

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from overlay.bench_sizes import EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
+from overlay.bench_sizes import DEFAULT_EXPERIMENTS, EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
 from peer.arguments import CommandError, bench_group, int_list
 
 
@@ -42,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     bench = Bench(Path(args.out), sizes, LatencyModel(args.latency_median_ms / 1e3,
                                                       args.latency_sigma),
                   seed=args.seed, workers=args.workers, min_seconds=args.min_seconds,
-                  experiments=args.experiments or EXPERIMENTS)
+                  experiments=args.experiments or DEFAULT_EXPERIMENTS)
     summary = bench.run()
     for name, by_stat in summary.get("overhead_ms", {}).items():
         for stat, values in by_stat.items():
@@ -74,11 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "dissemination delay vs peers, OHF vs MCR, tree shape in the stock schema, "
         "encryption operations per event vs "
         "subscribers for four schemes, and a cross-check against real peer processes on "
-        "loopback. Writes JSON and a PNG plot per experiment into --out.")
+        "loopback; on request (--experiments streams), dissemination at ten times the "
+        "report's event rate on real cryptography, without and with streams (the first "
+        "--dissemination-peers size; slow). Writes JSON and a PNG plot per experiment into "
+        "--out.")
     p.add_argument("--out", default="bench/overlay", help="output directory")
     p.add_argument("--experiments", type=_names, default=None,
                    help="comma-separated subset of connection,degree,dissemination,routing,"
-                   "trees,encryption,loopback (default: all)")
+                   "trees,encryption,loopback,streams (default: all but streams)")
     for flag, value, what in (
             ("--peers", d.peers, "peer counts of the connection experiment"),
             ("--degrees", d.degrees, "maximum out-degrees of the out-degree experiment"),

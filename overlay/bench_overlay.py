@@ -25,9 +25,10 @@ from overlay import (
     evaluation_encryption,
     evaluation_loopback,
     evaluation_plots,
+    evaluation_streams,
     evaluation_trees,
 )
-from overlay.bench_sizes import EXPERIMENTS, Sizes
+from overlay.bench_sizes import DEFAULT_EXPERIMENTS, Sizes
 from overlay.crypto_model import CostTable
 from overlay.evaluation_costs import calibrate
 from overlay.evaluation_delays import (
@@ -58,7 +59,7 @@ class Bench:
     seed: int = 1
     workers: int = 2
     min_seconds: float = 0.1
-    experiments: Sequence[str] = EXPERIMENTS
+    experiments: Sequence[str] = DEFAULT_EXPERIMENTS
     progress: Callable[[str], None] = field(
         default=lambda msg: print(f"[bench overlay] {msg}", file=sys.stderr, flush=True))
 
@@ -121,6 +122,17 @@ class Bench:
             else:
                 self.write("loopback", report, evaluation_plots.loopback)
                 summary["loopback_ratio"] = report["mean_ratio_processes_to_simulator"]
+        if "streams" in self.experiments:
+            setting = Setting(tree_schema(), CostTable.default(), self.latency, self.seed)
+            pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+            try:
+                report = evaluation_streams.run(setting, s.dissemination_peers[0],
+                                                s.max_children, s.publishers,
+                                                s.events_per_publisher, self.runner(pool))
+            finally:
+                if pool is not None:
+                    pool.shutdown()
+            self.write("streams", report, evaluation_streams.plot)
         summary["report_overhead_ms"] = REPORT_OVERHEAD_MS
         summary["seconds"] = round(time.monotonic() - started, 1)
         summary["load_average_at_end"] = os.getloadavg()

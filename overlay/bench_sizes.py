@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
-               "loopback")
+               "loopback", "streams")
+#: What runs unless --experiments names others: "streams" runs real cryptography on every
+#: peer of the dissemination setting, which takes many minutes.
+DEFAULT_EXPERIMENTS = EXPERIMENTS[:-1]
 #: The schemas `bench exactness` runs over, by name.
 EXACTNESS_SCHEMAS = ("stocks", "strings")
 #: Most subscriber processes the loopback cross-check starts.

@@ -138,3 +138,10 @@ class CryptoSuite(Protocol):
     def verify(self, event: Any) -> bool: ...
 
     def decrypt(self, key: Any, event: Any) -> Event | None: ...
+
+    def drop_epoch(self, epoch: int) -> None:
+        """Forget what was cached for ``epoch`` (its keys expired) and refuse its events."""
+
+    def for_peer(self) -> CryptoSuite:
+        """The suite for one more peer in this process (the simulator runs many): the same
+        parameters and meter, and caches of its own where a real peer would have them."""

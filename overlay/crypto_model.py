@@ -284,3 +284,9 @@ class ModeledCrypto:
                 return None
         return Event(event.event_id, dict(event.values), event.body)
 
+    def drop_epoch(self, epoch: int) -> None:
+        """Nothing to forget: the model keeps no per-epoch cache."""
+
+    def for_peer(self) -> ModeledCrypto:
+        """The model's only cache (decoded events) holds no secret: peers share it."""
+        return self

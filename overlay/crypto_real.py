@@ -7,16 +7,17 @@ simulator running real cryptography charges the real processing delay.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from credentials import codec, scheme
+from credentials import codec, scheme, streams
 from credentials.certificates import RootCertificate
-from credentials.messages import ConnectionRequest, EncryptedEvent, RequestOpening
-from credentials.scheme import Event, PublicParams
+from credentials.messages import ConnectionRequest, RequestOpening, StreamEvent
+from credentials.scheme import AnyEvent, Event, PublicParams
 from overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 
@@ -25,12 +26,17 @@ def _root_signed(request: ConnectionRequest, context: bytes) -> bytes:
 
 
 class RealCrypto:
-    """Pairing-based checks with the key server's Ed25519 public key as trust anchor."""
+    """Pairing-based checks with the key server's Ed25519 public key as trust anchor.
+    Events of both kinds, version 2 and streams, are taken; a stream's are checked against
+    ``clock`` (certificate expiry) and use this peer's per-epoch stream caches."""
 
-    def __init__(self, pp: PublicParams, server_key: Ed25519PublicKey) -> None:
+    def __init__(self, pp: PublicParams, server_key: Ed25519PublicKey,
+                 clock: Callable[[], float] = time.time) -> None:
         self.pp = pp
         self.server_key = server_key
         self.meter = CostMeter()
+        self.clock = clock
+        self.streams = streams.StreamCaches()
 
     def decode_request(self, data: bytes) -> ConnectionRequest:
         with self.meter.timed("decode_request"):
@@ -96,27 +102,46 @@ class RealCrypto:
     def token_epoch(self, token: Any) -> int:
         return int(token.epoch)
 
-    def decode_event(self, data: bytes) -> EncryptedEvent:
+    def decode_event(self, data: bytes) -> AnyEvent:
         with self.meter.timed("decode_event"):
             try:
-                return codec.decode_event(self.pp.group, data)
+                return codec.decode_any_event(self.pp.group, data)
             except codec.CodecError as exc:
                 raise CryptoRejected(str(exc)) from None
 
-    def event_epoch(self, event: EncryptedEvent) -> int:
+    def event_epoch(self, event: AnyEvent) -> int:
         return event.header.epoch
 
-    def route(self, token: Any, event: EncryptedEvent) -> bool:
+    def route(self, token: Any, event: AnyEvent) -> bool:
+        """A stream's route tests are cached by (token, C1_i): reused entries cost none."""
         with self.meter.timed("route"):
-            return scheme.route_test(self.pp, token, event)
+            if not isinstance(event, StreamEvent):
+                return scheme.route_test(self.pp, token, event)
+            caches = self.streams.epoch(event.header.epoch)
+            return caches is not None and scheme.route_test(self.pp, token, event,
+                                                            caches.position_keys)
 
-    def verify(self, event: EncryptedEvent) -> bool:
+    def verify(self, event: AnyEvent) -> bool:
         with self.meter.timed("verify"):
+            if isinstance(event, StreamEvent):
+                return streams.stream_verify(self.pp, self.streams, event, self.clock())
             return scheme.verify(self.pp, event)
 
-    def decrypt(self, key: Any, event: EncryptedEvent) -> Event | None:
+    def decrypt(self, key: Any, event: AnyEvent) -> Event | None:
         with self.meter.timed("decrypt"):
             try:
+                if isinstance(event, StreamEvent):
+                    return streams.stream_decrypt(self.pp, key, self.streams, event,
+                                                  self.clock())
                 return scheme.decrypt(self.pp, key, event)
             except scheme.SchemeError:
                 return None
+
+    def drop_epoch(self, epoch: int) -> None:
+        self.streams.drop_epoch(epoch)
+
+    def for_peer(self) -> RealCrypto:
+        """Same parameters, trust anchor, clock and meter; stream caches of its own."""
+        suite = RealCrypto(self.pp, self.server_key, self.clock)
+        suite.meter = self.meter
+        return suite

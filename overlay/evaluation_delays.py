@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from credentials.schema import Schema
+from credentials.streams import StreamWindow
 from overlay.actions import Action, Connected
 from overlay.config import OverlayConfig, Routing
 from overlay.crypto import CostMeter
@@ -79,11 +80,13 @@ class JoinRecorder(Simulator):
 
 
 def build(setting: Setting, peers: int, max_children: int, mode: Mode,
-          routing: Routing = "ohf", credentials: int = 1, fine_depth: int = 0
-          ) -> JoinRecorder:
-    """A tree of ``peers`` subscribers that joined one after another, settled."""
+          routing: Routing = "ohf", credentials: int = 1, fine_depth: int = 0,
+          stream_window: StreamWindow | None = None) -> JoinRecorder:
+    """A tree of ``peers`` subscribers that joined one after another, settled (publishers
+    run streams with ``stream_window``, on real cryptography only)."""
     sim = JoinRecorder(setting.schema, setting.config(max_children, routing), mode=mode,
-                    costs=setting.costs, latency=setting.latency, seed=setting.seed)
+                       costs=setting.costs, latency=setting.latency, seed=setting.seed,
+                       stream_window=stream_window)
     sim.add_roots()
     workload = Workload(setting.schema, random.Random(setting.seed))
     names = list(setting.schema.names)
@@ -134,9 +137,10 @@ def connection_vs_degree(setting: Setting, peers: int, degrees: Sequence[int], r
             "rows": rows}
 
 
-def publish_all(sim: Simulator, setting: Setting, publishers: int, events_each: int
-                ) -> list[tuple[str, dict[str, Any]]]:
-    """``publishers`` publishers each publish ``events_each`` events at random times."""
+def publish_all(sim: Simulator, setting: Setting, publishers: int, events_each: int,
+                window: float = PUBLISH_WINDOW) -> list[tuple[str, dict[str, Any]]]:
+    """``publishers`` publishers each publish ``events_each`` events at random times over
+    ``window`` seconds."""
     rng = random.Random(setting.seed + 1)
     workload = Workload(setting.schema, random.Random(setting.seed + 2))
     start = sim.now
@@ -145,19 +149,19 @@ def publish_all(sim: Simulator, setting: Setting, publishers: int, events_each: 
         pub = sim.add_publisher()
         for _ in range(events_each):
             values = workload.values()
-            event_id = sim.publish(pub, values, at=start + rng.uniform(0, PUBLISH_WINDOW))
+            event_id = sim.publish(pub, values, at=start + rng.uniform(0, window))
             published.append((event_id, values))
-    sim.run_until(start + PUBLISH_WINDOW + DELIVER)
+    sim.run_until(start + window + DELIVER)
     return published
 
 
-def disseminate(sim: JoinRecorder, setting: Setting, publishers: int, events_each: int
-                ) -> dict[str, Any]:
+def disseminate(sim: JoinRecorder, setting: Setting, publishers: int, events_each: int,
+                window: float = PUBLISH_WINDOW) -> dict[str, Any]:
     """Publish on a built overlay; delays, completeness, false positives, messages."""
     subscribers = sim.alive_subscribers()
     before = {a: sim.machines[a].stats.false_positives for a in subscribers}
     spent = dict(sim.crypto.meter.by_op)
-    published = publish_all(sim, setting, publishers, events_each)
+    published = publish_all(sim, setting, publishers, events_each, window)
     per_event = {op: (t - spent.get(op, 0.0)) * 1e3 / max(len(published), 1)
                  for op, t in sim.crypto.meter.by_op.items()}
     expected = sum(len(sim.expected_receivers(v)) for _, v in published)

@@ -24,6 +24,7 @@ from credentials.decompose import decompose, fine_split, root_credential
 from credentials.predicates import Predicate
 from credentials.schema import Schema
 from credentials.scheme import Event, PublicParams
+from credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
 from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
 from overlay.crypto_real import RealCrypto
@@ -71,14 +72,24 @@ class ModeledIssuer:
                                                                       expires_at), None,
                        (cred, epoch))
 
-    def encrypt(self, event: Event, epoch: int) -> bytes:
+    def encrypt(self, event: Event, epoch: int, publisher: str = "", now: float = 0.0
+                ) -> bytes:
+        """The model publishes version-2 events only (``publisher`` and ``now`` serve the
+        real issuer's streams)."""
         return self.crypto.encrypt(event, epoch)
 
 
-class RealIssuer:
-    """The scheme (docs/scheme.md) with a master key drawn here and an Ed25519 signing key."""
+#: Expiry of the simulated publishers' session certificates (Unix seconds, far ahead: the
+#: peers check it against the wall clock).
+CERTIFICATE_EXPIRY = 2**40
 
-    def __init__(self, schema: Schema) -> None:
+
+class RealIssuer:
+    """The scheme (docs/scheme.md) with a master key drawn here and an Ed25519 signing key;
+    with ``stream_window``, every publisher publishes a stream (scheme section 15), its
+    window measured on the simulator's clock."""
+
+    def __init__(self, schema: Schema, stream_window: StreamWindow | None = None) -> None:
         group = load_group()
         mpk, self.msk = scheme.setup(group)
         self.pp = PublicParams(group, mpk, schema)
@@ -86,6 +97,9 @@ class RealIssuer:
         self.server_key = Ed25519PrivateKey.generate()
         self.crypto = RealCrypto(self.pp, self.server_key.public_key())
         self._publisher_keys: dict[int, Sequence[scheme.PublisherKey]] = {}
+        self.stream_window = stream_window
+        self._streams: dict[tuple[str, int], Stream] = {}
+        self._now = 0.0
 
     def subscriber_kit(self, predicate: Predicate, epoch: int, expires_at: int,
                        max_credentials: int | None = 4, fine_depth: int = 1) -> SubscriberKit:
@@ -115,12 +129,21 @@ class RealIssuer:
         return RootKit(credential, epoch, cert.to_bytes(), transport,
                        scheme.keygen_routing_token(self.pp, self.msk, credential, epoch))
 
-    def encrypt(self, event: Event, epoch: int) -> bytes:
-        """Encrypt and sign with publisher keys for the whole domain of every attribute."""
+    def encrypt(self, event: Event, epoch: int, publisher: str = "", now: float = 0.0
+                ) -> bytes:
+        """Encrypt and sign with publisher keys for the whole domain of every attribute; as
+        ``publisher``'s stream at time ``now`` if streams are on."""
         keys = self._publisher_keys.get(epoch)
         if keys is None:
             keys = self._publisher_keys[epoch] = [
                 scheme.keygen_publisher(self.pp, self.msk, root_credential(a), epoch)
                 for a in self.schema.attributes]
-        return codec.encode_event(scheme.encrypt_and_sign(self.pp, keys, event))
+        if self.stream_window is None:
+            return codec.encode_event(scheme.encrypt_and_sign(self.pp, keys, event))
+        self._now = now
+        stream = self._streams.get((publisher, epoch))
+        if stream is None:
+            stream = self._streams[(publisher, epoch)] = Stream(
+                self.pp, keys, self.stream_window, CERTIFICATE_EXPIRY, lambda: self._now)
+        return codec.encode_stream_event(stream_encrypt_and_sign(stream, event))
 

@@ -345,6 +345,7 @@ class PeerMachine:
         self.next_tick_at = min(self.next_tick_at, at)
 
     def _drop_epoch(self, epoch: int) -> None:
+        self.crypto.drop_epoch(epoch)
         self.kits.pop(epoch, None)
         self._tokens = {k: t for k, t in self._tokens.items() if k[1] != epoch}
         self._expiry.pop(epoch, None)

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from credentials.predicates import Predicate
 from credentials.schema import Schema
 from credentials.scheme import Event
+from credentials.streams import StreamWindow
 from overlay.actions import Action, Connected, Deliver, Log, Send
 from overlay.config import OverlayConfig
 from overlay.crypto_model import CostTable
@@ -88,7 +89,8 @@ class Simulator:
     def __init__(self, schema: Schema, config: OverlayConfig | None = None, *,
                  mode: Mode = "modeled", costs: CostTable | None = None,
                  latency: LatencyModel | None = None, seed: int = 0, wire: bool = False,
-                 epoch: int = 1, tick_gap: float = TICK_GAP) -> None:
+                 epoch: int = 1, tick_gap: float = TICK_GAP,
+                 stream_window: StreamWindow | None = None) -> None:
         self.schema = schema
         self.config = config or OverlayConfig()
         self.rng = random.Random(seed)
@@ -97,7 +99,9 @@ class Simulator:
         self.epoch = epoch
         self.tick_gap = tick_gap
         if mode == "real":
-            self.issuer: ModeledIssuer | RealIssuer = RealIssuer(schema)
+            self.issuer: ModeledIssuer | RealIssuer = RealIssuer(schema, stream_window)
+        elif stream_window is not None:
+            raise ValueError("streams run on real cryptography only (mode='real')")
         else:
             table = CostTable.zero() if mode == "plaintext" else costs
             self.issuer = ModeledIssuer(schema, table, random.Random(self.rng.random()))
@@ -144,7 +148,7 @@ class Simulator:
         for a in self.schema.names:
             address = f"root-{a}"
             kit = self.issuer.root_kit(a, self.epoch, EXPIRY)
-            self._add_machine(address, PeerMachine(address, self.crypto, self.config,
+            self._add_machine(address, PeerMachine(address, self.crypto.for_peer(), self.config,
                                                    random.Random(self.rng.random()),
                                                    roots=[kit]))
             self.roots[a] = address
@@ -159,7 +163,7 @@ class Simulator:
         address = f"sub-{self._counter}"
         kit = self.issuer.subscriber_kit(predicate, self.epoch, EXPIRY, max_credentials,
                                          fine_depth)
-        machine = PeerMachine(address, self.crypto, self.config,
+        machine = PeerMachine(address, self.crypto.for_peer(), self.config,
                               random.Random(self.rng.random()), kit=kit)
         self._add_machine(address, machine)
         self.predicates[address] = predicate
@@ -169,7 +173,7 @@ class Simulator:
     def add_publisher(self) -> str:
         self._counter += 1
         address = f"pub-{self._counter}"
-        self._add_machine(address, PeerMachine(address, self.crypto, self.config,
+        self._add_machine(address, PeerMachine(address, self.crypto.for_peer(), self.config,
                                                random.Random(self.rng.random())))
         return address
 
@@ -293,7 +297,7 @@ class Simulator:
             members.append(address)
 
     def _publish(self, publisher: str, event_id: str, values: dict[str, Any], at: float) -> None:
-        data = self.issuer.encrypt(Event(event_id, values, b""), self.epoch)
+        data = self.issuer.encrypt(Event(event_id, values, b""), self.epoch, publisher, at)
         self._event_ids[data] = event_id
         self.metrics.published[event_id] = at
         machine = self.machines[publisher]

@@ -42,6 +42,21 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+#: Units a duration may be given in, as seconds.
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def positive_duration(text: str) -> float:
+    """Seconds, from e.g. ``1s``, ``250ms``, ``2m`` or a bare number of seconds."""
+    stripped = str(text).strip()
+    unit = next((u for u in ("ms", "s", "m", "h") if stripped.endswith(u)), "")
+    value = _parse(float, stripped.removesuffix(unit), "a duration such as 1s or 250ms")
+    seconds = value * DURATION_UNITS.get(unit, 1.0)
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return seconds
+
+
 def int_list(text: str) -> list[int]:
     """Comma-separated integers, e.g. ``1,2,4``."""
     return [_parse(int, x, "comma-separated integers") for x in text.split(",") if x.strip()]

@@ -167,9 +167,10 @@ class Cluster:
 
     def publish(self, name: str, events: list[Event], advertisement: str | None = "",
                 token: str | None = None, interval: float = 0.0, timeout: float = 120.0,
-                bundle: Path | None = None) -> subprocess.CompletedProcess[str]:
+                bundle: Path | None = None, stream_window: str | None = None
+                ) -> subprocess.CompletedProcess[str]:
         """Run ``ibe-pubsub publish`` on these events to completion (with ``bundle`` as in
-        :meth:`start_subscriber`)."""
+        :meth:`start_subscriber`; as a stream with ``stream_window``)."""
         if token is None and bundle is None:
             token = self.identity(name, "publisher")
         events_path = self.workdir / f"{name}.input.jsonl"
@@ -179,6 +180,7 @@ class Cluster:
         return subprocess.run(
             cli_command("publish", "--server", self.server,
                         *_option("--advertise", advertisement), *_option("--bundle", bundle),
+                        *_option("--stream-window", stream_window),
                         "--events", str(events_path), "--interval", str(interval),
                         "--sent-out", str(self.workdir / f"{name}.sent.jsonl"),
                         *self._transport_args()),

@@ -4,7 +4,9 @@ A publisher does not listen: it dials the roots found in the directory and its
 events enter each attribute tree there (through :meth:`PeerMachine.publish`). Its
 link key is certified with no address, so roots know it as a publisher that can be
 answered but never dialed. An event outside the advertisement is refused here,
-before anything is sent. With a bundle of ``bulk issue`` instead of enrolment, the
+before anything is sent. With a stream window, events are published as a stream
+(credentials.streams): one session certificate, then entries reused while values stay in
+their cells. With a bundle of ``bulk issue`` instead of enrolment, the
 advertisement is what the bundle's credentials enclose, or a narrower one inside them
 (:mod:`peer.bundle_file`).
 """
@@ -18,8 +20,10 @@ import time
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from credentials import codec
 from credentials.predicates import EventFilter, parse_predicate
 from credentials.scheme import Event, NotAuthorized
+from credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
 from keyserver.bundles import PublisherBundle, ServerParams
 from keyserver.client import KeyServerClient
 from overlay.actions import Send
@@ -46,7 +50,7 @@ class EventPublisher:
     def __init__(self, server: str, token: str, advertisement: str | None,
                  server_key: bytes | None = None, known_servers: KnownServers | None = None,
                  ca_file: str | None = None, insecure_transport: bool = False,
-                 bundle: str | None = None) -> None:
+                 bundle: str | None = None, stream_window: StreamWindow | None = None) -> None:
         self.client = KeyServerClient(server, token, verify=ca_file or True)
         self.advertisement_text = advertisement
         self.bundle = bundle
@@ -57,6 +61,8 @@ class EventPublisher:
         self.keys: enrolment.Publisher | None = None
         self.roots: dict[str, str] = {}
         self.machine: PeerMachine | None = None
+        self.stream_window = stream_window
+        self.stream: Stream | None = None
         self.sent = 0
 
     @property
@@ -106,6 +112,9 @@ class EventPublisher:
             assert self.advertisement_text is not None
             advertisement = parse_predicate(params.pp.schema, self.advertisement_text)
             self.keys = enrolment.enrol_publisher(self.client, params, advertisement)
+        if self.stream_window is not None:
+            self.stream = Stream(params.pp, self.keys.keys, self.stream_window,
+                                 int(self.keys.epoch_end))
         if self.transport.secure:
             key = Ed25519PrivateKey.generate()
             certificate = enrolment.certify_link_key(self.client, params, key, [])
@@ -126,7 +135,9 @@ class EventPublisher:
         if not self.advertisement.matches(event.values):
             raise PublishRefused(f"event {event.event_id!r} lies outside the advertisement")
         try:
-            ciphertext = enrolment.encrypt(self.params, self.keys, event)
+            ciphertext = (enrolment.encrypt(self.params, self.keys, event) if self.stream is None
+                          else codec.encode_stream_event(stream_encrypt_and_sign(self.stream,
+                                                                                 event)))
         except NotAuthorized as exc:
             raise PublishRefused(f"event {event.event_id!r}: {exc}") from exc
         for action in self.machine.publish(ciphertext, self.roots, time.time()):

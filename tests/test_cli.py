@@ -169,3 +169,37 @@ def test_global_options_are_accepted_after_the_command(tmp_path):
     bad.write_text("[bench.crypto]\nverbose = 1\n")  # a global option, not the command's
     assert "unknown option(s) in [bench.crypto]: verbose" in run(
         "--config", str(bad), "bench", "crypto").stderr
+
+
+def test_bench_streams_writes_json_and_plot(tmp_path):
+    out = tmp_path / "streams.json"
+    result = run("bench", "streams", "--json", str(out), "--seconds", "0.01")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert list(report) == ["scenarios"]
+    rows = report["scenarios"]
+    assert list(rows) == ["fresh", "reused", "ticks", "ticks8"]
+    for row in rows.values():
+        assert row["publisher_events_per_s"] > 0 and row["subscriber_floor_events_per_s"] > 0
+    fresh, reused = rows["fresh"], rows["reused"]
+    # fresh: a G1 and a GT exponentiation per position; reused: no pairing after the first
+    assert fresh["publisher_ops_per_event"]["exp_G1_ct"] >= 40
+    assert reused["subscriber_ops_per_event"].get("final_exp", 0) < 0.2
+    assert reused["publisher_events_per_s"] > 10 * fresh["publisher_events_per_s"]
+    refused = run("bench", "streams", "--seconds", "0")
+    assert refused.returncode != 0 and "--seconds must be more than 0" in refused.stderr
+
+
+def test_stream_options_are_checked_from_flags_and_the_configuration_file(tmp_path):
+    base = ("publish", "--server", "http://127.0.0.1:9", "--token", "t", "--advertise", "",
+            "--events", "-")
+    flag = run(*base, "--stream-window", "0s")
+    assert flag.returncode == 2 and "must be a positive duration" in flag.stderr
+    config = tmp_path / "ibe-pubsub.toml"
+    config.write_text('[publish]\nstream_window = "250ms"\nstream_max_events = 0\n')
+    layered = run("--config", str(config), *base)
+    assert layered.returncode == 2
+    assert layered.stderr.strip().splitlines() == [
+        "ibe-pubsub: error: --stream-window/--stream-max-events: a stream window must allow "
+        "at least one event"]

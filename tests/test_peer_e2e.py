@@ -1,7 +1,7 @@
 """End to end with real processes on loopback: a key server, root peers, 10 subscribers and
 2 publishers per routing mode; every subscriber gets exactly its ground truth, also after
-3 subscribers crash; hostile frames do not bring a peer down; an event outside the
-advertisement is refused before anything is sent."""
+3 subscribers crash (from publishers running streams then); hostile frames do not bring a
+peer down; an event outside the advertisement is refused before anything is sent."""
 
 from __future__ import annotations
 
@@ -35,19 +35,19 @@ def _split(events: list[Event]) -> tuple[list[Event], list[Event]]:
         [e for e in events if e.values["price"] >= 500]
 
 
-def _publish_both(cluster: Cluster, tokens: dict[str, str], events: list[Event], round_: int
-                  ) -> None:
+def _publish_both(cluster: Cluster, tokens: dict[str, str], events: list[Event], round_: int,
+                  stream_window: str | None = None) -> None:
     """Two publishers at once, each inside its own advertisement."""
     low, high = _split(events)
     with ThreadPoolExecutor(2) as pool:
         runs = [pool.submit(cluster.publish, f"pub-low-{round_}", low, "price < 500",
-                            tokens["pub-low"]),
+                            tokens["pub-low"], stream_window=stream_window),
                 pool.submit(cluster.publish, f"pub-high-{round_}", high, "price >= 500",
-                            tokens["pub-high"])]
+                            tokens["pub-high"], stream_window=stream_window)]
         for run in runs:
             result = run.result()
             assert result.returncode == 0, result.stderr
-            assert "sent" in result.stderr
+            assert ("as a stream" in result.stderr) == (stream_window is not None)
 
 
 def _check(cluster: Cluster, expected: dict[str, set[str]], round_ids: set[str]) -> None:
@@ -132,16 +132,19 @@ def test_overlay_delivers_exactly_the_ground_truth(keyserver_factory, tmp_path, 
         _hostile_frames(cluster.peers["root-price"].address)
         _hostile_frames(cluster.peers["sub01"].address)
 
-        # Three subscribers crash; the others' subtrees repair and miss nothing new.
+        # Three subscribers crash; the others' subtrees repair and miss nothing new. This
+        # round's publishers run streams: each quote twice (the second event reuses every
+        # entry of the first); subscribers take stream events as they take the others.
         crashed = ("sub01", "sub02", "sub03")
         since = {n: p.log_file.stat().st_size for n, p in cluster.peers.items()
                  if n not in crashed}
         for name in crashed:
             cluster.kill(name)
         _wait_repaired(cluster, {cluster.peers[n].address or "" for n in crashed}, since)
-        second = [Event(f"r2-{e.event_id}", e.values, e.body) for e in quotes(16, rng)]
+        second = [Event(f"r2-{e.event_id}-{k}", e.values, e.body) for e in quotes(8, rng)
+                  for k in "ab"]
         survivors = [(n, s) for n, s in subs if n not in ("sub01", "sub02", "sub03")]
-        _publish_both(cluster, tokens, second, 2)
+        _publish_both(cluster, tokens, second, 2, stream_window="30s")
         _check(cluster, ground_truth(survivors, second), {e.event_id for e in second})
 
         # An event outside the advertisement: refused, nothing at all is sent.

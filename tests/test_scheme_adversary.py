@@ -592,7 +592,7 @@ def test_replaced_or_rerandomised_P2_fails_verify(world):
     pp = world.public
     event = on_wire(world, publish(world, VALUES))
     h = event.header
-    m = pp.M(S._signed_digest(codec.encode_header(h), event.C0, event.attributes,
+    m = pp.M(S.signed_digest(codec.encode_header(h), event.C0, event.attributes,
                               event.signatures, event.sealed))
     assert S.verify(pp, event) and batch_holds(pp, event, m)
     for i, (c, sig) in enumerate(zip(h.publisher_credentials, event.signatures, strict=True)):

@@ -1,0 +1,451 @@
+"""Streams (docs/scheme.md, version 2.1): an optional publisher mode for high event rates,
+one function per algorithm, named after it.
+
+A publisher running a stream certifies an ephemeral Ed25519 key once per session (an
+identity-based signature by its publisher keys, verified like an event signature), signs
+every event with that key, and reuses an attribute's entry ``(b_i, C1_i, E_i, R_i)`` while
+the value's credential path is unchanged and the reuse window is open. Routers and
+subscribers remember what a reused entry cost them, in bounded caches per epoch
+(:class:`StreamCaches`), so a fully reused event costs a subscriber one Ed25519
+verification and one AEAD. Events sharing an entry are linkable by that attribute's cell,
+and the events of one session by ``vk``: the known limits in docs/scheme.md say so.
+
+The certificate travels in full in every event, next to its hash in the signed header: a
+peer that has verified it looks it up by the hash and ignores the copy; one that has not
+(it joined mid-stream, or its cache evicted it) verifies the copy, so no event is lost for
+want of a certificate. The price is the certificate's size on every event (893 bytes on
+the stock schema: a stream event is 5.7 kB, a version 2 event 5.1 kB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from credentials.codec import (
+    decode_certificate,
+    encode_certificate,
+    encode_certificate_body,
+    encode_stream_header,
+)
+from credentials.credential import Credential
+from credentials.groups import Element, GroupError, PreparedG2
+from credentials.keys import PublisherKey, SubscriberCredentialKey, SubscriberKey
+from credentials.lru import LRU
+from credentials.messages import (
+    AttributeCiphertext,
+    CertificatePart,
+    EventHeader,
+    SessionCertificate,
+    StreamEvent,
+)
+from credentials.scheme import (
+    DecryptionError,
+    Event,
+    PositionKeys,
+    PublicParams,
+    SchemeError,
+    batch_verify,
+    check_publisher_credentials,
+    check_structure,
+    encrypt_attribute,
+    parse_payload,
+    payload,
+    payload_key,
+    plan_publication,
+    signed_digest,
+    unmask,
+)
+from credentials.symmetric import NONCE_BYTES, AuthenticationFailed, open_sealed, seal
+
+#: The id a stream entry's masks are bound to, in place of an event id: an entry outlives
+#: the event it was made for, and K_ij is fresh with every b_i, so no mask repeats.
+ENTRY_MASK_ID = "stream-entry"
+#: Entries per cache, per epoch (each cache of each epoch holds at most this many).
+CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class StreamWindow:
+    """How long an entry may be reused: ``seconds``, and at most ``max_events`` events
+    (None: no limit on the count)."""
+
+    seconds: float
+    max_events: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError("a stream window must last more than 0 seconds")
+        if self.max_events is not None and self.max_events < 1:
+            raise ValueError("a stream window must allow at least one event")
+
+
+# -- Session certificate ------------------------------------------------------------------------
+
+def certificate_message(pp: PublicParams, certificate: SessionCertificate) -> Element:
+    """m_c = M(SHA-256(vk || epoch || expiry || schema id || every p_i))."""
+    return pp.M(hashlib.sha256(encode_certificate_body(certificate)).digest())
+
+
+def issue_session_certificate(pp: PublicParams, keys: Sequence[PublisherKey], vk: bytes,
+                              expires_at: int) -> SessionCertificate:
+    """Per attribute r_i in Zq*; m_c = M(SHA-256(vk || epoch || expiry || schema id ||
+    every p_i)); Cert_i = (P1_i * m_c^r_i, P2_i, ĝ^r_i), with ``keys`` the p_i's keys."""
+    group = pp.group
+    unsigned = SessionCertificate(vk=vk, epoch=keys[0].epoch, expires_at=expires_at,
+                                  schema_id=pp.schema.id,
+                                  publisher_credentials=tuple(k.credential for k in keys),
+                                  parts=())
+    m_c = certificate_message(pp, unsigned)
+    parts = []
+    for k in keys:
+        r = group.random_scalar()
+        parts.append(CertificatePart(Sig=k.P1 * group.exp_secret(m_c, r), P2=k.P2,
+                                     R=group.exp_secret(pp.mpk.g_hat, r)))
+    return replace(unsigned, parts=tuple(parts))
+
+
+def verify_session_certificate(pp: PublicParams, certificate: SessionCertificate) -> bool:
+    """e(Cert_i1, ĝ) = Y * e(F(Pu_PUB(A_i, p_i)), P2_i) * e(m_c, ĝ^r_i) for every i,
+    batched with random 64-bit weights (:func:`credentials.scheme.batch_verify`)."""
+    c = certificate
+    try:
+        check_publisher_credentials(pp, c.schema_id, c.publisher_credentials)
+        if len(c.parts) != len(c.publisher_credentials):
+            return False
+        m_c = certificate_message(pp, c)
+        return batch_verify(pp, m_c, c.epoch, c.publisher_credentials,
+                            [p.Sig for p in c.parts], [p.P2 for p in c.parts],
+                            [p.R for p in c.parts])
+    except (SchemeError, GroupError):
+        return False
+
+
+# -- The publisher: reuse state and stream encryption ---------------------------------------------
+
+@dataclass
+class _Entry:
+    """An attribute's last entry (path_i, b_i, C1_i, E_i, R_i, Y^b_i) and its window."""
+
+    path: tuple[Credential, ...]
+    b: int
+    ciphertext: AttributeCiphertext
+    Yb: Element
+    opened_at: float
+    uses: int = 1
+
+
+@dataclass(frozen=True)
+class Session:
+    """A stream's session: its Ed25519 key and the certificate over it, encoded, with the
+    hash of that encoding (what the header carries)."""
+
+    signing_key: Ed25519PrivateKey
+    certificate: SessionCertificate
+    encoded: bytes
+    certificate_hash: bytes
+    vk: bytes
+
+    @classmethod
+    def of(cls, signing_key: Ed25519PrivateKey, certificate: SessionCertificate) -> Session:
+        encoded = encode_certificate(certificate)
+        return cls(signing_key, certificate, encoded, hashlib.sha256(encoded).digest(),
+                   signing_key.public_key().public_bytes_raw())
+
+
+@dataclass
+class Stream:
+    """A publisher's stream: the session (Ed25519 key and certificate) and, per attribute,
+    the last entry. A new session starts when a value needs another publisher credential
+    p_i than the certificate names, or when the certificate has expired."""
+
+    pp: PublicParams
+    keys: Sequence[PublisherKey]
+    window: StreamWindow
+    #: The certificates' expiry (Unix seconds): the end of the keys' epoch, or earlier.
+    expires_at: int
+    clock: Callable[[], float] = time.time
+    session: Session | None = None
+    entries: list[_Entry | None] = field(default_factory=list)
+    #: (C0, Y^s) of the current entries, while every entry is reused.
+    combined: tuple[Element, Element] | None = None
+
+    def begin(self, session: Session) -> Session:
+        """Run ``session`` from now on; no entry of the previous one is reused."""
+        self.session = session
+        self.entries = [None] * len(self.pp.schema.attributes)
+        self.combined = None
+        return session
+
+    def reusable(self, i: int, path: tuple[Credential, ...], now: float) -> _Entry | None:
+        """Attribute i's entry if its path is ``path`` and its window is open."""
+        entry = self.entries[i] if i < len(self.entries) else None
+        w = self.window
+        if (entry is None or entry.path != path or now - entry.opened_at >= w.seconds
+                or (w.max_events is not None and entry.uses >= w.max_events)):
+            return None
+        return entry
+
+
+def start_session(stream: Stream, keys: Sequence[PublisherKey]) -> Session:
+    """A fresh Ed25519 pair (sk, vk), certified by :func:`issue_session_certificate` for
+    the publisher keys ``keys``."""
+    sk = Ed25519PrivateKey.generate()
+    vk = sk.public_key().public_bytes_raw()
+    return stream.begin(Session.of(sk, issue_session_certificate(stream.pp, keys, vk,
+                                                                 stream.expires_at)))
+
+
+def stream_encrypt_and_sign(stream: Stream, event: Event) -> StreamEvent:
+    """Per attribute, reuse the entry while its path is unchanged and its window open, else
+    a fresh b_i and :func:`credentials.scheme.encrypt_attribute`; C0 = hd^s, s = sum b_i
+    (cached while every entry is reused); Y^s = prod Y^b_i; K = KDF(Y^s, "payload" || id)
+    seals the payload under the header (with vk and the certificate's hash); Ed25519 under
+    sk over the digest of header, C0, every C1_i, E_ij, R_ij and the sealed payload."""
+    pp, group = stream.pp, stream.pp.group
+    epoch, paths, chosen = plan_publication(pp, stream.keys, event)
+    now = stream.clock()
+    session = stream.session
+    if (session is None or now >= session.certificate.expires_at
+            or session.certificate.publisher_credentials != tuple(k.credential for k in chosen)):
+        session = start_session(stream, chosen)
+    attributes, all_reused = [], True
+    for i, (a, path) in enumerate(zip(pp.schema.attributes, paths, strict=True)):
+        entry = stream.reusable(i, path, now)
+        if entry is None:
+            b = group.random_scalar()
+            entry = stream.entries[i] = _Entry(
+                path=path, b=b, Yb=pp.mpk.Y ** b, opened_at=now,
+                ciphertext=encrypt_attribute(pp, a, i, epoch, ENTRY_MASK_ID, path, b))
+            all_reused = False
+        else:
+            entry.uses += 1
+        attributes.append(entry.ciphertext)
+    if stream.combined is None or not all_reused:
+        entries = [e for e in stream.entries if e is not None]
+        Ys = entries[0].Yb
+        for e in entries[1:]:
+            Ys = Ys * e.Yb
+        stream.combined = (group.exp_secret(pp.mpk.hd, sum(e.b for e in entries) % group.order),
+                           Ys)
+    C0, Ys = stream.combined
+    header = EventHeader(schema_id=pp.schema.id, epoch=epoch, event_id=event.event_id,
+                         publisher_credentials=session.certificate.publisher_credentials)
+    header_bytes = encode_stream_header(header, session.vk, session.certificate_hash)
+    sealed = seal(payload_key(Ys, event.event_id), payload(event), header_bytes,
+                  group.random_bytes(NONCE_BYTES))
+    digest = signed_digest(header_bytes, C0, attributes, (), sealed)
+    return StreamEvent(header=header, vk=session.vk, certificate_hash=session.certificate_hash,
+                       certificate=session.encoded, C0=C0, attributes=tuple(attributes),
+                       sealed=sealed, signature=session.signing_key.sign(digest))
+
+
+# -- Routers and subscribers: caches, verification, decryption ------------------------------------
+
+@dataclass
+class _Certified:
+    certificate: SessionCertificate
+    vk: Ed25519PublicKey
+
+
+@dataclass
+class EpochCaches:
+    """One epoch's caches of a peer, each a bounded LRU."""
+
+    size: int
+    #: Verified certificates by their hash.
+    certificates: LRU[bytes, _Certified] = field(init=False)
+    #: e(T, C1_i) by (T, C1_i): a router's route tests, a subscriber's unmasking.
+    position_keys: PositionKeys = field(init=False)
+    #: (credential key matched, C2 unmasked) by (D, C1_i), for an entry seen once.
+    unmasked: LRU[tuple[bytes, bytes],
+                  tuple[SubscriberCredentialKey, Element]] = field(init=False)
+    #: (credential matched, e(C2, S2) / e(S1, C1_i)) by (D, C1_i), for an entry seen twice.
+    factors: LRU[tuple[bytes, bytes], tuple[Credential, Element]] = field(init=False)
+    #: (every C1_i, credentials matched, Y^s) by (D, C0).
+    ys: LRU[tuple[bytes, bytes],
+            tuple[tuple[bytes, ...], tuple[Credential, ...], Element]] = field(init=False)
+    #: Signed digests whose Ed25519 signature verified.
+    verified: LRU[bytes, bool] = field(init=False)
+    #: (D, vk, event id) of every event decrypted: a repeat is dropped.
+    seen: LRU[tuple[bytes, bytes, str], bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.certificates, self.position_keys = LRU(self.size), LRU(self.size)
+        self.unmasked, self.factors, self.ys = LRU(self.size), LRU(self.size), LRU(self.size)
+        self.verified, self.seen = LRU(self.size), LRU(self.size)
+
+
+class StreamCaches:
+    """A peer's stream caches, per epoch. Dropping an epoch (its keys expired or were
+    revoked) drops its caches and refuses its events, and those of every earlier epoch,
+    from then on."""
+
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        self.size = size
+        self._epochs: dict[int, EpochCaches] = {}
+        self.closed_through = -1
+
+    def epoch(self, epoch: int) -> EpochCaches | None:
+        """The caches of ``epoch``, None if it was dropped."""
+        if epoch <= self.closed_through:
+            return None
+        caches = self._epochs.get(epoch)
+        if caches is None:
+            caches = self._epochs[epoch] = EpochCaches(self.size)
+        return caches
+
+    def drop_epoch(self, epoch: int) -> None:
+        self.closed_through = max(self.closed_through, epoch)
+        for old in [e for e in self._epochs if e <= epoch]:
+            del self._epochs[old]
+
+
+def stream_header_bytes(event: StreamEvent) -> bytes:
+    return encode_stream_header(event.header, event.vk, event.certificate_hash)
+
+
+def stream_digest(event: StreamEvent, header_bytes: bytes) -> bytes:
+    """SHA-256(header with vk and the certificate's hash || C0 || every C1_i, E_ij, R_ij ||
+    sealed payload): what the session key signs (``header_bytes``: the header encoded)."""
+    return signed_digest(header_bytes, event.C0, event.attributes, (), event.sealed)
+
+
+def _certified(pp: PublicParams, caches: EpochCaches, event: StreamEvent) -> _Certified | None:
+    """The event's certificate: from the cache by hash, else the copy it carries, checked
+    against the hash, parsed and verified by :func:`verify_session_certificate`."""
+    known = caches.certificates.get(event.certificate_hash)
+    if known is not None:
+        return known
+    if hashlib.sha256(event.certificate).digest() != event.certificate_hash:
+        return None
+    try:
+        certificate = decode_certificate(pp.group, event.certificate)
+        vk = Ed25519PublicKey.from_public_bytes(certificate.vk)
+    except ValueError:  # CodecError, or not an Ed25519 key
+        return None
+    if not verify_session_certificate(pp, certificate):
+        return None
+    return caches.certificates.remember(event.certificate_hash, _Certified(certificate, vk))
+
+
+def stream_verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: float
+                  ) -> bool:
+    """The certificate verifies (once; then by hash), names this event's vk, epoch, schema
+    and publisher credentials and has not expired at ``now``, its epoch was not dropped,
+    and the Ed25519 signature under vk verifies over :func:`stream_digest`."""
+    return _verify(pp, caches, event, now, stream_header_bytes(event))
+
+
+def _verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: float,
+            header_bytes: bytes) -> bool:
+    header = event.header
+    epoch_caches = caches.epoch(header.epoch)
+    if epoch_caches is None:
+        return False
+    try:
+        check_structure(pp, event)
+    except SchemeError:
+        return False
+    known = _certified(pp, epoch_caches, event)
+    if known is None:
+        return False
+    c = known.certificate
+    if (c.vk != event.vk or c.epoch != header.epoch or c.schema_id != header.schema_id
+            or c.publisher_credentials != header.publisher_credentials or c.expires_at < now):
+        return False
+    digest = stream_digest(event, header_bytes)
+    if digest in epoch_caches.verified:
+        return True
+    try:
+        known.vk.verify(event.signature, digest)
+    except InvalidSignature:
+        return False
+    epoch_caches.verified.remember(digest, True)
+    return True
+
+
+def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
+                   event: StreamEvent, now: float) -> Event:
+    """After :func:`stream_verify` (so that only the publisher's entries are cached):
+    Y^s = e(D, C0) * prod_i e(C2_{i,j_i}, S2_i) / e(S1_i, C1_i), cached by C0, each factor
+    cached by C1_i (:func:`_combine`); K = KDF(Y^s, "payload" || id); the AEAD; the values
+    against the credentials. A (vk, event id) seen before is refused."""
+    header_bytes = stream_header_bytes(event)
+    if not _verify(pp, caches, event, now, header_bytes):
+        raise DecryptionError("stream event fails its certificate or its signature")
+    header = event.header
+    if header.epoch != key.epoch:
+        raise DecryptionError(f"event of epoch {header.epoch}, keys of epoch {key.epoch}")
+    epoch_caches = caches.epoch(header.epoch)
+    assert epoch_caches is not None  # stream_verify checked it
+    D, C1s = bytes(key.D), tuple(bytes(a.C1) for a in event.attributes)
+    if (D, event.vk, header.event_id) in epoch_caches.seen:
+        raise DecryptionError(f"event id {header.event_id!r} of this stream seen before")
+    hit = epoch_caches.ys.get((D, bytes(event.C0)))
+    learned = _Learned()
+    if hit is not None and hit[0] == C1s:
+        matched, Ys = hit[1], hit[2]
+    else:
+        matched, Ys = _combine(pp, key, epoch_caches, event, learned)
+    try:
+        sealed = open_sealed(payload_key(Ys, header.event_id), event.sealed, header_bytes)
+    except AuthenticationFailed as exc:
+        raise DecryptionError("payload does not open: credentials do not match") from exc
+    out = parse_payload(pp.schema, header, matched, sealed)
+    for C1, unmasked in learned.unmasked.items():
+        epoch_caches.unmasked.remember((D, C1), unmasked)
+    for C1, factor in learned.factors.items():
+        epoch_caches.factors.remember((D, C1), factor)
+    epoch_caches.ys.remember((D, bytes(event.C0)), (C1s, matched, Ys))
+    epoch_caches.seen.remember((D, event.vk, header.event_id), True)
+    return out
+
+
+@dataclass
+class _Learned:
+    """What one decryption learnt, cached once its payload opens."""
+
+    unmasked: dict[bytes, tuple[SubscriberCredentialKey, Element]] = field(default_factory=dict)
+    factors: dict[bytes, tuple[Credential, Element]] = field(default_factory=dict)
+
+
+def _combine(pp: PublicParams, key: SubscriberKey, caches: EpochCaches, event: StreamEvent,
+             learned: _Learned) -> tuple[tuple[Credential, ...], Element]:
+    """Y^s = e(D, C0) * prod_i factor_i, factor_i = e(C2_i, S2_i) / e(S1_i, C1_i), and the
+    credentials matched. A factor costs a final exponentiation of its own, worth paying
+    only for an entry that recurs: an entry seen for the first time is unmasked and its
+    pairs join e(D, C0) in one multi-pairing (its C2 is remembered); seen a second time,
+    its factor is computed from the remembered C2 and cached by C1_i; from then on it
+    costs nothing."""
+    group, D = pp.group, bytes(key.D)
+    pairs: list[tuple[Element, Element | PreparedG2]] = [(key.D, event.C0)]
+    matched, factors = [], []
+    try:
+        for i, (a, ct) in enumerate(zip(pp.schema.attributes, event.attributes, strict=True)):
+            C1 = bytes(ct.C1)
+            factor = caches.factors.get((D, C1))
+            if factor is None:
+                unmasked = caches.unmasked.get((D, C1))
+                if unmasked is None:
+                    k, C2 = learned.unmasked[C1] = unmask(pp, key, i, a.name, event,
+                                                          ENTRY_MASK_ID, caches.position_keys)
+                    pairs += [(C2, k.S2_prepared or k.S2), (~k.S1, ct.C1)]
+                    matched.append(k.credential)
+                    continue
+                k, C2 = unmasked
+                factor = learned.factors[C1] = (k.credential, group.multi_pair(
+                    [(C2, k.S2_prepared or k.S2), (~k.S1, ct.C1)]))
+            matched.append(factor[0])
+            factors.append(factor[1])
+        Ys = group.multi_pair(pairs)
+    except GroupError as exc:
+        raise DecryptionError(f"malformed event: {exc}") from exc
+    for f in factors:
+        Ys = Ys * f
+    return tuple(matched), Ys
