@@ -63,11 +63,19 @@ from credentials.scheme import (
 )
 from credentials.symmetric import NONCE_BYTES, AuthenticationFailed, open_sealed, seal
 
-#: The id a stream entry's masks are bound to, in place of an event id: an entry outlives
-#: the event it was made for, and K_ij is fresh with every b_i, so no mask repeats.
-ENTRY_MASK_ID = "stream-entry"
 #: Entries per cache, per epoch (each cache of each epoch holds at most this many).
 CACHE_SIZE = 4096
+#: Epochs with caches at once: the one in its grace period, the current one, the next, and
+#: one to spare.
+MAX_EPOCHS = 4
+
+
+def entry_mask_id(certificate_hash: bytes) -> str:
+    """The id a stream entry's masks are bound to, in place of an event id: an entry
+    outlives the event it was made for (K_ij is fresh with every b_i, so no mask repeats),
+    and it belongs to one session, so another session's certificate cannot carry it."""
+    return "stream-entry/" + certificate_hash.hex()
+
 
 
 @dataclass(frozen=True)
@@ -221,7 +229,8 @@ def stream_encrypt_and_sign(stream: Stream, event: Event) -> StreamEvent:
             b = group.random_scalar()
             entry = stream.entries[i] = _Entry(
                 path=path, b=b, Yb=pp.mpk.Y ** b, opened_at=now,
-                ciphertext=encrypt_attribute(pp, a, i, epoch, ENTRY_MASK_ID, path, b))
+                ciphertext=encrypt_attribute(pp, a, i, epoch,
+                                             entry_mask_id(session.certificate_hash), path, b))
             all_reused = False
         else:
             entry.uses += 1
@@ -262,15 +271,18 @@ class EpochCaches:
     certificates: LRU[bytes, _Certified] = field(init=False)
     #: e(T, C1_i) by (T, C1_i): a router's route tests, a subscriber's unmasking.
     position_keys: PositionKeys = field(init=False)
-    #: (credential key matched, C2 unmasked) by (D, C1_i), for an entry seen once.
+    #: (credential key matched, C2 unmasked) by (D and the certificate's hash, C1_i), for an
+    #: entry seen once: an entry is bound to its session.
     unmasked: LRU[tuple[bytes, bytes],
                   tuple[SubscriberCredentialKey, Element]] = field(init=False)
-    #: (credential matched, e(C2, S2) / e(S1, C1_i)) by (D, C1_i), for an entry seen twice.
+    #: (credential matched, e(C2, S2) / e(S1, C1_i)) by (D and the certificate's hash, C1_i),
+    #: for an entry seen twice.
     factors: LRU[tuple[bytes, bytes], tuple[Credential, Element]] = field(init=False)
-    #: (every C1_i, credentials matched, Y^s) by (D, C0).
+    #: (every C1_i, credentials matched, Y^s) by (D and the certificate's hash, C0).
     ys: LRU[tuple[bytes, bytes],
             tuple[tuple[bytes, ...], tuple[Credential, ...], Element]] = field(init=False)
-    #: Signed digests whose Ed25519 signature verified.
+    #: Signed digest and signature pairs that verified: an altered signature is checked
+    #: anew, so a frame cannot be changed in transit and still pass.
     verified: LRU[bytes, bool] = field(init=False)
     #: (D, vk, event id) of every event decrypted: a repeat is dropped.
     seen: LRU[tuple[bytes, bytes, str], bool] = field(init=False)
@@ -292,11 +304,20 @@ class StreamCaches:
         self.closed_through = -1
 
     def epoch(self, epoch: int) -> EpochCaches | None:
-        """The caches of ``epoch``, None if it was dropped."""
+        """The caches of ``epoch``, None if it was dropped, or if it lies above
+        :data:`MAX_EPOCHS` open epochs already kept."""
         if epoch <= self.closed_through:
             return None
         caches = self._epochs.get(epoch)
         if caches is None:
+            if len(self._epochs) >= MAX_EPOCHS:
+                # Live epochs are the lowest open ones; anything above them that would
+                # push one out is a forgery's (events of any epoch reach this before
+                # their checks), so the highest set goes, or the newcomer gets none.
+                highest = max(self._epochs)
+                if epoch > highest:
+                    return None
+                del self._epochs[highest]
             caches = self._epochs[epoch] = EpochCaches(self.size)
         return caches
 
@@ -360,13 +381,13 @@ def _verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: flo
             or c.publisher_credentials != header.publisher_credentials or c.expires_at < now):
         return False
     digest = stream_digest(event, header_bytes)
-    if digest in epoch_caches.verified:
+    if digest + event.signature in epoch_caches.verified:
         return True
     try:
         known.vk.verify(event.signature, digest)
     except InvalidSignature:
         return False
-    epoch_caches.verified.remember(digest, True)
+    epoch_caches.verified.remember(digest + event.signature, True)
     return True
 
 
@@ -385,9 +406,10 @@ def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
     epoch_caches = caches.epoch(header.epoch)
     assert epoch_caches is not None  # stream_verify checked it
     D, C1s = bytes(key.D), tuple(bytes(a.C1) for a in event.attributes)
+    scope = D + event.certificate_hash
     if (D, event.vk, header.event_id) in epoch_caches.seen:
         raise DecryptionError(f"event id {header.event_id!r} of this stream seen before")
-    hit = epoch_caches.ys.get((D, bytes(event.C0)))
+    hit = epoch_caches.ys.get((scope, bytes(event.C0)))
     learned = _Learned()
     if hit is not None and hit[0] == C1s:
         matched, Ys = hit[1], hit[2]
@@ -399,10 +421,10 @@ def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
         raise DecryptionError("payload does not open: credentials do not match") from exc
     out = parse_payload(pp.schema, header, matched, sealed)
     for C1, unmasked in learned.unmasked.items():
-        epoch_caches.unmasked.remember((D, C1), unmasked)
+        epoch_caches.unmasked.remember((scope, C1), unmasked)
     for C1, factor in learned.factors.items():
-        epoch_caches.factors.remember((D, C1), factor)
-    epoch_caches.ys.remember((D, bytes(event.C0)), (C1s, matched, Ys))
+        epoch_caches.factors.remember((scope, C1), factor)
+    epoch_caches.ys.remember((scope, bytes(event.C0)), (C1s, matched, Ys))
     epoch_caches.seen.remember((D, event.vk, header.event_id), True)
     return out
 
@@ -423,18 +445,19 @@ def _combine(pp: PublicParams, key: SubscriberKey, caches: EpochCaches, event: S
     pairs join e(D, C0) in one multi-pairing (its C2 is remembered); seen a second time,
     its factor is computed from the remembered C2 and cached by C1_i; from then on it
     costs nothing."""
-    group, D = pp.group, bytes(key.D)
+    group, scope = pp.group, bytes(key.D) + event.certificate_hash
     pairs: list[tuple[Element, Element | PreparedG2]] = [(key.D, event.C0)]
     matched, factors = [], []
     try:
         for i, (a, ct) in enumerate(zip(pp.schema.attributes, event.attributes, strict=True)):
             C1 = bytes(ct.C1)
-            factor = caches.factors.get((D, C1))
+            factor = caches.factors.get((scope, C1))
             if factor is None:
-                unmasked = caches.unmasked.get((D, C1))
+                unmasked = caches.unmasked.get((scope, C1))
                 if unmasked is None:
                     k, C2 = learned.unmasked[C1] = unmask(pp, key, i, a.name, event,
-                                                          ENTRY_MASK_ID, caches.position_keys)
+                                                          entry_mask_id(event.certificate_hash),
+                                                          caches.position_keys)
                     pairs += [(C2, k.S2_prepared or k.S2), (~k.S1, ct.C1)]
                     matched.append(k.credential)
                     continue

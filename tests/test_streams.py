@@ -15,6 +15,7 @@ from test_scheme import subscriber as scheme_subscriber
 from credentials import codec
 from credentials import scheme as S
 from credentials import streams as T
+from credentials.symmetric import NONCE_BYTES, seal
 from overlay.crypto_real import RealCrypto
 
 __all__ = ["world"]  # the fixture (group, master secret, a publisher of everything)
@@ -199,3 +200,56 @@ def test_malformed_stream_events_fail_decoding(world, damage):
            "inner tag": data[:6] + bytes((codec.TAG_HEADER,)) + data[7:]}[damage]
     with pytest.raises(codec.CodecError):
         codec.decode_any_event(pp.group, bad)
+
+
+def test_altered_signature_refused_after_the_digest_verified(world):
+    pp = world[0]
+    caches, ct = T.StreamCaches(), T.stream_encrypt_and_sign(stream(world), event(0))
+    assert T.stream_verify(pp, caches, wire(pp.group, ct), time.time())  # control, warm cache
+    flipped = bytes([ct.signature[0] ^ 1]) + ct.signature[1:]
+    altered = dataclasses.replace(ct, signature=flipped)
+    assert not T.stream_verify(pp, caches, wire(pp.group, altered), time.time())
+
+
+def _rewrapped(pp, source, Ys, session, n):
+    """``source``'s C0 and entries under ``session``'s certificate, with a payload of the
+    holder's choice sealed under the Y^s it learnt by decrypting ``source``."""
+    header = dataclasses.replace(source.header, event_id=f"e-{n}")
+    header_bytes = codec.encode_stream_header(header, session.vk, session.certificate_hash)
+    sealed = seal(S.payload_key(Ys, header.event_id), S.payload(event(n)), header_bytes,
+                  pp.group.random_bytes(NONCE_BYTES))
+    digest = S.signed_digest(header_bytes, source.C0, source.attributes, (), sealed)
+    return dataclasses.replace(source, header=header, vk=session.vk,
+                               certificate_hash=session.certificate_hash,
+                               certificate=session.encoded, sealed=sealed,
+                               signature=session.signing_key.sign(digest))
+
+
+def test_entries_rewrapped_under_another_session_refused(world):
+    """A publisher that can read another's stream knows its Y^s; its own certificate must
+    not carry the other session's entries, even where the subscriber's caches know them."""
+    pp, msk, _ = world
+    key, caches = subscriber(pp, msk), T.StreamCaches()
+    victim, holder = stream(world), stream(world)
+    source = T.stream_encrypt_and_sign(victim, event(0))
+    T.stream_encrypt_and_sign(holder, event(0))
+    for _ in range(2):  # warm every cache: an entry's factor is cached from its 2nd sighting
+        T.stream_decrypt(pp, key, caches, wire(pp.group, T.stream_encrypt_and_sign(
+            victim, event(len(caches.epoch(EPOCH).seen) + 1))), time.time())
+    Ys = victim.combined[1]
+    own = _rewrapped(pp, source, Ys, victim.session, 10)  # control: its own session passes
+    assert T.stream_decrypt(pp, key, caches, wire(pp.group, own), time.time()) == event(10)
+    forged = _rewrapped(pp, source, Ys, holder.session, 11)
+    assert T.stream_verify(pp, caches, wire(pp.group, forged), time.time())  # signed by holder
+    with pytest.raises(S.DecryptionError):
+        T.stream_decrypt(pp, key, caches, wire(pp.group, forged), time.time())
+
+
+def test_events_of_far_epochs_cannot_flood_the_caches():
+    caches = T.StreamCaches(size=4)
+    live = caches.epoch(EPOCH)
+    for forged in range(EPOCH + 10, EPOCH + 1000):  # what a flood of forged headers asks for
+        caches.epoch(forged)
+    assert len(caches._epochs) <= T.MAX_EPOCHS
+    assert caches.epoch(EPOCH) is live  # the live epoch kept its caches
+    assert caches.epoch(EPOCH + 1) is not None  # control: the next epoch still gets some
