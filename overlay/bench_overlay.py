@@ -14,14 +14,16 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from credentials.backends import load_group
 from overlay import (
+    evaluation_droppers,
     evaluation_encryption,
     evaluation_loopback,
     evaluation_plots,
@@ -44,7 +46,7 @@ from overlay.simulator import LatencyModel
 from peer.cluster import ClusterError
 
 EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
-               "loopback")
+               "loopback", "droppers")
 #: Experiments on the simulator, which need the measured crypto costs.
 SIMULATED = ("connection", "degree", "dissemination", "routing", "trees")
 #: The report's security overheads (ms), read off its Figs. 8.1 and 8.3.
@@ -72,9 +74,18 @@ class Sizes:
     calibration_events: int = 10
     loopback_peers: int = 10
     loopback_events: int = 20
+    #: Fractions of subscribers that drop events, and the size of that experiment.
+    droppers: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
+    dropper_subscribers: int = 150
+    dropper_events: int = 80
+    dropper_seeds: int = 3
 
     def __post_init__(self) -> None:
+        if not self.droppers or any(not 0.0 <= f < 1.0 for f in self.droppers):
+            raise ValueError(f"droppers must be fractions in [0, 1), got {self.droppers!r}")
         for name, value in asdict(self).items():
+            if name == "droppers":
+                continue
             values = value if isinstance(value, tuple) else (value,)
             floor = 0 if name == "routing_fine_depth" else 1
             if not values or any(v < floor for v in values):
@@ -103,6 +114,16 @@ class Bench:
         path.write_text(json.dumps(report, indent=1) + "\n")
         plot(report, path.with_suffix(".png"))
         self.progress(f"wrote {path} and {path.with_suffix('.png')}")
+
+    @contextmanager
+    def pool(self) -> Iterator[ProcessPoolExecutor | None]:
+        """Worker processes for the simulator runs (none with one worker)."""
+        pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+        try:
+            yield pool
+        finally:
+            if pool is not None:
+                pool.shutdown()
 
     def runner(self, pool: ProcessPoolExecutor | None) -> Runner:
         """Run jobs in the pool (or here), reporting each as it finishes."""
@@ -133,12 +154,19 @@ class Bench:
             self.write("calibration", check, evaluation_plots.calibration)
             summary["costs_ms"] = check["costs_ms"]
             setting = Setting(base.schema, table, self.latency, self.seed)
-            pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
-            try:
+            with self.pool() as pool:
                 summary["overhead_ms"] = self._delays(setting, self.runner(pool))
-            finally:
-                if pool is not None:
-                    pool.shutdown()
+        if "droppers" in self.experiments:
+            with self.pool() as pool:
+                report = evaluation_droppers.run(
+                    s.droppers, s.dropper_subscribers, s.dropper_events,
+                    range(self.seed, self.seed + s.dropper_seeds), self.latency,
+                    self.runner(pool))
+            self.write("droppers", report, evaluation_droppers.plot)
+            summary["droppers"] = {f"{r['routing']} {r['fraction']:.0%}": {
+                "undefended": r["undefended"]["delivery_ratio"],
+                "defended": r["defended"]["delivery_ratio"],
+                "event_message_ratio": r["event_message_ratio"]} for r in report["rows"]}
         if "encryption" in self.experiments:
             report = evaluation_encryption.run(load_group(), s.subscribers, s.encryption_events,
                                                self.seed, self.min_seconds, self.progress)

@@ -159,11 +159,15 @@ class Ping(Message):
 
 @dataclass(frozen=True)
 class Pong(Message):
-    """Parent's answer: ``ok`` false if the sender is not its child; its depth (-1 detached)."""
+    """Parent's answer: ``ok`` false if the sender is not its child; its depth (-1 detached);
+    and its own nearest remote parent (``""`` if none), which the child may ask to be its
+    backup (a leaving parent would hand it to that peer anyway)."""
 
     TAG: ClassVar[int] = 9
     ok: bool
     depth: int
+    ancestor: str
+    ancestor_vp: str
 
 
 @dataclass(frozen=True)
@@ -184,9 +188,49 @@ class Publish(Message):
     event: bytes
 
 
+@dataclass(frozen=True)
+class Watch(Message):
+    """Asks a covering ancestor to be the sender's backup: it must open ``request`` (the
+    sender's key-server-signed connection request) and prove so with an :class:`Accept`."""
+
+    TAG: ClassVar[int] = 15
+    join_id: bytes
+    request: bytes
+
+
+@dataclass(frozen=True)
+class WatchTokens(Message):
+    """To a backup that proved it covers the sender: the routing tokens it lists events by
+    (apart from :class:`Tokens`, since a backup may be a parent of the sender too)."""
+
+    TAG: ClassVar[int] = 18
+    tokens: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Digest(Message):
+    """A backup's IHAVE: ids (16-byte ciphertext digests) of recent events in the
+    receiver's credential that reached the backup."""
+
+    TAG: ClassVar[int] = 16
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Pull(Message):
+    """IWANT: the ids of a :class:`Digest` the sender lacks; each is served once."""
+
+    TAG: ClassVar[int] = 17
+    ids: tuple[bytes, ...]
+
+
+#: Length of an event id in a :class:`Digest` or :class:`Pull`.
+EVENT_ID_BYTES = 16
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TAG: cls for cls in (Join, JoinMiss, JoinSplit, Recruit, Accept, Detach, SwapOffer,
-                             SwapAccept, SwapHandover, Tokens, Ping, Pong, Handover, Publish)}
+                             SwapAccept, SwapHandover, Tokens, Ping, Pong, Handover, Publish,
+                             Watch, WatchTokens, Digest, Pull)}
 _HINTS = {tag: [(f.name, typing.get_type_hints(cls)[f.name]) for f in fields(cls)]
           for tag, cls in MESSAGE_TYPES.items()}
 
@@ -208,6 +252,8 @@ def _check(name: str, hint: object, value: object) -> object:
         if not isinstance(value, list) or len(value) > MAX_TOKENS or not all(
                 isinstance(v, bytes) for v in value):
             raise WireError(f"field {name!r} must be a list of at most {MAX_TOKENS} byte strings")
+        if name == "ids" and any(len(v) != EVENT_ID_BYTES for v in value):
+            raise WireError(f"field 'ids' must hold {EVENT_ID_BYTES}-byte event ids")
         return tuple(value)
     return value
 

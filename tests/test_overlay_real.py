@@ -19,6 +19,7 @@ from overlay.simulator import EXPIRY, Simulator
 from overlay.wire import (
     Accept,
     Detach,
+    Digest,
     Handover,
     Join,
     JoinMiss,
@@ -26,11 +27,14 @@ from overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Pull,
     Recruit,
     SwapAccept,
     SwapHandover,
     SwapOffer,
     Tokens,
+    Watch,
+    WatchTokens,
 )
 from overlay.workload import Workload
 
@@ -69,7 +73,9 @@ def fingerprint(machine: PeerMachine) -> object:
     for vp in sorted(machine.vpeers.values(), key=lambda v: v.vp):
         vps.append((vp.vp, sorted(vp.parents), sorted(vp.children),
                     sorted((c, len(link.tokens)) for c, link in vp.children.items()),
-                    sorted(vp.joins), sorted(vp.swaps), vp.split_hint, sorted(vp.assignment)))
+                    sorted(vp.joins), sorted(vp.swaps), vp.split_hint, sorted(vp.assignment),
+                    sorted(vp.backups), sorted(vp.watchers), sorted(vp.watch_asks),
+                    len(vp.pulled)))
     stats = dataclasses.replace(machine.stats, dropped=0)
     sizes = [len(b) for b in (machine._seen_joins, machine._opened, machine._seen_events,
                               machine._processed, machine._delivered, machine._verified,
@@ -117,10 +123,15 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (stranger, SwapHandover(stranger[1], vp.vp, b"j" * 16)),
         (stranger, Tokens(stranger[1], vp.vp, (b"t",))),
         (child, Tokens(child[1], vp.vp, (b"garbage-token",))),               # bad token
-        (stranger, Pong(stranger[1], vp.vp, True, 1)),
+        (stranger, Pong(stranger[1], vp.vp, True, 1, "", "")),
         (stranger, Handover(stranger[1], vp.vp, "x:1", "y")),
         (stranger, Publish(stranger[1], vp.vp, vp.attribute, event)),        # not a parent
         (parent, Publish(parent[1], vp.vp, vp.attribute, b"garbage")),
+        (stranger, Watch(stranger[1], vp.vp, b"w" * 16, tamper(request))),  # bad signature
+        (stranger, Watch(stranger[1], vp.vp, b"w" * 16, other)),            # wrong epoch
+        (stranger, WatchTokens(stranger[1], vp.vp, (b"t",))),                # not a watcher
+        (stranger, Digest(stranger[1], vp.vp, (b"i" * 16,))),                # not a backup
+        (stranger, Pull(stranger[1], vp.vp, (b"i" * 16,))),                  # not a watcher
     ]
     for sender, message in cases:
         before = fingerprint(machine)
