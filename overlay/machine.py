@@ -61,6 +61,10 @@ from overlay.wire import (
     decode,
 )
 
+#: A virtual peer pings its backups every this many heartbeats (they are a second path,
+#: so detecting their failure can wait; it saves most of their heartbeat messages).
+BACKUP_HEARTBEATS = 3
+
 
 def context(kind: str, acceptor: Node, newcomer: Node) -> bytes:
     """What an acceptance proof is bound to: who accepted whom, and how."""
@@ -313,7 +317,9 @@ class PeerMachine:
                 out += self._lose_parent(vp, parent, now)
             if now >= vp.next_ping_at and (remote or vp.backups):
                 vp.next_ping_at = now + cfg.heartbeat_interval
-                pinged = dict.fromkeys([*remote, *vp.backups])  # a parent may be a backup
+                vp.pings += 1
+                backups = list(vp.backups) if vp.pings % BACKUP_HEARTBEATS == 0 else []
+                pinged = dict.fromkeys([*remote, *backups])  # a parent may be a backup
                 out += [Send(p[0], Ping(vp.vp, p[1])) for p in pinged]
             if vp.recruits_left and remote and now >= vp.next_recruit_at:
                 out += self._recruit(vp, remote[0], now)
@@ -346,21 +352,21 @@ class PeerMachine:
         for vp in self.vpeers.values():
             times += [c.last_heard + cfg.failure_timeout for n, c in vp.children.items()
                       if n[0] != self.address]
-            times += [w.last_heard + cfg.failure_timeout for w in vp.watchers.values()]
+            times += [w.last_heard + self._backup_timeout for w in vp.watchers.values()]
             ready = self._digests_due(vp)
             if ready is not None:
                 times.append(ready)
             if vp.is_top:
                 continue
             remote = [p for n, p in vp.parents.items() if n[0] != self.address]
-            times += [p.last_heard + cfg.failure_timeout
-                      for p in (*remote, *vp.backups.values())]
+            times += [p.last_heard + cfg.failure_timeout for p in remote]
+            times += [b.last_heard + self._backup_timeout for b in vp.backups.values()]
             times += [j.sent_at + 2 * cfg.join_timeout for j in vp.joins.values()]
             times += [asked + 2 * cfg.join_timeout for _, asked in vp.watch_asks.values()]
             if remote or vp.backups:
                 times.append(vp.next_ping_at)
-                if vp.recruits_left:
-                    times.append(vp.next_recruit_at)
+            if remote and vp.recruits_left:
+                times.append(vp.next_recruit_at)
             if ((vp.join_started is not None or vp.parents)
                     and len(vp.parents) < self._wanted_links(vp)
                     and not (vp.parents and vp.link_attempts >= cfg.mcr_link_attempts)):
@@ -1014,6 +1020,12 @@ class PeerMachine:
 
     # -- repair: backups, digests and pulls ---------------------------------------------------
 
+    @property
+    def _backup_timeout(self) -> float:
+        """Backups are pinged every ``BACKUP_HEARTBEATS``-th heartbeat, so a backup link is
+        taken for failed after that many failure timeouts."""
+        return BACKUP_HEARTBEATS * self.config.failure_timeout
+
     def _ancestor(self, vp: VirtualPeer) -> Node:
         """The nearest remote parent of this virtual peer (of the one it copies, for a
         relay): what a child may ask to be its backup. ("", "") for the tree's top."""
@@ -1023,12 +1035,13 @@ class PeerMachine:
     def _ask_backup(self, vp: VirtualPeer, ancestor: Node, now: float) -> list[Action]:
         """Ask an ancestor a parent or backup named to back this virtual peer up, if it
         needs one more. (It may be a parent of this one for other fine tokens under MCR.)"""
+        if (not self.config.repair or vp.relay or not ancestor[0]
+                or len(vp.backups) + len(vp.watch_asks) >= self.config.backups):
+            return []
         keys = vp.keys.get(self.epoch)
         linked = {self.address, *(n[0] for n in vp.backups),
                   *(n[0] for n, _ in vp.watch_asks.values())}
-        if (not self.config.repair or vp.relay or keys is None or not ancestor[0]
-                or ancestor[0] in linked
-                or len(vp.backups) + len(vp.watch_asks) >= self.config.backups):
+        if keys is None or ancestor[0] in linked:
             return []
         join_id = self.rng.randbytes(16)
         vp.watch_asks[join_id] = (ancestor, now)
@@ -1049,7 +1062,7 @@ class PeerMachine:
                                    f"{error or 'does not cover or precede it'}")]
         if frm not in vp.watchers:
             vp.watchers[frm] = WatchLink(now, offered=Bounded(self.config.repair_memory))
-        self._due(now + self.config.failure_timeout)
+        self._due(now + self._backup_timeout)
         proof, cert = self._prove(vp, admission, context("watch", (self.address, vp.vp), frm))
         return [Send(frm[0], Accept(vp.vp, frm[1], m.join_id, proof, cert))]
 
@@ -1062,7 +1075,7 @@ class PeerMachine:
         if len(vp.backups) >= self.config.backups:
             return [Send(frm[0], Detach(vp.vp, frm[1]))]
         vp.backups[frm] = ParentLink(now)
-        self._due(min(vp.next_ping_at, now + self.config.failure_timeout))
+        self._due(min(vp.next_ping_at, now + self._backup_timeout))
         return [Send(frm[0], WatchTokens(vp.vp, frm[1], self._backup_tokens(vp)))]
 
     def _on_watch_tokens(self, vp: VirtualPeer, frm: Node, m: WatchTokens, now: float
@@ -1078,7 +1091,7 @@ class PeerMachine:
     def _tick_backups(self, vp: VirtualPeer, now: float) -> list[Action]:
         out: list[Action] = []
         for node, link in list(vp.backups.items()):
-            if now - link.last_heard > self.config.failure_timeout:
+            if now - link.last_heard > self._backup_timeout:
                 del vp.backups[node]
                 out.append(Log("info", f"{vp.vp}: backup {node[0]} silent, dropped"))
         for join_id, (_, asked) in list(vp.watch_asks.items()):
@@ -1110,7 +1123,7 @@ class PeerMachine:
         cfg = self.config
         out: list[Action] = []
         for node, link in list(vp.watchers.items()):
-            if now - link.last_heard > cfg.failure_timeout:
+            if now - link.last_heard > self._backup_timeout:
                 del vp.watchers[node]
                 out.append(Log("info", f"{vp.vp}: watcher {node[0]} silent, dropped"))
         due = self._digests_due(vp)

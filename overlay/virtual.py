@@ -130,6 +130,8 @@ class VirtualPeer:
     next_join_at: float = 0.0
     link_attempts: int = 0
     next_ping_at: float = 0.0
+    #: Heartbeat rounds so far (backups are pinged every few rounds).
+    pings: int = 0
     #: Parents left by a swap -> until when their events are still taken: what they sent
     #: before they let this peer go must not be lost.
     former: dict[str, float] = field(default_factory=dict)

@@ -13,7 +13,7 @@ for the real one).
 from __future__ import annotations
 
 import typing
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import msgpack
@@ -36,7 +36,9 @@ class Message:
     dst_vp: str
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb([self.TAG, *astuple(self)], use_bin_type=True)
+        # The fields in declaration order (``vars`` keeps __init__'s order); no deep copy
+        # as ``astuple`` would make: every field is flat (a tuple holds only bytes).
+        return msgpack.packb([self.TAG, *vars(self).values()], use_bin_type=True)
 
     @staticmethod
     def from_bytes(data: bytes) -> Message:
