@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 # -- keyserver init / serve ------------------------------------------------------------------
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from keyserver.initialise import initialise
     from keyserver.keystore import KeyStoreError
-    from keyserver.server import initialise
 
     try:
         if args.grace_seconds is None:

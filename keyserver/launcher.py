@@ -87,7 +87,7 @@ def wait_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float =
                 return
         except httpx.TransportError:
             pass
-        time.sleep(0.1)
+        time.sleep(0.02)
     raise RuntimeError(f"key server at {base_url} not ready after {timeout} s")
 
 

@@ -1,75 +1,24 @@
-"""Creating a key store (``keyserver init``) and serving it with uvicorn (``keyserver serve``)."""
+"""Serving a key store with uvicorn (``keyserver serve``); ``keyserver.initialise`` creates it."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 import ssl
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-import uvicorn
-from alembic.util import CommandError as MigrationError
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.orm import Session
-from uvicorn.config import STARTUP_FAILURE
-
-from credentials.schema import Schema
-from keyserver.app import create_app
-from keyserver.binding import (
-    RECORD_FILE,
-    bind,
-    check_owner,
-    check_record,
-    check_unclaimed,
-    shown_url,
-    write_record,
-)
+from keyserver.binding import check_owner, check_record, write_record
 from keyserver.db import check_url
-from keyserver.epochs import EpochClock
-from keyserver.keystore import (
-    ADMIN_TOKEN_FILE,
-    DATABASE_FILE,
-    PUBLIC_FILE,
-    SEALED_FILE,
-    KeyStore,
-    KeyStoreError,
-    create_keystore,
-    load_keystore,
-    passphrase_from_env,
-)
-from keyserver.permissions import (
-    make_private_dir,
-    require_private,
-    unsafe_entries,
-    use_private_umask,
-)
-from keyserver.repository import audit
-from keyserver.state import ServerConfig, build_state, open_database
+from keyserver.initialise import database_errors
+from keyserver.keystore import load_keystore, passphrase_from_env
+from keyserver.permissions import require_private, unsafe_entries, use_private_umask
+from keyserver.state import ServerConfig, build_state
 
 log = logging.getLogger(__name__)
 ALLOW_UNSAFE_PERMISSIONS = "--allow-unsafe-permissions"
 MAX_HEADER_BYTES = 32 * 1024  # request line and headers together
-
-
-SERVE_ADVICE = "restore it from a backup, or check --database-url"
-INIT_ADVICE = "check --database-url and that the database server is reachable, then run init again"
-
-
-@contextmanager
-def database_errors(url: str, advice: str = SERVE_ADVICE) -> Iterator[None]:
-    """A database that cannot be opened or migrated (damaged file, unreachable server, a
-    revision this build does not know) stops start-up with one line, not a traceback."""
-    try:
-        yield
-    except (SQLAlchemyError, MigrationError) as exc:
-        reason = exc.orig if isinstance(exc, DBAPIError) else exc
-        first_line = (str(reason).strip().splitlines() or [type(reason).__name__])[0]
-        raise KeyStoreError(f"cannot use the database {shown_url(url)}: {first_line} "
-                            f"({advice})") from exc
 
 
 def check_data_dir(config: ServerConfig) -> None:
@@ -79,46 +28,6 @@ def check_data_dir(config: ServerConfig) -> None:
     for path, mode in unsafe_entries(config.data_dir):
         log.warning("%s is open to group/other users (mode %04o); accepted because of %s",
                     path, mode, ALLOW_UNSAFE_PERMISSIONS)
-
-
-def initialise(data_dir: Path, schema: Schema, database_url: str | None,
-               epoch_seconds: int, grace_seconds: int) -> str:
-    """Create keys, database and epoch schedule; returns the admin token's file. All or
-    nothing: if the database refuses, the files written are removed, so a retry works."""
-    config = ServerConfig(data_dir=data_dir, database_url=database_url)
-    check_url(config.url)
-    passphrase = passphrase_from_env()
-    use_private_umask()
-    make_private_dir(data_dir)
-    sqlite_file = data_dir / DATABASE_FILE
-    new_sqlite = database_url is None and not sqlite_file.exists()
-    store, _ = create_keystore(data_dir, schema, passphrase)
-    try:
-        with database_errors(config.url, INIT_ADVICE):
-            check_unclaimed(config.url)
-            _create_database(config.url, store, epoch_seconds, grace_seconds)
-        write_record(data_dir, database_url)
-    except BaseException:
-        written = [SEALED_FILE, PUBLIC_FILE, ADMIN_TOKEN_FILE, RECORD_FILE]
-        if new_sqlite:
-            written += [sqlite_file.name + suffix for suffix in ("", "-wal", "-shm")]
-        for name in written:
-            (data_dir / name).unlink(missing_ok=True)
-        raise
-    return str(data_dir / ADMIN_TOKEN_FILE)
-
-
-def _create_database(url: str, store: KeyStore, epoch_seconds: int, grace_seconds: int) -> None:
-    """Migrate, then start the schedule, bind the key store and audit ``init`` in one
-    transaction, so a database is either this key store's or still unclaimed."""
-    def claim(session: Session, clock: EpochClock) -> None:
-        bind(session, store.fingerprint)
-        audit(session, "admin", "init", clock.segments[0].first_epoch,
-              {"schema_id": store.schema.id, "server_key": store.public_document()["server_key"],
-               "epoch_length": epoch_seconds, "grace": grace_seconds})
-
-    engine, _, _ = open_database(url, epoch_seconds, grace_seconds, claim)
-    engine.dispose()
 
 
 def is_loopback(host: str) -> bool:
@@ -161,22 +70,6 @@ def check_tls_files(cert: str, key: str) -> None:
                          "(a PEM certificate chain and its unencrypted PEM key)") from exc
 
 
-class _AnnouncingServer(uvicorn.Server):
-    """uvicorn's server, calling ``on_ready(url)`` once its socket listens (so a client
-    connecting from then on is served), e.g. to write ``--ready-file``."""
-
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None]) -> None:
-        super().__init__(config)
-        self._on_ready = on_ready
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            host, port = self.config.host, self.servers[0].sockets[0].getsockname()[1]
-            scheme = "https" if self.config.is_ssl else "http"
-            self._on_ready(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}")
-
-
 def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
           tls_key: str | None, log_level: str = "info",
           on_ready: Callable[[str], None] = lambda url: None) -> None:
@@ -189,12 +82,19 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
     store = load_keystore(config.data_dir, passphrase_from_env())
     with database_errors(config.url):
         check_owner(config.url, store.fingerprint, config.data_dir)
+        # The web stack loads only now, so a start-up refused above ends sooner.
+        import uvicorn
+        from uvicorn.config import STARTUP_FAILURE
+
+        from keyserver.announcing import AnnouncingServer
+        from keyserver.app import create_app
+
         state = build_state(config, store)
     write_record(config.data_dir, config.database_url)
     app = create_app(state)
     # h11 bounds the request line and headers (httptools buffers them without limit, so a
     # client that never ends its headers could grow the server's memory before the gate)
-    server = _AnnouncingServer(uvicorn.Config(
+    server = AnnouncingServer(uvicorn.Config(
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
         log_level=log_level, proxy_headers=False, server_header=False,
         timeout_graceful_shutdown=10, http="h11",

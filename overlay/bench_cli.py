@@ -1,27 +1,24 @@
-"""`ibe-pubsub bench overlay`: registers the evaluation in the shared `bench` group."""
+"""`ibe-pubsub bench overlay` and `bench exactness`: register the evaluation and the exact
+delivery harness in the shared `bench` group."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from overlay.bench_sizes import EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
 from peer.arguments import CommandError, bench_group, int_list
 
 
 def _names(text: str) -> list[str]:
-    from overlay.bench_overlay import EXPERIMENTS
-
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = sorted(set(names) - set(EXPERIMENTS))
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown experiment(s) {', '.join(unknown) or '(none)'}; "
-            f"choose from {', '.join(EXPERIMENTS)}")
-    return names
+    return _choices(EXPERIMENTS, "experiment(s)")(text)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from overlay.bench_overlay import EXPERIMENTS, Bench, Sizes
+    from overlay.bench_overlay import Bench
     from overlay.simulator import LatencyModel
 
     try:
@@ -86,8 +83,6 @@ def _csv(values: tuple[float, ...]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from overlay.bench_overlay import Sizes
-
     d = Sizes()
     p = bench_group(subparsers).add_parser(
         "overlay", help="connection and dissemination delays, OHF vs MCR, encryption "
@@ -153,3 +148,74 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="measuring time per priced operation of the encryption experiment "
                    "(default 0.1)")
     p.set_defaults(handler=_run)
+    _register_exactness(bench_group(subparsers))
+
+
+def _choices(allowed: tuple[str, ...], what: str) -> Callable[[str], list[str]]:
+    """A parser of a comma-separated subset of ``allowed``."""
+    def parse(text: str) -> list[str]:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        unknown = sorted(set(names) - set(allowed))
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(unknown) or '(none)'}; "
+                f"choose from {', '.join(allowed)}")
+        return names
+    return parse
+
+
+def _run_exactness(args: argparse.Namespace) -> int:
+    from overlay import evaluation_exactness as exactness
+
+    if not args.subscribers or min(args.seeds, args.events, args.workers,
+                                   *args.subscribers) < 1:
+        raise CommandError("seeds, events, workers and subscribers must be at least 1")
+    churn = {"both": (False, True), "on": (True,), "off": (False,)}[args.churn]
+    todo = exactness.cases(args.schemas, args.routing, args.subscribers, churn,
+                           range(1, args.seeds + 1))
+    report = exactness.run(todo, exactness.Timing(events=args.events), args.workers,
+                           lambda m: print(f"[bench exactness] {m}", file=sys.stderr,
+                                           flush=True))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    s = report["summary"]
+    print(f"{s['runs']} runs: {s['expected']} expected deliveries, {s['missing']} missed "
+          f"({s['runs_with_misses']} runs), {s['extra']} extra; {s['not_owed']} matching "
+          f"pairs not owed (joining, leaving or cut off); {s['wall_s']} s wall, "
+          f"{s['cpu_s']} s CPU; wrote {out}")
+    if s["missing"] or s["extra"]:
+        raise CommandError(f"delivery was not exact in "
+                           f"{s['runs_with_misses'] + s['runs_with_extras']} runs")
+    return 0
+
+
+def _register_exactness(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser(
+        "exactness", help="exact delivery over many seeds, schemas and sizes, OHF and MCR, "
+        "with and without churn",
+        description="Run the simulator (plaintext crypto, uneven link delays) over every "
+        "combination of schema, routing, size, churn and seed, and check that every "
+        "subscriber got exactly the events it is owed: those its subscription matches, "
+        "published while it was linked to the root (from its join until it left, crashed "
+        "or was cut off by a crash or leave above it, with a 2 s grace at both ends). "
+        "Writes every run and a summary as JSON; exits non-zero if any run missed or "
+        "added a delivery.")
+    p.add_argument("--out", default="bench/exactness.json", help="output JSON file")
+    p.add_argument("--seeds", type=int, default=13,
+                   help="seeds 1..N of every combination (default 13: 208 runs)")
+    p.add_argument("--schemas", type=_choices(EXACTNESS_SCHEMAS, "schema(s)"),
+                   default=list(EXACTNESS_SCHEMAS),
+                   help=f"comma-separated schemas (default {','.join(EXACTNESS_SCHEMAS)})")
+    p.add_argument("--routing", type=_choices(("ohf", "mcr"), "routing(s)"), default=["ohf", "mcr"],
+                   help="comma-separated routings (default ohf,mcr)")
+    p.add_argument("--subscribers", type=int_list, default=[40, 120],
+                   help="comma-separated subscriber counts (default 40,120)")
+    p.add_argument("--churn", choices=("both", "on", "off"), default="both",
+                   help="runs with churn (a fifth of the subscribers leave or crash and as "
+                   "many join while events are published), without, or both (default)")
+    p.add_argument("--events", type=int, default=200,
+                   help="events per run, 50 ms apart (default 200)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="simulator processes run in parallel (default 2)")
+    p.set_defaults(handler=_run_exactness)

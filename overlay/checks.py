@@ -66,6 +66,49 @@ def link_cycles(sim: Simulator) -> list[str]:
     return sorted(f"{a}/{vp}" for a, vp in parents)
 
 
+def rooted_subscribers(sim: Simulator) -> set[str]:
+    """Live subscribers every virtual peer of which is linked to its tree's root: each of its
+    parents is live, holds the link too (itself or the relay a split moved it to) and is
+    rooted the same way. Under MCR every parent counts, as each routes some of the tokens.
+    A subscriber outside this set (joining, rejoining, or below a crashed or leaving peer)
+    cannot be expected to get what is published meanwhile."""
+    known: dict[tuple[str, str], bool] = {}
+
+    def rooted(address: str, vp_id: str) -> bool:
+        node = (address, vp_id)
+        if node not in known:
+            known[node] = False  # a link cycle is not rooted
+            vp = sim.machines[address].vpeers.get(vp_id)
+            known[node] = vp is not None and (vp.is_top or (bool(vp.parents) and all(
+                p[0] not in sim.dead and _holds(sim, p, node) and rooted(*p)
+                for p in vp.parents)))
+        return known[node]
+
+    return {a for a in sim.alive_subscribers()
+            if all(rooted(a, vp) for vp in sim.machines[a].vpeers)}
+
+
+def subscribers_below(sim: Simulator, address: str) -> set[str]:
+    """Live subscribers with a virtual peer below one of ``address``'s, in any tree: those a
+    leave or crash of ``address`` cuts off until they have rejoined."""
+    seen: set[tuple[str, str]] = set()
+    todo = [(address, vp) for vp in sim.machines[address].vpeers]
+    while todo:
+        node = todo.pop()
+        vp = sim.machines[node[0]].vpeers.get(node[1])
+        if node in seen or vp is None:
+            continue
+        seen.add(node)
+        todo += [c for c in vp.children if c[0] not in sim.dead]
+    return {a for a, _ in seen} & set(sim.alive_subscribers()) - {address}
+
+
+def _holds(sim: Simulator, parent: tuple[str, str], child: tuple[str, str]) -> bool:
+    machine = sim.machines[parent[0]]
+    vp = machine.vpeers.get(parent[1])
+    return vp is not None and machine.link_holder(vp, child) is not None
+
+
 def late_timers(sim: Simulator) -> list[str]:
     """Live machines whose ``next_tick_at`` is later than a timer their state holds: the
     simulator would tick them too late (a missed heartbeat, failure check or join retry)."""

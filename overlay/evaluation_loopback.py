@@ -24,13 +24,13 @@ from credentials.predicates import parse_predicate
 from credentials.schema import default_schema
 from credentials.scheme import Event
 from keyserver.launcher import free_port, init_keyserver, start_keyserver, stop, wait_ready
+from overlay.bench_sizes import MAX_LOOPBACK_PEERS as MAX_PEERS
 from overlay.config import OverlayConfig
 from overlay.evaluation_delays import JOIN_SPACING, JoinRecorder, Progress
 from overlay.evaluation_workload import event_values, subscription_text
 from overlay.simulator import LatencyModel, summary
 from peer.cluster import Cluster
 
-MAX_PEERS = 50
 #: One-way delay of a loopback hop with asyncio framing, seconds.
 LOOPBACK = LatencyModel(median=0.0003, sigma=0.0, jitter=0.5)
 #: Seconds between events: the processes share two cores, so events must not queue up.

@@ -711,19 +711,39 @@ class PeerMachine:
         return out + self._assign_tokens(vp)
 
     def _assign_tokens(self, vp: VirtualPeer) -> list[Action]:
-        """MCR: deal the fine tokens (of every valid epoch) round-robin over the parents, so
-        with enough parents each fine credential's token goes to a different parent."""
+        """MCR: deal the fine credentials' tokens (of every valid epoch, a credential's
+        tokens together) evenly over the parents, so with enough parents each goes to a
+        different parent. The deal is stable: a token stays with the parent that has it
+        while that parent stays and is not over its share, because every move opens a
+        window in which an event in flight meets neither its old nor its new route."""
         if self.config.routing != "mcr" or vp.relay or vp.is_root or not vp.parents:
             return []
         parents = list(vp.parents)
-        dealt: dict[Node, list[bytes]] = {p: [] for p in parents}
+        fine: dict[int, list[bytes]] = {}
         for epoch in sorted(vp.keys):
             keys = vp.keys[epoch]
             for i, token in enumerate(keys.fine_tokens or (keys.token,)):
-                dealt[parents[i % len(parents)]].append(token)
+                fine.setdefault(i, []).append(token)
+        holder = {t: p for p, tokens in vp.assignment.items() if p in vp.parents
+                  for t in tokens}
+        share = -(-len(fine) // len(parents))
+        dealt: dict[Node, list[bytes]] = {p: [] for p in parents}
+        load = dict.fromkeys(parents, 0)
+        moving = []
+        for tokens in fine.values():
+            kept = next((holder[t] for t in tokens if t in holder), None)
+            if kept is None or load[kept] >= share:
+                moving.append(tokens)
+                continue
+            dealt[kept] += tokens
+            load[kept] += 1
+        for tokens in moving:
+            least = min(parents, key=load.__getitem__)
+            dealt[least] += tokens
+            load[least] += 1
         out: list[Action] = []
         for p in parents:
-            tokens = tuple(dealt[p])
+            tokens = tuple(sorted(dealt[p]))
             if vp.assignment.get(p) != tokens:
                 vp.assignment[p] = tokens
                 out.append(Send(p[0], Tokens(vp.vp, p[1], tokens)))
@@ -806,7 +826,8 @@ class PeerMachine:
         vp.parents.pop(offer.old_parent)
         vp.assignment.pop(offer.old_parent, None)
         vp.former = {a: t for a, t in vp.former.items() if t >= now}
-        vp.former[offer.old_parent[0]] = now + self.config.failure_timeout
+        # The old parent forwards for failure_timeout after the handover reaches it.
+        vp.former[offer.old_parent[0]] = now + 2 * self.config.failure_timeout
         out: list[Action] = [Send(offer.old_parent[0], SwapHandover(vp.vp, offer.old_parent[1],
                                                                     m.join_id))]
         if frm in vp.parents:
@@ -817,7 +838,11 @@ class PeerMachine:
                           ) -> list[Action]:
         if frm not in vp.children:
             return [Log("info", f"{vp.vp}: swap handover from non-child {frm[0]} ignored")]
-        del vp.children[frm]
+        # The child's new parent may have passed on an event before adopting it, which only
+        # reaches this peer now: keep forwarding to the child for a while (it takes events
+        # from a former parent that long, see _on_swap_accept).
+        vp.released = {n: r for n, r in vp.released.items() if r[1] > now}
+        vp.released[frm] = (vp.children.pop(frm), now + self.config.failure_timeout)
         opened = self._opened.get(m.join_id)
         if (opened is None or opened.vp != vp.vp or opened.newcomer in vp.children
                 or not vp.attached or not vp.precedes(opened.admission.position,
@@ -832,32 +857,46 @@ class PeerMachine:
             return [Log("debug", f"{vp.vp}: detach from non-child {frm[0]} ignored")]
         return []
 
-    def _on_tokens(self, vp: VirtualPeer, frm: Node, m: Tokens, now: float) -> list[Action]:
-        # A split may have moved the child to a relay of this virtual peer after it sent these
-        # tokens (the child takes them to the relay when the handover reaches it): they
-        # belong to the link wherever it is now.
+    def link_holder(self, vp: VirtualPeer, child: Node) -> VirtualPeer | None:
+        """The virtual peer that holds the link to ``child``: ``vp`` or, after a split moved
+        the child, the relay of ``vp``'s family that took it (the child may still address
+        ``vp`` until the handover reaches it)."""
         creator = self._creator(vp)
-        child = next((r.children[frm] for r in (vp, creator, *self._relays(creator))
-                      if frm in r.children), None)
-        return self._set_tokens(vp, frm, child, m.tokens)
+        return next((r for r in (vp, creator, *self._relays(creator)) if child in r.children),
+                    None)
 
-    def _set_tokens(self, vp: VirtualPeer, frm: Node, link: ChildLink | WatchLink | None,
-                    data: tuple[bytes, ...]) -> list[Action]:
-        if link is None:
-            return [Log("info", f"{vp.vp}: tokens from {frm[0]}, no link of it, ignored")]
+    def _on_tokens(self, vp: VirtualPeer, frm: Node, m: Tokens, now: float) -> list[Action]:
+        # Tokens sent before a split's handover reached the child belong to the link
+        # wherever it is now.
+        holder = self.link_holder(vp, frm)
+        if holder is None:
+            return [Log("info", f"{vp.vp}: tokens from non-child {frm[0]} ignored")]
         try:
-            tokens = {t: self.crypto.decode_token(t) for t in data}
+            tokens = {t: self.crypto.decode_token(t) for t in m.tokens}
         except CryptoRejected as exc:
             return [Log("warning", f"{vp.vp}: tokens from {frm[0]} dropped: {exc}")]
+        # Make before break: a token this update takes away goes on routing here for a
+        # while, since the parent that takes it over may already have passed on an event
+        # that only reaches this peer now.
+        link = holder.children[frm]
+        still = link.withdrawn if now < link.withdrawn_until else {}
+        link.withdrawn = {r: t for r, t in {**still, **link.tokens}.items() if r not in tokens}
+        link.withdrawn_until = now + self.config.failure_timeout
         link.tokens = tokens
         return []
 
     def _on_ping(self, vp: VirtualPeer, frm: Node, m: Ping, now: float) -> list[Action]:
-        links = [x for x in (vp.children.get(frm), vp.watchers.get(frm)) if x is not None]
+        # A ping sent before a split's handover reached the child keeps the link alive where
+        # it is now, and the pong comes from there: with a slow uplink, every ping in flight
+        # during the handover would otherwise count for nothing, and the relay would drop
+        # the child as silent while the child takes the relay's silence for a failure.
+        # A watcher's ping keeps its backup link alive.
+        holder = self.link_holder(vp, frm) or vp
+        links = [x for x in (holder.children.get(frm), vp.watchers.get(frm)) if x is not None]
         for link in links:
             link.last_heard = now
-        return [Send(frm[0], Pong(vp.vp, frm[1], bool(links), _depth(vp),
-                                  *(self._ancestor(vp) if links else ("", ""))))]
+        return [Send(frm[0], Pong(holder.vp, frm[1], bool(links), _depth(holder),
+                                  *(self._ancestor(holder) if links else ("", ""))))]
 
     def _on_pong(self, vp: VirtualPeer, frm: Node, m: Pong, now: float) -> list[Action]:
         """A parent's or backup's answer; either may name an ancestor to ask for backup."""
@@ -932,7 +971,7 @@ class PeerMachine:
         self._seen_events.put((vp.vp, digest), None)
         self._raw.put(digest, data)
         out: list[Action] = []
-        for child in self._route(vp, digest, event):
+        for child in self._route(vp, digest, event, now):
             out.append(Send(child[0], Publish(vp.vp, child[1], vp.attribute, data)))
         self.stats.forwarded += len(out)
         self._list_for_watchers(vp, digest, event, now)
@@ -940,28 +979,35 @@ class PeerMachine:
             out += self._consume(digest, event, now)
         return out
 
-    def _route(self, vp: VirtualPeer, digest: bytes, event: Any) -> Iterable[Node]:
+    def _route(self, vp: VirtualPeer, digest: bytes, event: Any, now: float
+               ) -> Iterable[Node]:
         """OHF: every child if this peer's own token matches (roots: always);
-        MCR: each child one of whose tokens matches, and, like OHF, each child whose tokens
-        of the event's epoch have not arrived yet (just attached, or just re-keyed)."""
+        MCR: each child one of whose tokens (or tokens withdrawn a moment ago) matches, and,
+        like OHF, each child whose tokens of the event's epoch have not arrived yet (just
+        attached, or just re-keyed). Children released by a swap a moment ago count too."""
+        vp.released = {n: r for n, r in vp.released.items() if r[1] > now}
+        links = [*vp.children.items(),
+                 *((n, r[0]) for n, r in vp.released.items() if n not in vp.children)]
         epoch = self.crypto.event_epoch(event)
         if self.config.routing == "mcr":
             out = []
-            for child, link in vp.children.items():
+            for child, link in links:
+                withdrawn = link.withdrawn if now < link.withdrawn_until else {}
                 current = {r: t for r, t in link.tokens.items()
                            if self.crypto.token_epoch(t) == epoch}
+                routing = {r: t for r, t in withdrawn.items()
+                           if self.crypto.token_epoch(t) == epoch} | current
                 if self._is_relay(child) or not current or any(
-                        self._routes_to(digest, event, raw, t) for raw, t in current.items()):
+                        self._routes_to(digest, event, raw, t) for raw, t in routing.items()):
                     out.append(child)
             return out
-        if not vp.children:
+        if not links:
             return []
-        if vp.is_root:
-            return list(vp.children)
-        token = self._own_token(vp, epoch)
-        if token is None or not self.crypto.route(token, event):
-            return []
-        return list(vp.children)
+        if not vp.is_root:
+            token = self._own_token(vp, epoch)
+            if token is None or not self.crypto.route(token, event):
+                return []
+        return [child for child, _ in links]
 
     def _routes_to(self, digest: bytes, event: Any, raw: bytes, token: Any) -> bool:
         known = self._routes.get((digest, raw))
@@ -1080,7 +1126,14 @@ class PeerMachine:
 
     def _on_watch_tokens(self, vp: VirtualPeer, frm: Node, m: WatchTokens, now: float
                          ) -> list[Action]:
-        return self._set_tokens(vp, frm, vp.watchers.get(frm), m.tokens)
+        link = vp.watchers.get(frm)
+        if link is None:
+            return [Log("info", f"{vp.vp}: watch tokens from non-watcher {frm[0]} ignored")]
+        try:
+            link.tokens = {t: self.crypto.decode_token(t) for t in m.tokens}
+        except CryptoRejected as exc:
+            return [Log("warning", f"{vp.vp}: watch tokens from {frm[0]} dropped: {exc}")]
+        return []
 
     @staticmethod
     def _backup_tokens(vp: VirtualPeer) -> tuple[bytes, ...]:

@@ -50,12 +50,15 @@ TICK_GAP = 0.2
 @dataclass(frozen=True)
 class LatencyModel:
     """One-way link delay: each ordered pair of peers gets a fixed base delay drawn once,
-    log-normal with the given median (seconds) and shape ``sigma``, plus a uniform jitter
-    of up to ``jitter`` times the base per message."""
+    log-normal with the given median (seconds) and shape ``sigma``, at most ``cap``, plus a
+    uniform jitter of up to ``jitter`` times the base per message. A wide ``sigma`` without
+    a cap draws a few links slower than the failure timeout: their heartbeats cannot keep a
+    link up, so they model failing links, not slow ones."""
 
     median: float = 0.04
     sigma: float = 0.5
     jitter: float = 0.1
+    cap: float = float("inf")
 
 
 @dataclass
@@ -227,8 +230,8 @@ class Simulator:
             return 0.0
         base = self._links.get((a, b))
         if base is None:
-            base = self._links[(a, b)] = self.latency.median * self.rng.lognormvariate(
-                0.0, self.latency.sigma)
+            base = self._links[(a, b)] = min(self.latency.cap, self.latency.median
+                                             * self.rng.lognormvariate(0.0, self.latency.sigma))
         return base * (1.0 + self.rng.uniform(0.0, self.latency.jitter))
 
     def _apply(self, address: str, actions: list[Action], at: float) -> None:

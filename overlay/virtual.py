@@ -71,6 +71,10 @@ class ChildLink:
     nonce: bytes = b""
     #: Routing tokens the child handed over (multi-credential routing): bytes -> decoded.
     tokens: dict[bytes, Any] = field(default_factory=dict)
+    #: Tokens the child's last update took away, still routed on until ``withdrawn_until``:
+    #: the parent that takes them over may have passed an event on before it learnt them.
+    withdrawn: dict[bytes, Any] = field(default_factory=dict)
+    withdrawn_until: float = 0.0
 
 
 @dataclass
@@ -121,6 +125,9 @@ class VirtualPeer:
     roots: dict[int, RootKit] = field(default_factory=dict)
     parents: dict[Node, ParentLink] = field(default_factory=dict)
     children: dict[Node, ChildLink] = field(default_factory=dict)
+    #: Children that left by a swap -> (link, until when they still get events): the new
+    #: parent may have passed an event on before it adopted them.
+    released: dict[Node, tuple[ChildLink, float]] = field(default_factory=dict)
     joins: dict[bytes, PendingJoin] = field(default_factory=dict)
     swaps: dict[bytes, SwapOffered] = field(default_factory=dict)
     #: MCR: which token bytes each parent was given.

@@ -216,7 +216,7 @@ class Cluster:
                 seen, deadline = total, max(deadline, time.monotonic() + idle)
             if time.monotonic() > deadline:
                 return
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def kill(self, name: str) -> None:
         """Crash a peer (SIGKILL: no goodbye to its neighbours)."""

@@ -110,14 +110,14 @@ def test_two_inits_racing_for_one_database_have_one_winner(tmp_path, monkeypatch
     second, which leaves nothing behind (the control is the winner, which serves)."""
     import threading
 
-    import keyserver.server as server
+    import keyserver.initialise as creation
     from credentials.schema import builtin_schema
     from keyserver.keystore import KeyStoreError
 
     monkeypatch.setenv("IBE_PUBSUB_PASSPHRASE", PASSPHRASE)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     checked, first_done = threading.Barrier(2), threading.Event()
-    check = server.check_unclaimed
+    check = creation.check_unclaimed
 
     def check_then_wait(u: str) -> None:
         check(u)
@@ -125,12 +125,12 @@ def test_two_inits_racing_for_one_database_have_one_winner(tmp_path, monkeypatch
         if threading.current_thread().name == "second":
             first_done.wait(timeout=60)
 
-    monkeypatch.setattr(server, "check_unclaimed", check_then_wait)
+    monkeypatch.setattr(creation, "check_unclaimed", check_then_wait)
     results: dict[str, object] = {}
 
     def init(name: str) -> None:
         try:
-            results[name] = server.initialise(tmp_path / name, builtin_schema("stocks"), url,
+            results[name] = creation.initialise(tmp_path / name, builtin_schema("stocks"), url,
                                               600, 60)
         except KeyStoreError as exc:
             results[name] = exc

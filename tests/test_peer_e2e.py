@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import re
 import socket
+import time
 import typing
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,6 +25,9 @@ from peer.demo import ground_truth, quotes, subscriptions
 from peer.transport import split_address
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
+
+#: Seconds of silence after which a peer gives up a parent or child (the default is 10).
+FAILURE_TIMEOUT = 5.0
 
 
 def _split(events: list[Event]) -> tuple[list[Event], list[Event]]:
@@ -55,6 +60,29 @@ def _check(cluster: Cluster, expected: dict[str, set[str]], round_ids: set[str])
                                   f"{sorted(set(got) - want)}\n{cluster.peers[name].log_tail()}")
 
 
+def _wait_repaired(cluster: Cluster, killed: set[str], since: dict[str, int]) -> None:
+    """After the peers at ``killed`` crashed (each survivor's log was ``since[name]`` bytes
+    long then): at least the failure timeout and a tick, then until every virtual peer that
+    found one of them silent has linked to a parent again (at most 10 s more)."""
+    start = time.monotonic()
+    silent = re.compile(r"(\S+): parent (\S+) silent, rejoining")
+    while time.monotonic() - start < FAILURE_TIMEOUT + 10:
+        time.sleep(0.05)
+        if time.monotonic() - start < FAILURE_TIMEOUT + 1:
+            continue
+        waiting = []
+        for name, offset in since.items():
+            with cluster.peers[name].log_file.open("rb") as log:
+                log.seek(offset)
+                text = log.read().decode(errors="replace")
+            for found in silent.finditer(text):
+                if found[2] in killed and f"virtual peer {found[1]} linked to" not in \
+                        text[found.end():]:
+                    waiting.append(found[1])
+        if not waiting:
+            return
+
+
 def _forged(cls: type[Message], **given: object) -> Message:
     """A well-formed message of ``cls`` whose other fields are junk of the right type."""
     junk = {str: "price", bytes: b"\x00forged" * 8, int: 3, bool: False}
@@ -84,7 +112,8 @@ def _hostile_frames(address: str) -> None:
 def test_overlay_delivers_exactly_the_ground_truth(keyserver_factory, tmp_path, routing):
     server = keyserver_factory.start()
     cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers", routing=routing,
-                      max_children=3, verbose=True)
+                      max_children=3, verbose=True,
+                      peer_args=("--failure-timeout", str(FAILURE_TIMEOUT)))
     rng = random.Random(11 if routing == "ohf" else 12)
     try:
         tokens = {name: cluster.identity(name, "publisher", policy)
@@ -104,9 +133,12 @@ def test_overlay_delivers_exactly_the_ground_truth(keyserver_factory, tmp_path, 
         _hostile_frames(cluster.peers["sub01"].address)
 
         # Three subscribers crash; the others' subtrees repair and miss nothing new.
-        for name in ("sub01", "sub02", "sub03"):
+        crashed = ("sub01", "sub02", "sub03")
+        since = {n: p.log_file.stat().st_size for n, p in cluster.peers.items()
+                 if n not in crashed}
+        for name in crashed:
             cluster.kill(name)
-        asyncio.run(asyncio.sleep(15.0))  # failure timeout (10 s) + rejoin
+        _wait_repaired(cluster, {cluster.peers[n].address or "" for n in crashed}, since)
         second = [Event(f"r2-{e.event_id}", e.values, e.body) for e in quotes(16, rng)]
         survivors = [(n, s) for n, s in subs if n not in ("sub01", "sub02", "sub03")]
         _publish_both(cluster, tokens, second, 2)

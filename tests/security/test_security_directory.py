@@ -47,13 +47,25 @@ _addresses = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyServer]:
-    """A server of this module's own, its rate limits out of reach of the floods below."""
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyServers]:
+    """This module's own servers, their rate limits out of reach of the floods below; the
+    tests share them, each with identities and addresses of its own."""
     servers = KeyServers(tmp_path_factory.mktemp("directory"))
     try:
-        yield servers.start(serve_args=("--workers", "1", *UNLIMITED))
+        yield servers
     finally:
         servers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def server(servers: KeyServers) -> KeyServer:
+    return servers.start(serve_args=("--workers", "1", *UNLIMITED))
+
+
+@pytest.fixture(scope="module")
+def short_server(servers: KeyServers) -> KeyServer:
+    """Epochs of a few seconds, for the tests that wait for certificates to expire."""
+    return servers.start(init_args=SHORT_EPOCHS, serve_args=("--workers", "1", *UNLIMITED))
 
 
 class Peer:
@@ -132,9 +144,8 @@ def test_a_subscriber_cannot_take_over_the_roots_entry(server: KeyServer) -> Non
 
 
 def test_the_roots_address_is_refused_to_others_until_its_certificate_ends(
-        keyserver_factory: KeyServers) -> None:
-    server = keyserver_factory.start(init_args=SHORT_EPOCHS, serve_args=("--workers", "1"))
-    root, squatter, watcher = (Peer(server, r) for r in ("root", "subscriber", "subscriber"))
+        short_server: KeyServer) -> None:
+    root, squatter, watcher = (Peer(short_server, r) for r in ("root", "subscriber", "subscriber"))
     address = _dead_address()
     certificate = root.certify(address)
     root.register(address, "price", "root")
@@ -207,13 +218,12 @@ def _expire(*certificates: dict[str, Any]) -> None:
     time.sleep(max(0.0, max(c["not_after"] for c in certificates) - time.time()) + 0.3)
 
 
-def test_certifying_beyond_the_cap_frees_no_address(keyserver_factory: KeyServers) -> None:
+def test_certifying_beyond_the_cap_frees_no_address(short_server: KeyServer) -> None:
     """The attack review's eviction attack: certify the root's future address, then free it
     by certifying more than the cap, so that another certificate can name it too. Now the
     cap refuses instead of evicting, and the address stays the attacker's (a denial of
     service, never a second certificate) until its certificate expires."""
-    server = keyserver_factory.start(init_args=SHORT_EPOCHS, serve_args=("--workers", "1"))
-    mallory, root = Peer(server, "subscriber"), Peer(server, "root")
+    mallory, root = Peer(short_server, "subscriber"), Peer(short_server, "root")
     target = _dead_address()
     held = [mallory.certify(target), mallory.certify(*(_dead_address() for _ in range(4))),
             mallory.certify(*(_dead_address() for _ in range(CAP - 5)))]
@@ -237,15 +247,14 @@ def test_certifying_beyond_the_cap_frees_no_address(keyserver_factory: KeyServer
 
 
 def test_revocation_keeps_the_address_blocked_until_the_certificate_expires(
-        keyserver_factory: KeyServers) -> None:
+        short_server: KeyServer) -> None:
     """The attack review's revocation attack: certify the root's future address and get
     revoked, so that the address is freed while the certificate naming it is valid. Now
     the revoked identity's directory entries go at once, but its address stays refused to
     others until its certificate expires."""
-    server = keyserver_factory.start(init_args=SHORT_EPOCHS, serve_args=("--workers", "1"))
-    admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
-    mallory, root, watcher = Peer(server, "subscriber"), Peer(server, "root"), \
-        Peer(server, "subscriber")
+    admin = KeyServerClient(short_server.base_url, short_server.admin_token, retries=0)
+    mallory, root, watcher = Peer(short_server, "subscriber"), Peer(short_server, "root"), \
+        Peer(short_server, "subscriber")
     target = _dead_address()
     certificate = mallory.certify(target)
     mallory.register(target, "symbol")
@@ -330,15 +339,13 @@ def test_vouches_count_only_from_other_identities(server: KeyServer) -> None:
     assert _refused(lambda: a.register(aa, "price", seen=(bb,) * 33)).status == 422
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def racing_server(request: pytest.FixtureRequest, keyserver_factory: KeyServers) -> KeyServer:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def racing_server(request: pytest.FixtureRequest, servers: KeyServers) -> KeyServer:
     if request.param == "sqlite":
-        return keyserver_factory.start(init_args=SHORT_EPOCHS,
-                                       serve_args=("--workers", "1", *UNLIMITED))
+        return request.getfixturevalue("short_server")
     url = fresh_database(request.getfixturevalue("postgres_url"))
-    return keyserver_factory.start(init_args=("--database-url", url, *SHORT_EPOCHS),
-                                   serve_args=("--database-url", url, "--workers", "1",
-                                               *UNLIMITED))
+    return servers.start(init_args=("--database-url", url, *SHORT_EPOCHS),
+                         serve_args=("--database-url", url, "--workers", "1", *UNLIMITED))
 
 
 def test_concurrent_claims_of_one_address_have_one_winner(racing_server: KeyServer) -> None:
