@@ -36,6 +36,7 @@ from credentials.messages import (
     EncryptedEvent,
     EventHeader,
     RequestEntry,
+    RouteEntry,
 )
 
 FORMAT_VERSION = 2
@@ -174,6 +175,7 @@ class Reader:
 
 TAG_MPK, TAG_MSK, TAG_PUB, TAG_SUBCRED, TAG_TOKEN, TAG_SUB, TAG_EVENT, TAG_HEADER = range(1, 9)
 TAG_REQUEST, TAG_REQUEST_BODY, TAG_BLINDED = 9, 10, 11
+TAG_ROUTE_ENTRY = 13  # 12 is the signed digest's input (scheme.TAG_DIGEST)
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:
@@ -333,6 +335,17 @@ def decode_event(group: PairingGroup, data: bytes) -> EncryptedEvent:
     if len(event.signatures) != n or len(header.publisher_credentials) != n:
         raise CodecError("encrypted event: attribute, signature and credential counts differ")
     return event
+
+
+def encode_route_entry(e: RouteEntry) -> bytes:
+    return Writer(TAG_ROUTE_ENTRY).u64(e.epoch).element(e.C1).fixed(e.R).done()
+
+
+def decode_route_entry(group: PairingGroup, data: bytes) -> RouteEntry:
+    r = Reader(group, data, TAG_ROUTE_ENTRY, "route entry")
+    entry = RouteEntry(epoch=r.u64(), C1=r.unchecked(G2), R=r.take(TAG_BYTES))
+    r.end()
+    return entry
 
 
 def _write_entry(w: Writer, e: RequestEntry) -> None:

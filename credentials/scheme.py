@@ -57,6 +57,7 @@ from credentials.messages import (
     EventHeader,
     RequestEntry,
     RequestOpening,
+    RouteEntry,
 )
 from credentials.schema import Attribute, Schema, SchemaError
 from credentials.symmetric import (
@@ -352,17 +353,41 @@ def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken, event: E
     ct = event.attributes[i]
     if len(ct.R) != expected or j >= expected:
         return None
+    K = _tag_key(pp, token, ct.C1, ct.R[j])
+    return None if K is None else (i, K)
+
+
+def _tag_key(pp: PublicParams, token: RoutingToken | BlindedToken, C1: Element, R: bytes
+             ) -> Element | None:
+    """K = e(T, C1) if H4(K) == R (C1 checked as a group element), else None."""
     try:
-        K = pp.group.pair(token.T, ct.C1)
+        K = pp.group.pair(token.T, C1)
     except GroupError:
         return None
-    return (i, K) if mac_equal(H4(K), ct.R[j]) else None
+    return K if mac_equal(H4(K), R) else None
 
 
 def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: EncryptedEvent
                ) -> bool:
     """Forward iff H4(e(T, C1_i)) == R_ij, j = position of the token's credential."""
     return token.epoch == event.header.epoch and _position_key(pp, token, event) is not None
+
+
+def route_entry(pp: PublicParams, event: EncryptedEvent, attribute: str, position: int
+                ) -> RouteEntry:
+    """(epoch, C1_i, R_ij): the part of an event the route test at position j of attribute
+    i reads, for a peer that lacks the event (raises SchemeError for a bad position)."""
+    i = pp.schema.index(attribute)
+    ct = event.attributes[i]
+    if not 0 <= position < len(ct.R):
+        raise SchemeError(f"no position {position} in attribute {attribute!r}")
+    return RouteEntry(epoch=event.header.epoch, C1=ct.C1, R=ct.R[position])
+
+
+def route_test_entry(pp: PublicParams, token: RoutingToken | BlindedToken, entry: RouteEntry
+                     ) -> bool:
+    """The route test on a route entry: H4(e(T, C1_i)) == R_ij, same epoch."""
+    return token.epoch == entry.epoch and _tag_key(pp, token, entry.C1, entry.R) is not None
 
 
 def _check_structure(pp: PublicParams, event: EncryptedEvent) -> None:

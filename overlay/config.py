@@ -58,6 +58,9 @@ class OverlayConfig:
     max_watchers: int = 32
     #: Recent events a peer keeps to serve pulls, and ids it remembers per link.
     repair_memory: int = 256
+    #: Most events one digest lists (the newest), and so most route tests it costs the
+    #: receiver; at most 256.
+    digest_entries: int = 128
 
     def __post_init__(self) -> None:
         if self.max_children < 1:
@@ -70,6 +73,6 @@ class OverlayConfig:
             raise ValueError("recruit_rounds must be >= 0, recruit_interval > 0 and "
                              "recruit_sample >= 1")
         if (self.backups < 1 or self.digest_interval <= 0 or self.max_watchers < 0
-                or self.repair_memory < 16):
-            raise ValueError("backups must be >= 1, digest_interval > 0, max_watchers >= 0 "
-                             "and repair_memory >= 16")
+                or self.repair_memory < 16 or not 1 <= self.digest_entries <= 256):
+            raise ValueError("backups must be >= 1, digest_interval > 0, max_watchers >= 0, "
+                             "repair_memory >= 16 and digest_entries in [1, 256]")

@@ -110,6 +110,17 @@ class RealCrypto:
         with self.meter.timed("route"):
             return scheme.route_test(self.pp, token, event)
 
+    def digest_entry(self, event: EncryptedEvent, attribute: str, position: int) -> bytes:
+        return codec.encode_route_entry(scheme.route_entry(self.pp, event, attribute, position))
+
+    def route_entry(self, token: Any, entry: bytes) -> bool:
+        with self.meter.timed("route"):
+            try:
+                decoded = codec.decode_route_entry(self.pp.group, entry)
+            except codec.CodecError as exc:
+                raise CryptoRejected(str(exc)) from None
+            return scheme.route_test_entry(self.pp, token, decoded)
+
     def verify(self, event: EncryptedEvent) -> bool:
         with self.meter.timed("verify"):
             return scheme.verify(self.pp, event)

@@ -28,7 +28,7 @@ SETTLE = 40.0
 EVENT_SPACING = 0.2
 DRAIN = 15.0
 #: Messages of the repair (besides the pulled events, which are ``Publish`` messages).
-REPAIR_MESSAGES = ("Watch", "WatchTokens", "Digest", "Pull")
+REPAIR_MESSAGES = ("Watch", "Digest", "Pull")
 
 
 def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
@@ -45,6 +45,8 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
     sim.run_until(subscribers * JOIN_SPACING + SETTLE)
     counts, sizes = dict(sim.metrics.messages), dict(sim.metrics.message_bytes)
     routes = sim.crypto.meter.calls["route"]
+    listed = sum(m.stats.listed for m in sim.machines.values())
+    tested = sum(m.stats.entries_tested for m in sim.machines.values())
     publisher, start = sim.add_publisher(), sim.now
     published = {sim.publish(publisher, v, at=start + EVENT_SPACING * i): v
                  for i, v in enumerate(workload.values() for _ in range(events))}
@@ -64,6 +66,9 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
             "repair_bytes": {k: nbytes.get(k, 0) for k in REPAIR_MESSAGES},
             "heartbeat_messages": messages.get("Ping", 0) + messages.get("Pong", 0),
             "pulled": sum(m.stats.pulled for m in sim.machines.values()),
+            "listed": sum(m.stats.listed for m in sim.machines.values()) - listed,
+            "entries_tested": sum(m.stats.entries_tested for m in sim.machines.values())
+            - tested,
             "route_tests": sim.crypto.meter.calls["route"] - routes,
             "delays": [t - sim.metrics.published[e] for e, subs in got.items()
                        for t in subs.values()],
@@ -74,7 +79,8 @@ def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum the seeds' runs of one setting."""
     out: dict[str, Any] = {"seeds": [r["seed"] for r in runs]}
     for key in ("droppers", "honest", "expected", "delivered", "event_messages",
-                "event_bytes", "heartbeat_messages", "pulled", "route_tests", "cpu_s"):
+                "event_bytes", "heartbeat_messages", "pulled", "listed", "entries_tested",
+                "route_tests", "cpu_s"):
         out[key] = sum(r[key] for r in runs)
     for key in ("repair_messages", "repair_bytes"):
         out[key] = {k: sum(r[key][k] for r in runs) for k in REPAIR_MESSAGES}

@@ -37,7 +37,6 @@ from overlay.virtual import (
 )
 from overlay.wire import (
     EVENT_ID_BYTES,
-    MAX_TOKENS,
     Accept,
     Detach,
     Digest,
@@ -56,7 +55,6 @@ from overlay.wire import (
     SwapOffer,
     Tokens,
     Watch,
-    WatchTokens,
     WireError,
     decode,
 )
@@ -92,6 +90,9 @@ class Stats:
     #: already, or forgotten).
     pulled: int = 0
     pulls_refused: int = 0
+    #: Events listed in digests, and digest entries tested against this peer's own tokens.
+    listed: int = 0
+    entries_tested: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,7 @@ class PeerMachine:
             SwapAccept: self._on_swap_accept, SwapHandover: self._on_swap_handover,
             Tokens: self._on_tokens, Ping: self._on_ping,
             Pong: self._on_pong, Handover: self._on_handover, Publish: self._on_publish,
-            Watch: self._on_watch, WatchTokens: self._on_watch_tokens, Digest: self._on_digest,
-            Pull: self._on_pull}
+            Watch: self._on_watch, Digest: self._on_digest, Pull: self._on_pull}
 
     # -- set-up and user operations -----------------------------------------------------------
 
@@ -283,8 +283,6 @@ class PeerMachine:
                 out += self._send_join(vp, now)
         for vp in self.vpeers.values():
             out += self._assign_tokens(vp)
-            out += [Send(b[0], WatchTokens(vp.vp, b[1], self._backup_tokens(vp)))
-                    for b in vp.backups]
         return out
 
     # -- timers ------------------------------------------------------------------------------
@@ -890,13 +888,16 @@ class PeerMachine:
         # it is now, and the pong comes from there: with a slow uplink, every ping in flight
         # during the handover would otherwise count for nothing, and the relay would drop
         # the child as silent while the child takes the relay's silence for a failure.
-        # A watcher's ping keeps its backup link alive.
+        # A watcher's ping keeps its backup link alive and is answered from the virtual
+        # peer it pinged, which it knows as its backup (it may be a relay's child too).
         holder = self.link_holder(vp, frm) or vp
-        links = [x for x in (holder.children.get(frm), vp.watchers.get(frm)) if x is not None]
+        watcher = vp.watchers.get(frm)
+        links = [x for x in (holder.children.get(frm), watcher) if x is not None]
         for link in links:
             link.last_heard = now
-        return [Send(frm[0], Pong(holder.vp, frm[1], bool(links), _depth(holder),
-                                  *(self._ancestor(holder) if links else ("", ""))))]
+        src = vp if watcher is not None else holder
+        return [Send(frm[0], Pong(src.vp, frm[1], bool(links), _depth(src),
+                                  *(self._ancestor(src) if links else ("", ""))))]
 
     def _on_pong(self, vp: VirtualPeer, frm: Node, m: Pong, now: float) -> list[Action]:
         """A parent's or backup's answer; either may name an ancestor to ask for backup."""
@@ -1107,7 +1108,8 @@ class PeerMachine:
             return [Log("warning", f"{vp.vp}: watch from {frm[0]} refused: "
                                    f"{error or 'does not cover or precede it'}")]
         if frm not in vp.watchers:
-            vp.watchers[frm] = WatchLink(now, offered=Bounded(self.config.repair_memory))
+            vp.watchers[frm] = WatchLink(now, admission.position,
+                                         offered=Bounded(self.config.repair_memory))
         self._due(now + self._backup_timeout)
         proof, cert = self._prove(vp, admission, context("watch", (self.address, vp.vp), frm))
         return [Send(frm[0], Accept(vp.vp, frm[1], m.join_id, proof, cert))]
@@ -1122,24 +1124,7 @@ class PeerMachine:
             return [Send(frm[0], Detach(vp.vp, frm[1]))]
         vp.backups[frm] = ParentLink(now)
         self._due(min(vp.next_ping_at, now + self._backup_timeout))
-        return [Send(frm[0], WatchTokens(vp.vp, frm[1], self._backup_tokens(vp)))]
-
-    def _on_watch_tokens(self, vp: VirtualPeer, frm: Node, m: WatchTokens, now: float
-                         ) -> list[Action]:
-        link = vp.watchers.get(frm)
-        if link is None:
-            return [Log("info", f"{vp.vp}: watch tokens from non-watcher {frm[0]} ignored")]
-        try:
-            link.tokens = {t: self.crypto.decode_token(t) for t in m.tokens}
-        except CryptoRejected as exc:
-            return [Log("warning", f"{vp.vp}: watch tokens from {frm[0]} dropped: {exc}")]
         return []
-
-    @staticmethod
-    def _backup_tokens(vp: VirtualPeer) -> tuple[bytes, ...]:
-        """The routing token of the virtual peer's own credential, per valid epoch: its
-        events, and no finer split of them (the fine tokens stay with the parents)."""
-        return tuple(vp.keys[e].token for e in sorted(vp.keys))
 
     def _tick_backups(self, vp: VirtualPeer, now: float) -> list[Action]:
         out: list[Action] = []
@@ -1154,14 +1139,14 @@ class PeerMachine:
 
     def _list_for_watchers(self, vp: VirtualPeer, digest: bytes, event: Any, now: float
                            ) -> None:
-        """Note an event for the digests of every peer ``vp`` backs up that it belongs to."""
-        epoch = self.crypto.event_epoch(event)
+        """Note an event for the digests of every peer ``vp`` backs up, with what the
+        watcher's route test at its position reads: ``vp`` holds no token of theirs, so it
+        lists all it takes (a watcher's credential is inside ``vp``'s)."""
         for link in vp.watchers.values():
-            if any(self.crypto.token_epoch(t) == epoch and self._routes_to(digest, event, r, t)
-                   for r, t in link.tokens.items()):
-                link.pending.append((now, digest))
-                del link.pending[:-self.config.repair_memory]
-        if any(link.pending for link in vp.watchers.values()):
+            entry = self.crypto.digest_entry(event, vp.attribute, link.position)
+            link.pending.append((now, digest, entry))
+            del link.pending[:-self.config.digest_entries]
+        if vp.watchers:
             self._due(self._digests_due(vp) or now)
 
     def _digests_due(self, vp: VirtualPeer) -> float | None:
@@ -1184,25 +1169,31 @@ class PeerMachine:
             return out
         vp.next_digest_at = now + cfg.digest_interval
         for node, link in vp.watchers.items():
-            ready = [d for t, d in link.pending if t + cfg.digest_interval <= now]
+            ready = [(d, e) for t, d, e in link.pending if t + cfg.digest_interval <= now]
             link.pending = link.pending[len(ready):]
-            for i in range(0, len(ready), MAX_TOKENS):
-                out.append(Send(node[0], Digest(vp.vp, node[1], tuple(ready[i:i + MAX_TOKENS]))))
-            for d in ready:
+            if ready:
+                ids, entries = zip(*ready, strict=True)
+                out.append(Send(node[0], Digest(vp.vp, node[1], ids, entries)))
+                self.stats.listed += len(ids)
+            for d, _ in ready:
                 link.offered.put(d, None)
         return out
 
     def _on_digest(self, vp: VirtualPeer, frm: Node, m: Digest, now: float) -> list[Action]:
-        """Take the listed events this virtual peer lacks: from another of this peer's trees
-        if it holds them, else pull them from the backup (again from a second backup that
-        lists an event the first did not deliver)."""
+        """Run the route test of this virtual peer's own token on each listed event it
+        lacks (once per id, at most ``digest_entries`` per digest); take the matching ones
+        from another of this peer's trees if it holds them, else pull them from the backup
+        (again from a second backup that lists an event the first did not deliver)."""
         if frm not in vp.backups:
             self.stats.dropped += 1
             return [Log("info", f"{vp.vp}: digest from non-backup {frm[0]} dropped")]
+        if len(m.ids) != len(m.entries) or len(m.ids) > self.config.digest_entries:
+            self.stats.dropped += 1
+            return [Log("warning", f"{vp.vp}: digest from {frm[0]} malformed or too long")]
         out: list[Action] = []
         wanted = []
-        for digest in m.ids:
-            if (vp.vp, digest) in self._seen_events:
+        for digest, entry in zip(m.ids, m.entries, strict=True):
+            if (vp.vp, digest) in self._seen_events or not self._wants(vp, digest, entry):
                 continue
             data = self._raw.get(digest)
             if data is not None:
@@ -1214,6 +1205,21 @@ class PeerMachine:
         if wanted:
             out.append(Send(frm[0], Pull(vp.vp, frm[1], tuple(wanted))))
         return out
+
+    def _wants(self, vp: VirtualPeer, digest: bytes, entry: bytes) -> bool:
+        """Does a digest entry pass ``vp``'s own token (of any epoch it holds)? A malformed
+        entry does not; the answer is kept (per id and entry: a lying backup cannot spoil
+        an honest one's), since two backups list the same events."""
+        known = vp.tested.get((digest, entry))
+        if known is None:
+            self.stats.entries_tested += 1
+            try:
+                known = any(self.crypto.route_entry(self._own_token(vp, e), entry)
+                            for e in sorted(vp.keys))
+            except CryptoRejected:
+                known = False
+            vp.tested.put((digest, entry), known)
+        return known
 
     def _on_pull(self, vp: VirtualPeer, frm: Node, m: Pull, now: float) -> list[Action]:
         """Serve each id once, and only ids listed to this watcher and still held: a pull

@@ -82,10 +82,11 @@ class WatchLink:
     """A virtual peer this one backs up (see ``OverlayConfig.repair``)."""
 
     last_heard: float
-    #: Its routing tokens (bytes -> decoded): which events belong in its digests.
-    tokens: dict[bytes, Any] = field(default_factory=dict)
-    #: (time received here, event id) of events in its credential not yet listed to it.
-    pending: list[tuple[float, bytes]] = field(default_factory=list)
+    #: The position of its credential (learnt by opening its request, as a parent does):
+    #: which tag of an event its digest entries carry.
+    position: int
+    #: (time received here, event id, digest entry) of events not yet listed to it.
+    pending: list[tuple[float, bytes, bytes]] = field(default_factory=list)
     #: Ids listed to it and not pulled yet: each may be pulled once.
     offered: Bounded[bytes, None] = field(default_factory=lambda: Bounded(256))
 
@@ -157,6 +158,8 @@ class VirtualPeer:
     #: Event ids pulled and not arrived yet -> the backup last asked: only these may come
     #: from a backup.
     pulled: Bounded[bytes, Node] = field(default_factory=lambda: Bounded(256))
+    #: (event id, digest entry) -> whether it passed this peer's own token.
+    tested: Bounded[tuple[bytes, bytes], bool] = field(default_factory=lambda: Bounded(256))
     #: Peers this one backs up, and when it next sends them digests.
     watchers: dict[Node, WatchLink] = field(default_factory=dict)
     next_digest_at: float = 0.0

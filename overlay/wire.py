@@ -201,21 +201,14 @@ class Watch(Message):
 
 
 @dataclass(frozen=True)
-class WatchTokens(Message):
-    """To a backup that proved it covers the sender: the routing tokens it lists events by
-    (apart from :class:`Tokens`, since a backup may be a parent of the sender too)."""
-
-    TAG: ClassVar[int] = 18
-    tokens: tuple[bytes, ...]
-
-
-@dataclass(frozen=True)
 class Digest(Message):
-    """A backup's IHAVE: ids (16-byte ciphertext digests) of recent events in the
-    receiver's credential that reached the backup."""
+    """A backup's IHAVE: ids (16-byte ciphertext digests) of the recent events that
+    reached the backup, each with its digest entry (what the receiver's route test at its
+    own position reads of it): the receiver tests them with its own token."""
 
     TAG: ClassVar[int] = 16
     ids: tuple[bytes, ...]
+    entries: tuple[bytes, ...]
 
 
 @dataclass(frozen=True)
@@ -232,7 +225,7 @@ EVENT_ID_BYTES = 16
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TAG: cls for cls in (Join, JoinMiss, JoinSplit, Recruit, Accept, Detach, SwapOffer,
                              SwapAccept, SwapHandover, Tokens, Ping, Pong, Handover, Publish,
-                             Watch, WatchTokens, Digest, Pull)}
+                             Watch, Digest, Pull)}
 _HINTS = {tag: [(f.name, typing.get_type_hints(cls)[f.name]) for f in fields(cls)]
           for tag, cls in MESSAGE_TYPES.items()}
 

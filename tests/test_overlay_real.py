@@ -14,6 +14,7 @@ from credentials.scheme import Event
 from overlay.actions import Deliver, Log, Send
 from overlay.checks import delivery_errors, tree_violations
 from overlay.config import OverlayConfig
+from overlay.crypto import CryptoRejected
 from overlay.machine import PeerMachine
 from overlay.simulator import EXPIRY, Simulator
 from overlay.wire import (
@@ -34,7 +35,6 @@ from overlay.wire import (
     SwapOffer,
     Tokens,
     Watch,
-    WatchTokens,
 )
 from overlay.workload import Workload
 
@@ -129,8 +129,7 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (parent, Publish(parent[1], vp.vp, vp.attribute, b"garbage")),
         (stranger, Watch(stranger[1], vp.vp, b"w" * 16, tamper(request))),  # bad signature
         (stranger, Watch(stranger[1], vp.vp, b"w" * 16, other)),            # wrong epoch
-        (stranger, WatchTokens(stranger[1], vp.vp, (b"t",))),                # not a watcher
-        (stranger, Digest(stranger[1], vp.vp, (b"i" * 16,))),                # not a backup
+        (stranger, Digest(stranger[1], vp.vp, (b"i" * 16,), (b"e",))),       # not a backup
         (stranger, Pull(stranger[1], vp.vp, (b"i" * 16,))),                  # not a watcher
     ]
     for sender, message in cases:
@@ -208,3 +207,32 @@ def test_parents_hold_blinded_tokens_only(real_sim):
             for link in vp.children.values() for t in link.tokens.values()]
     assert held and all(isinstance(t, BlindedToken) for t in held)
     assert not any(hasattr(t, "credential") for t in held)
+
+
+def test_a_digest_entry_passes_the_route_test_exactly_when_the_event_does(real_sim):
+    """A backup lists events with (epoch, C1_i, R_ij) instead of holding a token; the
+    watcher's test on it decides as the route test on the whole event, and a forged or
+    malformed entry passes nothing."""
+    sim, _ = real_sim
+    crypto = sim.crypto
+    keys = sim.issuer.subscriber_kit(parse_predicate(SCHEMA, "price < 250"), sim.epoch,
+                                     EXPIRY, max_credentials=1).virtuals[0]
+    token = crypto.decode_token(keys.token)
+    j = keys.credential.position
+
+    def event(price: float):
+        return crypto.decode_event(sim.issuer.encrypt(
+            Event(f"e{price}", {"symbol": "IBM", "price": price, "volume": 7}, b""), sim.epoch))
+    inside, outside = event(120.5), event(700.0)
+    entry = crypto.digest_entry(inside, "price", j)
+    assert crypto.route(token, inside) and crypto.route_entry(token, entry)   # control
+    assert len(entry) == 138  # docs/wire-format.md 5.12
+    assert not crypto.route(token, outside)
+    assert not crypto.route_entry(token, crypto.digest_entry(outside, "price", j))
+    assert not crypto.route_entry(token, crypto.digest_entry(inside, "price", j + 1))
+    assert not crypto.route_entry(token, crypto.digest_entry(inside, "volume", j))
+    assert not crypto.route_entry(token, tamper(entry))                       # other tag
+    with pytest.raises(CryptoRejected):
+        crypto.route_entry(token, b"garbage")
+    with pytest.raises(CryptoRejected):
+        crypto.route_entry(token, entry + b"\x00")

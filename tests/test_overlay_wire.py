@@ -23,7 +23,6 @@ from overlay.wire import (
     SwapOffer,
     Tokens,
     Watch,
-    WatchTokens,
     WireError,
     decode,
 )
@@ -44,8 +43,7 @@ SAMPLES: list[Message] = [
     Handover("a", "b", "h:3", "q"),
     Publish("", "", "symbol", b"event"),
     Watch("a", "b", b"j" * 16, b"req"),
-    WatchTokens("a", "b", (b"t1",)),
-    Digest("a", "b", (b"i" * 16, b"k" * 16)),
+    Digest("a", "b", (b"i" * 16, b"k" * 16), (b"e1", b"e2")),
     Pull("a", "b", (b"i" * 16,)),
 ]
 
