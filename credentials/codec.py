@@ -37,6 +37,7 @@ from credentials.messages import (
     EncryptedEvent,
     EventHeader,
     RequestEntry,
+    RouteEntry,
     SessionCertificate,
     StreamEvent,
 )
@@ -194,6 +195,8 @@ TAG_REQUEST, TAG_REQUEST_BODY, TAG_BLINDED = 9, 10, 11
 TAG_CERTIFICATE, TAG_CERTIFICATE_BODY, TAG_STREAM_EVENT, TAG_STREAM_HEADER = 13, 14, 15, 16
 #: Bytes of an Ed25519 public key and signature, and of a SHA-256 hash.
 VK_BYTES, SIGNATURE_BYTES, HASH_BYTES = 32, 64, 32
+#: What a backup lists for a watcher (overlay repair).
+TAG_ROUTE_ENTRY = 17
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:
@@ -353,6 +356,17 @@ def decode_event(group: PairingGroup, data: bytes) -> EncryptedEvent:
     if len(event.signatures) != n or len(header.publisher_credentials) != n:
         raise CodecError("encrypted event: attribute, signature and credential counts differ")
     return event
+
+
+def encode_route_entry(e: RouteEntry) -> bytes:
+    return Writer(TAG_ROUTE_ENTRY).u64(e.epoch).element(e.C1).fixed(e.R).done()
+
+
+def decode_route_entry(group: PairingGroup, data: bytes) -> RouteEntry:
+    r = Reader(group, data, TAG_ROUTE_ENTRY, "route entry")
+    entry = RouteEntry(epoch=r.u64(), C1=r.unchecked(G2), R=r.take(TAG_BYTES))
+    r.end()
+    return entry
 
 
 def _write_entry(w: Writer, e: RequestEntry) -> None:

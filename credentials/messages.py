@@ -31,6 +31,16 @@ class AttributeCiphertext:
 
 
 @dataclass(frozen=True)
+class RouteEntry:
+    """(epoch, C1_i, R_ij) cut from an event: enough for a holder of a token at position j
+    of attribute i to run the route test, nothing to decrypt or verify."""
+
+    epoch: int
+    C1: Element
+    R: bytes
+
+
+@dataclass(frozen=True)
 class AttributeSignature:
     """(Sig_i, P2_i); the third component C1_i is reused from the ciphertext."""
 

@@ -57,6 +57,7 @@ from credentials.messages import (
     EventHeader,
     RequestEntry,
     RequestOpening,
+    RouteEntry,
     StreamEvent,
 )
 from credentials.schema import Attribute, Schema, SchemaError
@@ -351,16 +352,24 @@ def _position_key(pp: PublicParams, token: RoutingToken | BlindedToken, event: A
     ct = event.attributes[i]
     if len(ct.R) != expected or j >= expected:
         return None
-    cache_key = (bytes(token.T), bytes(ct.C1))
+    K = _tag_key(pp, token, ct.C1, ct.R[j], known)
+    return None if K is None else (i, K)
+
+
+def _tag_key(pp: PublicParams, token: RoutingToken | BlindedToken, C1: Element, R: bytes,
+             known: PositionKeys | None = None) -> Element | None:
+    """K = e(T, C1) if H4(K) == R (C1 checked as a group element), else None; ``known``
+    caches e(T, C1) (a stream's routers)."""
+    cache_key = (bytes(token.T), bytes(C1))
     K = known.get(cache_key) if known is not None else None
     if K is None:
         try:
-            K = pp.group.pair(token.T, ct.C1)
+            K = pp.group.pair(token.T, C1)
         except GroupError:
             return None
         if known is not None:
             known.remember(cache_key, K)
-    return (i, K) if mac_equal(H4(K), ct.R[j]) else None
+    return K if mac_equal(H4(K), R) else None
 
 
 def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: AnyEvent,
@@ -369,6 +378,23 @@ def route_test(pp: PublicParams, token: RoutingToken | BlindedToken, event: AnyE
     caches e(T, C1_i) (a stream's routers)."""
     return (token.epoch == event.header.epoch
             and _position_key(pp, token, event, known) is not None)
+
+
+def route_entry(pp: PublicParams, event: AnyEvent, attribute: str, position: int
+                ) -> RouteEntry:
+    """(epoch, C1_i, R_ij): the part of an event the route test at position j of attribute
+    i reads, for a peer that lacks the event (raises SchemeError for a bad position)."""
+    i = pp.schema.index(attribute)
+    ct = event.attributes[i]
+    if not 0 <= position < len(ct.R):
+        raise SchemeError(f"no position {position} in attribute {attribute!r}")
+    return RouteEntry(epoch=event.header.epoch, C1=ct.C1, R=ct.R[position])
+
+
+def route_test_entry(pp: PublicParams, token: RoutingToken | BlindedToken, entry: RouteEntry
+                     ) -> bool:
+    """The route test on a route entry: H4(e(T, C1_i)) == R_ij, same epoch."""
+    return token.epoch == entry.epoch and _tag_key(pp, token, entry.C1, entry.R) is not None
 
 
 def check_publisher_credentials(pp: PublicParams, schema_id: str,

@@ -34,7 +34,9 @@ def _run(args: argparse.Namespace) -> int:
             encryption_events=args.encryption_events,
             calibration_peers=args.calibration_peers,
             calibration_events=args.calibration_events,
-            loopback_peers=args.loopback_peers, loopback_events=args.loopback_events)
+            loopback_peers=args.loopback_peers, loopback_events=args.loopback_events,
+            droppers=tuple(args.droppers), dropper_subscribers=args.dropper_subscribers,
+            dropper_events=args.dropper_events, dropper_seeds=args.dropper_seeds)
         if args.latency_median_ms <= 0 or args.latency_sigma < 0 or args.workers < 1:
             raise ValueError("latency median must be > 0, sigma >= 0 and workers >= 1")
     except ValueError as exc:
@@ -51,6 +53,10 @@ def _run(args: argparse.Namespace) -> int:
     if summary.get("loopback_ratio"):
         print(f"loopback: real processes / simulator mean dissemination delay = "
               f"{summary['loopback_ratio']:.2f}")
+    for label, row in summary.get("droppers", {}).items():
+        print(f"droppers, {label}: honest delivery {row['undefended']:.1%} undefended, "
+              f"{row['defended']:.1%} with the repair, event messages "
+              f"x{row['event_message_ratio']:.2f}")
     if "ours_ops_per_event" in summary:
         print(f"our encryption: {summary['ours_ops_per_event']:.0f} operations per event "
               "whatever the number of subscribers")
@@ -60,7 +66,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _csv(values: tuple[int, ...]) -> str:
+def fraction_list(text: str) -> list[float]:
+    """Comma-separated fractions in [0, 1), e.g. ``0,0.1,0.2``."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not 0.0 <= v < 1.0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated fractions in [0, 1), got {text!r}")
+    return values
+
+
+def _csv(values: tuple[float, ...]) -> str:
     return ",".join(map(str, values))
 
 
@@ -73,15 +91,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the simulator (secure vs plaintext) for connection delay vs peers and vs out-degree, "
         "dissemination delay vs peers, OHF vs MCR, tree shape in the stock schema, "
         "encryption operations per event vs "
-        "subscribers for four schemes, and a cross-check against real peer processes on "
-        "loopback; on request (--experiments streams), dissemination at ten times the "
-        "report's event rate on real cryptography, without and with streams (the first "
-        "--dissemination-peers size; slow). Writes JSON and a PNG plot per experiment into "
-        "--out.")
+        "subscribers for four schemes, a cross-check against real peer processes on "
+        "loopback, and delivery when a fraction of subscribers drop the events they should "
+        "forward, with the repair off and on; on request (--experiments streams), "
+        "dissemination at ten times the report's event rate on real cryptography, without "
+        "and with streams (the first --dissemination-peers size; slow). Writes JSON and a "
+        "PNG plot per experiment into --out.")
     p.add_argument("--out", default="bench/overlay", help="output directory")
     p.add_argument("--experiments", type=_names, default=None,
                    help="comma-separated subset of connection,degree,dissemination,routing,"
-                   "trees,encryption,loopback,streams (default: all but streams)")
+                   "trees,encryption,loopback,droppers,streams (default: all but streams)")
+    p.add_argument("--droppers", type=fraction_list, default=list(d.droppers),
+                   metavar="FRACTIONS",
+                   help="fractions of subscribers that forward no event in the droppers "
+                   f"experiment, comma-separated (default {_csv(d.droppers)})")
     for flag, value, what in (
             ("--peers", d.peers, "peer counts of the connection experiment"),
             ("--degrees", d.degrees, "maximum out-degrees of the out-degree experiment"),
@@ -106,6 +129,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             ("--loopback-peers", d.loopback_peers,
              "subscriber processes of the loopback cross-check, at most 50"),
             ("--loopback-events", d.loopback_events, "events of the loopback cross-check"),
+            ("--dropper-subscribers", d.dropper_subscribers,
+             "subscribers of the droppers experiment"),
+            ("--dropper-events", d.dropper_events, "events of the droppers experiment"),
+            ("--dropper-seeds", d.dropper_seeds,
+             "seeds (from --seed on) each setting of the droppers experiment runs on"),
             ("--routing-credentials", d.routing_credentials,
              "credentials (virtual peers) per subscriber in the OHF vs MCR experiment"),
             ("--routing-fine-depth", d.routing_fine_depth,

@@ -14,14 +14,16 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from credentials.backends import load_group
 from overlay import (
+    evaluation_droppers,
     evaluation_encryption,
     evaluation_loopback,
     evaluation_plots,
@@ -71,6 +73,16 @@ class Bench:
         plot(report, path.with_suffix(".png"))
         self.progress(f"wrote {path} and {path.with_suffix('.png')}")
 
+    @contextmanager
+    def pool(self) -> Iterator[ProcessPoolExecutor | None]:
+        """Worker processes for the simulator runs (none with one worker)."""
+        pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+        try:
+            yield pool
+        finally:
+            if pool is not None:
+                pool.shutdown()
+
     def runner(self, pool: ProcessPoolExecutor | None) -> Runner:
         """Run jobs in the pool (or here), reporting each as it finishes."""
         if pool is None:
@@ -100,12 +112,19 @@ class Bench:
             self.write("calibration", check, evaluation_plots.calibration)
             summary["costs_ms"] = check["costs_ms"]
             setting = Setting(base.schema, table, self.latency, self.seed)
-            pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
-            try:
+            with self.pool() as pool:
                 summary["overhead_ms"] = self._delays(setting, self.runner(pool))
-            finally:
-                if pool is not None:
-                    pool.shutdown()
+        if "droppers" in self.experiments:
+            with self.pool() as pool:
+                report = evaluation_droppers.run(
+                    s.droppers, s.dropper_subscribers, s.dropper_events,
+                    range(self.seed, self.seed + s.dropper_seeds), self.latency,
+                    self.runner(pool))
+            self.write("droppers", report, evaluation_droppers.plot)
+            summary["droppers"] = {f"{r['routing']} {r['fraction']:.0%}": {
+                "undefended": r["undefended"]["delivery_ratio"],
+                "defended": r["defended"]["delivery_ratio"],
+                "event_message_ratio": r["event_message_ratio"]} for r in report["rows"]}
         if "encryption" in self.experiments:
             report = evaluation_encryption.run(load_group(), s.subscribers, s.encryption_events,
                                                self.seed, self.min_seconds, self.progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
-               "loopback", "streams")
+               "loopback", "droppers", "streams")
 #: What runs unless --experiments names others: "streams" runs real cryptography on every
 #: peer of the dissemination setting, which takes many minutes.
 DEFAULT_EXPERIMENTS = EXPERIMENTS[:-1]
@@ -37,9 +37,18 @@ class Sizes:
     calibration_events: int = 10
     loopback_peers: int = 10
     loopback_events: int = 20
+    #: Fractions of subscribers that drop events, and the size of that experiment.
+    droppers: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
+    dropper_subscribers: int = 150
+    dropper_events: int = 80
+    dropper_seeds: int = 3
 
     def __post_init__(self) -> None:
+        if not self.droppers or any(not 0.0 <= f < 1.0 for f in self.droppers):
+            raise ValueError(f"droppers must be fractions in [0, 1), got {self.droppers!r}")
         for name, value in asdict(self).items():
+            if name == "droppers":
+                continue
             values = value if isinstance(value, tuple) else (value,)
             floor = 0 if name == "routing_fine_depth" else 1
             if not values or any(v < floor for v in values):

@@ -45,6 +45,22 @@ class OverlayConfig:
     recruit_rounds: int = 3
     recruit_interval: float = 5.0
     recruit_sample: int = 8
+    #: Repair against peers that drop events: every subscriber virtual peer asks the nearest
+    #: covering ancestor beyond its parent (which the parent names) to be its *backup*. A
+    #: backup sends it, every ``digest_interval`` seconds, the ids of the events in its
+    #: credential that reached the backup at least that long ago; it pulls the ones it lacks.
+    repair: bool = True
+    #: Backups per virtual peer: the first is a parent's parent, a further one the parent
+    #: of a backup or of another parent (the repair fails only where all of them drop).
+    backups: int = 2
+    digest_interval: float = 1.0
+    #: Virtual peers one virtual peer backs up at most (each costs it a route test per event).
+    max_watchers: int = 32
+    #: Recent events a peer keeps to serve pulls, and ids it remembers per link.
+    repair_memory: int = 256
+    #: Most events one digest lists (the newest), and so most route tests it costs the
+    #: receiver; at most 256.
+    digest_entries: int = 128
 
     def __post_init__(self) -> None:
         if self.max_children < 1:
@@ -56,3 +72,7 @@ class OverlayConfig:
         if self.recruit_rounds < 0 or self.recruit_interval <= 0 or self.recruit_sample < 1:
             raise ValueError("recruit_rounds must be >= 0, recruit_interval > 0 and "
                              "recruit_sample >= 1")
+        if (self.backups < 1 or self.digest_interval <= 0 or self.max_watchers < 0
+                or self.repair_memory < 16 or not 1 <= self.digest_entries <= 256):
+            raise ValueError("backups must be >= 1, digest_interval > 0, max_watchers >= 0, "
+                             "repair_memory >= 16 and digest_entries in [1, 256]")

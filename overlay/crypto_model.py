@@ -269,6 +269,22 @@ class ModeledCrypto:
         return (token.epoch == event.epoch and token.position < len(path)
                 and hmac.compare_digest(self._tag(path[token.position], event.epoch), token.tag))
 
+    def digest_entry(self, event: ModelEvent, attribute: str, position: int) -> bytes:
+        """(epoch, position, tag of the event's credential there), as R_ij stands for it."""
+        path = event.paths.get(attribute, ())
+        tag = self._tag(path[position], event.epoch) if position < len(path) else b""
+        return msgpack.packb([event.epoch, position, tag], use_bin_type=True)
+
+    def route_entry(self, token: ModelToken, entry: bytes) -> bool:
+        self._charge("route")
+        try:
+            epoch, position, tag = msgpack.unpackb(entry, raw=False)
+            tag = bytes(tag)
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
+            raise CryptoRejected(f"malformed digest entry: {exc}") from None
+        return (token.epoch == epoch and token.position == position
+                and hmac.compare_digest(tag, token.tag))
+
     def verify(self, event: ModelEvent) -> bool:
         self._charge("verify")
         return hmac.compare_digest(event.mac, self._mac(

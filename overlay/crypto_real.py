@@ -121,6 +121,17 @@ class RealCrypto:
             return caches is not None and scheme.route_test(self.pp, token, event,
                                                             caches.position_keys)
 
+    def digest_entry(self, event: AnyEvent, attribute: str, position: int) -> bytes:
+        return codec.encode_route_entry(scheme.route_entry(self.pp, event, attribute, position))
+
+    def route_entry(self, token: Any, entry: bytes) -> bool:
+        with self.meter.timed("route"):
+            try:
+                decoded = codec.decode_route_entry(self.pp.group, entry)
+            except codec.CodecError as exc:
+                raise CryptoRejected(str(exc)) from None
+            return scheme.route_test_entry(self.pp, token, decoded)
+
     def verify(self, event: AnyEvent) -> bool:
         with self.meter.timed("verify"):
             if isinstance(event, StreamEvent):

@@ -32,11 +32,14 @@ from overlay.virtual import (
     PendingJoin,
     SwapOffered,
     VirtualPeer,
+    WatchLink,
     comes_first,
 )
 from overlay.wire import (
+    EVENT_ID_BYTES,
     Accept,
     Detach,
+    Digest,
     Handover,
     Join,
     JoinMiss,
@@ -45,14 +48,20 @@ from overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Pull,
     Recruit,
     SwapAccept,
     SwapHandover,
     SwapOffer,
     Tokens,
+    Watch,
     WireError,
     decode,
 )
+
+#: A virtual peer pings its backups every this many heartbeats (they are a second path,
+#: so detecting their failure can wait; it saves most of their heartbeat messages).
+BACKUP_HEARTBEATS = 3
 
 
 def context(kind: str, acceptor: Node, newcomer: Node) -> bytes:
@@ -77,6 +86,13 @@ class Stats:
     #: Events dropped (among the duplicates) because one of the same id was delivered before:
     #: a publisher that re-used ids.
     repeated_ids: int = 0
+    #: Event ids pulled from backups, and pulled ids a backup refused (not offered, served
+    #: already, or forgotten).
+    pulled: int = 0
+    pulls_refused: int = 0
+    #: Events listed in digests, and digest entries tested against this peer's own tokens.
+    listed: int = 0
+    entries_tested: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,8 @@ class PeerMachine:
         self._events: Bounded[bytes, Any] = Bounded(64)
         self._routes: Bounded[tuple[bytes, bytes], bool] = Bounded(cap)
         self._tokens: dict[tuple[str, int], Any] = {}
+        #: Ciphertexts of recent events by id: what a backup serves pulls from.
+        self._raw: Bounded[bytes, bytes] = Bounded(config.repair_memory)
         #: creator virtual peer id -> its relays, breadth first (see :meth:`_relays`)
         self._relay_lists: dict[str, list[VirtualPeer]] = {}
         for root in roots:
@@ -163,14 +181,15 @@ class PeerMachine:
             Detach: self._on_detach, SwapOffer: self._on_swap_offer,
             SwapAccept: self._on_swap_accept, SwapHandover: self._on_swap_handover,
             Tokens: self._on_tokens, Ping: self._on_ping,
-            Pong: self._on_pong, Handover: self._on_handover, Publish: self._on_publish}
+            Pong: self._on_pong, Handover: self._on_handover, Publish: self._on_publish,
+            Watch: self._on_watch, Digest: self._on_digest, Pull: self._on_pull}
 
     # -- set-up and user operations -----------------------------------------------------------
 
     def _new_vpeer(self, attribute: str, credential: Any, vp_id: str | None = None
                    ) -> VirtualPeer:
         vp = VirtualPeer(vp=vp_id or self.rng.randbytes(6).hex(), attribute=attribute,
-                         credential=credential)
+                         credential=credential, pulled=Bounded(self.config.repair_memory))
         self.vpeers[vp.vp] = vp
         return vp
 
@@ -236,10 +255,12 @@ class PeerMachine:
             heir = next(iter(self._creator(vp).parents), ("", ""))  # a peer that stays
             for child in vp.children:
                 out.append(Send(child[0], Handover(vp.vp, child[1], heir[0], heir[1])))
-            for parent in vp.parents:
+            for parent in (*vp.parents, *vp.backups):
                 out.append(Send(parent[0], Detach(vp.vp, parent[1])))
             vp.children.clear()
             vp.parents.clear()
+            vp.backups.clear()
+            vp.watchers.clear()
         self._relay_lists.clear()
         self.stopped = True
         self.next_tick_at = float("inf")
@@ -260,9 +281,8 @@ class PeerMachine:
             for vp in self._install_kit(kit):
                 vp.join_started = now
                 out += self._send_join(vp, now)
-        if self.config.routing == "mcr":
-            for vp in self.vpeers.values():
-                out += self._assign_tokens(vp)
+        for vp in self.vpeers.values():
+            out += self._assign_tokens(vp)
         return out
 
     # -- timers ------------------------------------------------------------------------------
@@ -283,17 +303,22 @@ class PeerMachine:
                 if child[0] != self.address and now - link.last_heard > cfg.failure_timeout:
                     del vp.children[child]
                     out.append(Log("info", f"{vp.vp}: child {child[0]} silent, dropped"))
+            out += self._tick_watchers(vp, now)
             if vp.is_top:
                 continue
+            out += self._tick_backups(vp, now)
             remote = [p for p in vp.parents if p[0] != self.address]
             lost = [p for p in remote if now - vp.parents[p].last_heard > cfg.failure_timeout]
             for parent in lost:
                 self.stats.parents_lost += 1
                 out.append(Log("info", f"{vp.vp}: parent {parent[0]} silent, rejoining"))
                 out += self._lose_parent(vp, parent, now)
-            if now >= vp.next_ping_at and remote:
+            if now >= vp.next_ping_at and (remote or vp.backups):
                 vp.next_ping_at = now + cfg.heartbeat_interval
-                out += [Send(p[0], Ping(vp.vp, p[1])) for p in vp.parents if p in remote]
+                vp.pings += 1
+                backups = list(vp.backups) if vp.pings % BACKUP_HEARTBEATS == 0 else []
+                pinged = dict.fromkeys([*remote, *backups])  # a parent may be a backup
+                out += [Send(p[0], Ping(vp.vp, p[1])) for p in pinged]
             if vp.recruits_left and remote and now >= vp.next_recruit_at:
                 out += self._recruit(vp, remote[0], now)
             for join_id, pending in list(vp.joins.items()):
@@ -325,15 +350,21 @@ class PeerMachine:
         for vp in self.vpeers.values():
             times += [c.last_heard + cfg.failure_timeout for n, c in vp.children.items()
                       if n[0] != self.address]
+            times += [w.last_heard + self._backup_timeout for w in vp.watchers.values()]
+            ready = self._digests_due(vp)
+            if ready is not None:
+                times.append(ready)
             if vp.is_top:
                 continue
             remote = [p for n, p in vp.parents.items() if n[0] != self.address]
             times += [p.last_heard + cfg.failure_timeout for p in remote]
+            times += [b.last_heard + self._backup_timeout for b in vp.backups.values()]
             times += [j.sent_at + 2 * cfg.join_timeout for j in vp.joins.values()]
-            if remote:
+            times += [asked + 2 * cfg.join_timeout for _, asked in vp.watch_asks.values()]
+            if remote or vp.backups:
                 times.append(vp.next_ping_at)
-                if vp.recruits_left:
-                    times.append(vp.next_recruit_at)
+            if remote and vp.recruits_left:
+                times.append(vp.next_recruit_at)
             if ((vp.join_started is not None or vp.parents)
                     and len(vp.parents) < self._wanted_links(vp)
                     and not (vp.parents and vp.link_attempts >= cfg.mcr_link_attempts)):
@@ -634,19 +665,27 @@ class PeerMachine:
         """Children a split may move to the new relay: not relays, not the newcomer."""
         return sorted(c for c in host.children if not self._is_relay(c) and c != newcomer)
 
-    def _on_accept(self, vp: VirtualPeer, frm: Node, m: Accept, now: float) -> list[Action]:
-        pending = vp.joins.get(m.join_id)
-        keys = vp.keys.get(pending.epoch) if pending else None
-        if pending is None or keys is None:
-            return [Log("info", f"{vp.vp}: accept from {frm[0]} for no pending join, ignored")]
+    def _proven(self, vp: VirtualPeer, frm: Node, m: Accept, epoch: int, kind: str,
+                now: float) -> bool:
+        """Did ``frm`` prove it opened this virtual peer's request of ``epoch`` (so its
+        credential covers ours), for a link of ``kind``?"""
+        keys = vp.keys.get(epoch)
+        if keys is None:
+            return False
         request = self.crypto.decode_request(keys.request)
-        ctx = context("join", frm, (self.address, vp.vp))
+        ctx = context(kind, frm, (self.address, vp.vp))
         if m.certificate:
-            ok = self.crypto.check_root_proof(m.certificate, vp.attribute, request, m.proof,
-                                              ctx, now)
-        else:
-            ok = self.crypto.check_acceptance(keys.sws, request, m.proof, ctx)
-        if not ok:
+            return self.crypto.check_root_proof(m.certificate, vp.attribute, request, m.proof,
+                                                ctx, now)
+        return self.crypto.check_acceptance(keys.sws, request, m.proof, ctx)
+
+    def _on_accept(self, vp: VirtualPeer, frm: Node, m: Accept, now: float) -> list[Action]:
+        if m.join_id in vp.watch_asks:
+            return self._on_watch_accept(vp, frm, m, now)
+        pending = vp.joins.get(m.join_id)
+        if pending is None or pending.epoch not in vp.keys:
+            return [Log("info", f"{vp.vp}: accept from {frm[0]} for no pending join, ignored")]
+        if not self._proven(vp, frm, m, pending.epoch, "join", now):
             return [Log("warning", f"{vp.vp}: accept from {frm[0]} with a bad proof dropped")]
         pending.answered = True
         if frm in vp.parents:  # the request reached this parent twice: already linked
@@ -813,7 +852,7 @@ class PeerMachine:
     # -- links -------------------------------------------------------------------------------
 
     def _on_detach(self, vp: VirtualPeer, frm: Node, m: Detach, now: float) -> list[Action]:
-        if vp.children.pop(frm, None) is None:
+        if vp.children.pop(frm, None) is None and vp.watchers.pop(frm, None) is None:
             return [Log("debug", f"{vp.vp}: detach from non-child {frm[0]} ignored")]
         return []
 
@@ -850,22 +889,34 @@ class PeerMachine:
         # it is now, and the pong comes from there: with a slow uplink, every ping in flight
         # during the handover would otherwise count for nothing, and the relay would drop
         # the child as silent while the child takes the relay's silence for a failure.
+        # A watcher's ping keeps its backup link alive and is answered from the virtual
+        # peer it pinged, which it knows as its backup (it may be a relay's child too).
         holder = self.link_holder(vp, frm) or vp
-        child = holder.children.get(frm)
-        if child is not None:
-            child.last_heard = now
-        return [Send(frm[0], Pong(holder.vp, frm[1], child is not None, _depth(holder)))]
+        watcher = vp.watchers.get(frm)
+        links = [x for x in (holder.children.get(frm), watcher) if x is not None]
+        for link in links:
+            link.last_heard = now
+        src = vp if watcher is not None else holder
+        return [Send(frm[0], Pong(src.vp, frm[1], bool(links), _depth(src),
+                                  *(self._ancestor(src) if links else ("", ""))))]
 
     def _on_pong(self, vp: VirtualPeer, frm: Node, m: Pong, now: float) -> list[Action]:
-        link = vp.parents.get(frm)
-        if link is None:
+        """A parent's or backup's answer; either may name an ancestor to ask for backup."""
+        link, backup = vp.parents.get(frm), vp.backups.get(frm)
+        if link is None and backup is None:
             return [Log("debug", f"{vp.vp}: pong from non-parent {frm[0]} ignored")]
         if not m.ok:
+            vp.backups.pop(frm, None)
+            if link is None:
+                return [Log("info", f"{vp.vp}: backup {frm[0]} dropped us")]
             return [Log("info", f"{vp.vp}: parent {frm[0]} dropped us, rejoining"),
                     *self._lose_parent(vp, frm, now)]
-        link.last_heard = now
-        link.depth = None if m.depth < 0 else m.depth
-        return []
+        for heard in (link, backup):
+            if heard is not None:
+                heard.last_heard = now
+        if link is not None:
+            link.depth = None if m.depth < 0 else m.depth
+        return self._ask_backup(vp, (m.ancestor, m.ancestor_vp), now)
 
     def _on_handover(self, vp: VirtualPeer, frm: Node, m: Handover, now: float
                      ) -> list[Action]:
@@ -889,31 +940,43 @@ class PeerMachine:
 
     def _on_publish(self, vp: VirtualPeer, frm: Node, m: Publish, now: float) -> list[Action]:
         # Any virtual peer of a parent's peer may send: a relay that a split just moved
-        # this child to forwards before the handover arrives.
-        from_parent = (any(frm[0] == p[0] for p in vp.parents)
+        # this child to forwards before the handover arrives. A backup may send only what
+        # this peer pulled from it.
+        digest = _event_id(m.event)
+        pulled = frm in vp.backups and digest in vp.pulled
+        if pulled:
+            vp.pulled.pop(digest)
+        from_parent = (pulled or any(frm[0] == p[0] for p in vp.parents)
                        or vp.former.get(frm[0], -1.0) >= now)
         if (not vp.is_root and not from_parent) or m.attribute != vp.attribute:
             self.stats.dropped += 1
             return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} or tree dropped")]
-        digest = hashlib.sha256(m.event).digest()[:16]
+        return self._take_event(vp, frm[0], digest, m.event, now)
+
+    def _take_event(self, vp: VirtualPeer, source: str, digest: bytes, data: bytes,
+                    now: float) -> list[Action]:
+        """An event for ``vp`` (from a parent, a pull, or another tree of this peer): check
+        it, forward it down, list it for the peers ``vp`` backs up, and consume it."""
         if (vp.vp, digest) in self._seen_events:
             return []
         event = self._events.get(digest)
         if event is None:
             try:
-                event = self.crypto.decode_event(m.event)
+                event = self.crypto.decode_event(data)
             except CryptoRejected as exc:
                 self.stats.dropped += 1
-                return [Log("warning", f"{vp.vp}: event from {frm[0]} dropped: {exc}")]
+                return [Log("warning", f"{vp.vp}: event from {source} dropped: {exc}")]
             self._events.put(digest, event)
         if self.config.verify_before_forward and not self._verify(digest, event):
             self.stats.dropped += 1
-            return [Log("warning", f"{vp.vp}: event from {frm[0]} fails verification")]
+            return [Log("warning", f"{vp.vp}: event from {source} fails verification")]
         self._seen_events.put((vp.vp, digest), None)
+        self._raw.put(digest, data)
         out: list[Action] = []
         for child in self._route(vp, digest, event, now):
-            out.append(Send(child[0], Publish(vp.vp, child[1], vp.attribute, m.event)))
+            out.append(Send(child[0], Publish(vp.vp, child[1], vp.attribute, data)))
         self.stats.forwarded += len(out)
+        self._list_for_watchers(vp, digest, event, now)
         if not vp.is_root:
             out += self._consume(digest, event, now)
         return out
@@ -1003,6 +1066,181 @@ class PeerMachine:
         self.stats.delivered += 1
         return [Deliver(plain, now)]
 
+    # -- repair: backups, digests and pulls ---------------------------------------------------
+
+    @property
+    def _backup_timeout(self) -> float:
+        """Backups are pinged every ``BACKUP_HEARTBEATS``-th heartbeat, so a backup link is
+        taken for failed after that many failure timeouts."""
+        return BACKUP_HEARTBEATS * self.config.failure_timeout
+
+    def _ancestor(self, vp: VirtualPeer) -> Node:
+        """The nearest remote parent of this virtual peer (of the one it copies, for a
+        relay): what a child may ask to be its backup. ("", "") for the tree's top."""
+        creator = self._creator(vp)
+        return next((p for p in creator.parents if p[0] != self.address), ("", ""))
+
+    def _ask_backup(self, vp: VirtualPeer, ancestor: Node, now: float) -> list[Action]:
+        """Ask an ancestor a parent or backup named to back this virtual peer up, if it
+        needs one more. (It may be a parent of this one for other fine tokens under MCR.)"""
+        if (not self.config.repair or vp.relay or not ancestor[0]
+                or len(vp.backups) + len(vp.watch_asks) >= self.config.backups):
+            return []
+        keys = vp.keys.get(self.epoch)
+        linked = {self.address, *(n[0] for n in vp.backups),
+                  *(n[0] for n, _ in vp.watch_asks.values())}
+        if keys is None or ancestor[0] in linked:
+            return []
+        join_id = self.rng.randbytes(16)
+        vp.watch_asks[join_id] = (ancestor, now)
+        self._due(now + 2 * self.config.join_timeout)
+        return [Send(ancestor[0], Watch(vp.vp, ancestor[1], join_id, keys.request))]
+
+    def _on_watch(self, vp: VirtualPeer, frm: Node, m: Watch, now: float) -> list[Action]:
+        """Back up a virtual peer this one covers and precedes (it opens its request) and
+        prove it, as an acceptance does; at most ``max_watchers`` of them."""
+        if frm[0] == self.address:
+            return [Log("info", f"{vp.vp}: watch from its own peer ignored")]
+        if frm not in vp.watchers and len(vp.watchers) >= self.config.max_watchers:
+            return [Log("info", f"{vp.vp}: watch from {frm[0]} refused: watchers full")]
+        request, error = self._check_request(m.request, vp.attribute, now)
+        admission = self._open(vp, request) if error is None else None
+        if admission is None or not vp.precedes(admission.position, frm[1]):
+            return [Log("warning", f"{vp.vp}: watch from {frm[0]} refused: "
+                                   f"{error or 'does not cover or precede it'}")]
+        if frm not in vp.watchers:
+            vp.watchers[frm] = WatchLink(now, admission.position,
+                                         offered=Bounded(self.config.repair_memory))
+        self._due(now + self._backup_timeout)
+        proof, cert = self._prove(vp, admission, context("watch", (self.address, vp.vp), frm))
+        return [Send(frm[0], Accept(vp.vp, frm[1], m.join_id, proof, cert))]
+
+    def _on_watch_accept(self, vp: VirtualPeer, frm: Node, m: Accept, now: float
+                         ) -> list[Action]:
+        asked, _ = vp.watch_asks[m.join_id]
+        if asked != frm or not self._proven(vp, frm, m, self.epoch, "watch", now):
+            return [Log("warning", f"{vp.vp}: watch accept from {frm[0]} with a bad proof")]
+        del vp.watch_asks[m.join_id]
+        if len(vp.backups) >= self.config.backups:
+            return [Send(frm[0], Detach(vp.vp, frm[1]))]
+        vp.backups[frm] = ParentLink(now)
+        self._due(min(vp.next_ping_at, now + self._backup_timeout))
+        return []
+
+    def _tick_backups(self, vp: VirtualPeer, now: float) -> list[Action]:
+        out: list[Action] = []
+        for node, link in list(vp.backups.items()):
+            if now - link.last_heard > self._backup_timeout:
+                del vp.backups[node]
+                out.append(Log("info", f"{vp.vp}: backup {node[0]} silent, dropped"))
+        for join_id, (_, asked) in list(vp.watch_asks.items()):
+            if now - asked > 2 * self.config.join_timeout:
+                del vp.watch_asks[join_id]
+        return out
+
+    def _list_for_watchers(self, vp: VirtualPeer, digest: bytes, event: Any, now: float
+                           ) -> None:
+        """Note an event for the digests of every peer ``vp`` backs up, with what the
+        watcher's route test at its position reads: ``vp`` holds no token of theirs, so it
+        lists all it takes (a watcher's credential is inside ``vp``'s)."""
+        for link in vp.watchers.values():
+            entry = self.crypto.digest_entry(event, vp.attribute, link.position)
+            link.pending.append((now, digest, entry))
+            del link.pending[:-self.config.digest_entries]
+        if vp.watchers:
+            self._due(self._digests_due(vp) or now)
+
+    def _digests_due(self, vp: VirtualPeer) -> float | None:
+        """When ``vp`` next sends digests: once an event waited ``digest_interval`` (its copy
+        down the tree has had time to arrive), at most every ``digest_interval``."""
+        oldest = [link.pending[0][0] for link in vp.watchers.values() if link.pending]
+        if not oldest:
+            return None
+        return max(vp.next_digest_at, min(oldest) + self.config.digest_interval)
+
+    def _tick_watchers(self, vp: VirtualPeer, now: float) -> list[Action]:
+        cfg = self.config
+        out: list[Action] = []
+        for node, link in list(vp.watchers.items()):
+            if now - link.last_heard > self._backup_timeout:
+                del vp.watchers[node]
+                out.append(Log("info", f"{vp.vp}: watcher {node[0]} silent, dropped"))
+        due = self._digests_due(vp)
+        if due is None or now < due:
+            return out
+        vp.next_digest_at = now + cfg.digest_interval
+        for node, link in vp.watchers.items():
+            ready = [(d, e) for t, d, e in link.pending if t + cfg.digest_interval <= now]
+            link.pending = link.pending[len(ready):]
+            if ready:
+                ids, entries = zip(*ready, strict=True)
+                out.append(Send(node[0], Digest(vp.vp, node[1], ids, entries)))
+                self.stats.listed += len(ids)
+            for d, _ in ready:
+                link.offered.put(d, None)
+        return out
+
+    def _on_digest(self, vp: VirtualPeer, frm: Node, m: Digest, now: float) -> list[Action]:
+        """Run the route test of this virtual peer's own token on each listed event it
+        lacks (once per id, at most ``digest_entries`` per digest); take the matching ones
+        from another of this peer's trees if it holds them, else pull them from the backup
+        (again from a second backup that lists an event the first did not deliver)."""
+        if frm not in vp.backups:
+            self.stats.dropped += 1
+            return [Log("info", f"{vp.vp}: digest from non-backup {frm[0]} dropped")]
+        if len(m.ids) != len(m.entries) or len(m.ids) > self.config.digest_entries:
+            self.stats.dropped += 1
+            return [Log("warning", f"{vp.vp}: digest from {frm[0]} malformed or too long")]
+        out: list[Action] = []
+        wanted = []
+        for digest, entry in zip(m.ids, m.entries, strict=True):
+            if (vp.vp, digest) in self._seen_events or not self._wants(vp, digest, entry):
+                continue
+            data = self._raw.get(digest)
+            if data is not None:
+                out += self._take_event(vp, self.address, digest, data, now)
+            elif vp.pulled.get(digest) != frm:  # pulled from none, or from another backup
+                vp.pulled.put(digest, frm)
+                wanted.append(digest)
+        self.stats.pulled += len(wanted)
+        if wanted:
+            out.append(Send(frm[0], Pull(vp.vp, frm[1], tuple(wanted))))
+        return out
+
+    def _wants(self, vp: VirtualPeer, digest: bytes, entry: bytes) -> bool:
+        """Does a digest entry pass ``vp``'s own token (of any epoch it holds)? A malformed
+        entry does not; the answer is kept (per id and entry: a lying backup cannot spoil
+        an honest one's), since two backups list the same events."""
+        known = vp.tested.get((digest, entry))
+        if known is None:
+            self.stats.entries_tested += 1
+            try:
+                known = any(self.crypto.route_entry(self._own_token(vp, e), entry)
+                            for e in sorted(vp.keys))
+            except CryptoRejected:
+                known = False
+            vp.tested.put((digest, entry), known)
+        return known
+
+    def _on_pull(self, vp: VirtualPeer, frm: Node, m: Pull, now: float) -> list[Action]:
+        """Serve each id once, and only ids listed to this watcher and still held: a pull
+        costs at most the events its digests listed, however often it is sent."""
+        link = vp.watchers.get(frm)
+        if link is None:
+            self.stats.dropped += 1
+            return [Log("info", f"{vp.vp}: pull from non-watcher {frm[0]} refused")]
+        out: list[Action] = []
+        for digest in m.ids:
+            data = self._raw.get(digest) if digest in link.offered else None
+            if data is not None:
+                link.offered.pop(digest)
+                out.append(Send(frm[0], Publish(vp.vp, frm[1], vp.attribute, data)))
+        refused = len(m.ids) - len(out)
+        if refused:
+            self.stats.pulls_refused += refused
+            out.append(Log("info", f"{vp.vp}: {refused} pulled ids from {frm[0]} refused"))
+        return out
+
     # -- dispatch ----------------------------------------------------------------------------
 
     def receive(self, sender: str, message: Message | bytes, now: float) -> list[Action]:
@@ -1027,6 +1265,11 @@ class PeerMachine:
             mine = [v for v in self.vpeers.values() if v.attribute == m.attribute and v.attached]
             return min(mine, key=lambda v: v.credential.position, default=None)
         return None
+
+
+def _event_id(data: bytes) -> bytes:
+    """The id of an event in digests and duplicate memories: its ciphertext's digest."""
+    return hashlib.sha256(data).digest()[:EVENT_ID_BYTES]
 
 
 def _retarget(m: Join, src_vp: str, dst_vp: str, hops: int) -> Join:

@@ -11,6 +11,12 @@ uses; the simulator only moves their actions around and records:
 - dissemination delays: publish -> delivery, per (event, subscriber);
 - messages per event (``Publish`` sends), false positives, duplicates.
 
+``droppers`` makes a random fraction of subscribers selective forwarders: they join,
+answer heartbeats and receive events like anyone, but every ``Publish`` they send is
+dropped (the attack a tree overlay is cheapest to hurt with). Which subscribers drop
+depends only on the seed, and the droppers of a smaller fraction are among those of a
+larger one, so runs with growing fractions differ only in the added droppers.
+
 Crypto modes: ``"modeled"`` (default costs or a ``bench crypto`` JSON),
 ``"plaintext"`` (no security costs), ``"real"`` (the scheme (docs/scheme.md), small populations).
 """
@@ -67,6 +73,10 @@ class Metrics:
     event_messages: Counter[str] = field(default_factory=Counter)
     messages: Counter[str] = field(default_factory=Counter)
     lost_messages: int = 0
+    #: ``Publish`` messages a dropper did not send.
+    dropped_events: int = 0
+    #: Bytes sent per message type (the wire encoding's length).
+    message_bytes: Counter[str] = field(default_factory=Counter)
     logs: Counter[str] = field(default_factory=Counter)
 
     def dissemination_delays(self) -> list[float]:
@@ -90,7 +100,9 @@ class Simulator:
                  mode: Mode = "modeled", costs: CostTable | None = None,
                  latency: LatencyModel | None = None, seed: int = 0, wire: bool = False,
                  epoch: int = 1, tick_gap: float = TICK_GAP,
-                 stream_window: StreamWindow | None = None) -> None:
+                 stream_window: StreamWindow | None = None, droppers: float = 0.0) -> None:
+        if not 0.0 <= droppers < 1.0:
+            raise ValueError(f"droppers must be a fraction in [0, 1), not {droppers!r}")
         self.schema = schema
         self.config = config or OverlayConfig()
         self.rng = random.Random(seed)
@@ -122,6 +134,10 @@ class Simulator:
         self._links: dict[tuple[str, str], float] = {}
         self._event_ids: dict[bytes, str] = {}
         self._counter = 0
+        self.dropper_fraction = droppers
+        #: Subscribers that forward no event (see the module docstring).
+        self.droppers: set[str] = set()
+        self._dropper_rng = random.Random(f"droppers-{seed}")
 
     # -- population ------------------------------------------------------------------------
 
@@ -167,6 +183,8 @@ class Simulator:
                               random.Random(self.rng.random()), kit=kit)
         self._add_machine(address, machine)
         self.predicates[address] = predicate
+        if self._dropper_rng.random() < self.dropper_fraction:
+            self.droppers.add(address)
         self._push(self.now if at is None else at, "join", address)
         return address
 
@@ -225,10 +243,15 @@ class Simulator:
         for action in actions:
             if isinstance(action, Send):
                 msg = action.message
+                if address in self.droppers and isinstance(msg, Publish):
+                    m.dropped_events += 1
+                    continue
+                data = msg.to_bytes()
                 m.messages[type(msg).__name__] += 1
+                m.message_bytes[type(msg).__name__] += len(data)
                 if isinstance(msg, Publish):
                     m.event_messages[self._event_ids.get(msg.event, "?")] += 1
-                payload: Message | bytes = msg.to_bytes() if self.wire else msg
+                payload: Message | bytes = data if self.wire else msg
                 self._push(at + self._delay(address, action.to), "msg",
                            (action.to, address, payload, isinstance(msg, Ping | Pong)))
             elif isinstance(action, Deliver):

@@ -8,6 +8,7 @@ A physical peer runs one virtual peer per (attribute, credential) it holds
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -31,6 +32,9 @@ class Bounded(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
 
     def get(self, key: K) -> V | None:
         return self._data.get(key)
@@ -71,6 +75,20 @@ class ChildLink:
     #: the parent that takes them over may have passed an event on before it learnt them.
     withdrawn: dict[bytes, Any] = field(default_factory=dict)
     withdrawn_until: float = 0.0
+
+
+@dataclass
+class WatchLink:
+    """A virtual peer this one backs up (see ``OverlayConfig.repair``)."""
+
+    last_heard: float
+    #: The position of its credential (learnt by opening its request, as a parent does):
+    #: which tag of an event its digest entries carry.
+    position: int
+    #: (time received here, event id, digest entry) of events not yet listed to it.
+    pending: list[tuple[float, bytes, bytes]] = field(default_factory=list)
+    #: Ids listed to it and not pulled yet: each may be pulled once.
+    offered: Bounded[bytes, None] = field(default_factory=lambda: Bounded(256))
 
 
 @dataclass
@@ -120,6 +138,8 @@ class VirtualPeer:
     next_join_at: float = 0.0
     link_attempts: int = 0
     next_ping_at: float = 0.0
+    #: Heartbeat rounds so far (backups are pinged every few rounds).
+    pings: int = 0
     #: Parents left by a swap -> until when their events are still taken: what they sent
     #: before they let this peer go must not be lost.
     former: dict[str, float] = field(default_factory=dict)
@@ -131,6 +151,18 @@ class VirtualPeer:
     split_hint: tuple[int, Node] | None = None
     #: A relay is a copy of its parent made by a split: same keys, one parent, own token.
     relay: bool = False
+    #: Repair: covering ancestors that send this peer digests, and the ones asked to
+    #: (``Watch`` join id -> (ancestor, when asked)).
+    backups: dict[Node, ParentLink] = field(default_factory=dict)
+    watch_asks: dict[bytes, tuple[Node, float]] = field(default_factory=dict)
+    #: Event ids pulled and not arrived yet -> the backup last asked: only these may come
+    #: from a backup.
+    pulled: Bounded[bytes, Node] = field(default_factory=lambda: Bounded(256))
+    #: (event id, digest entry) -> whether it passed this peer's own token.
+    tested: Bounded[tuple[bytes, bytes], bool] = field(default_factory=lambda: Bounded(256))
+    #: Peers this one backs up, and when it next sends them digests.
+    watchers: dict[Node, WatchLink] = field(default_factory=dict)
+    next_digest_at: float = 0.0
 
     @property
     def is_root(self) -> bool:

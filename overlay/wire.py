@@ -13,7 +13,7 @@ for the real one).
 from __future__ import annotations
 
 import typing
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import msgpack
@@ -36,7 +36,9 @@ class Message:
     dst_vp: str
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb([self.TAG, *astuple(self)], use_bin_type=True)
+        # The fields in declaration order (``vars`` keeps __init__'s order); no deep copy
+        # as ``astuple`` would make: every field is flat (a tuple holds only bytes).
+        return msgpack.packb([self.TAG, *vars(self).values()], use_bin_type=True)
 
     @staticmethod
     def from_bytes(data: bytes) -> Message:
@@ -159,11 +161,15 @@ class Ping(Message):
 
 @dataclass(frozen=True)
 class Pong(Message):
-    """Parent's answer: ``ok`` false if the sender is not its child; its depth (-1 detached)."""
+    """Parent's answer: ``ok`` false if the sender is not its child; its depth (-1 detached);
+    and its own nearest remote parent (``""`` if none), which the child may ask to be its
+    backup (a leaving parent would hand it to that peer anyway)."""
 
     TAG: ClassVar[int] = 9
     ok: bool
     depth: int
+    ancestor: str
+    ancestor_vp: str
 
 
 @dataclass(frozen=True)
@@ -184,9 +190,42 @@ class Publish(Message):
     event: bytes
 
 
+@dataclass(frozen=True)
+class Watch(Message):
+    """Asks a covering ancestor to be the sender's backup: it must open ``request`` (the
+    sender's key-server-signed connection request) and prove so with an :class:`Accept`."""
+
+    TAG: ClassVar[int] = 15
+    join_id: bytes
+    request: bytes
+
+
+@dataclass(frozen=True)
+class Digest(Message):
+    """A backup's IHAVE: ids (16-byte ciphertext digests) of the recent events that
+    reached the backup, each with its digest entry (what the receiver's route test at its
+    own position reads of it): the receiver tests them with its own token."""
+
+    TAG: ClassVar[int] = 16
+    ids: tuple[bytes, ...]
+    entries: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Pull(Message):
+    """IWANT: the ids of a :class:`Digest` the sender lacks; each is served once."""
+
+    TAG: ClassVar[int] = 17
+    ids: tuple[bytes, ...]
+
+
+#: Length of an event id in a :class:`Digest` or :class:`Pull`.
+EVENT_ID_BYTES = 16
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TAG: cls for cls in (Join, JoinMiss, JoinSplit, Recruit, Accept, Detach, SwapOffer,
-                             SwapAccept, SwapHandover, Tokens, Ping, Pong, Handover, Publish)}
+                             SwapAccept, SwapHandover, Tokens, Ping, Pong, Handover, Publish,
+                             Watch, Digest, Pull)}
 _HINTS = {tag: [(f.name, typing.get_type_hints(cls)[f.name]) for f in fields(cls)]
           for tag, cls in MESSAGE_TYPES.items()}
 
@@ -208,6 +247,8 @@ def _check(name: str, hint: object, value: object) -> object:
         if not isinstance(value, list) or len(value) > MAX_TOKENS or not all(
                 isinstance(v, bytes) for v in value):
             raise WireError(f"field {name!r} must be a list of at most {MAX_TOKENS} byte strings")
+        if name == "ids" and any(len(v) != EVENT_ID_BYTES for v in value):
+            raise WireError(f"field 'ids' must hold {EVENT_ID_BYTES}-byte event ids")
         return tuple(value)
     return value
 

@@ -121,7 +121,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
         overlay=OverlayConfig(routing=args.routing, max_children=args.max_children,
                               heartbeat_interval=args.heartbeat,
                               failure_timeout=args.failure_timeout,
-                              recruit_rounds=args.recruit_rounds),
+                              recruit_rounds=args.recruit_rounds, repair=args.repair),
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         server_key=_server_key(args.server_key), known_servers=_known_servers(args),
         ca_file=args.ca_file, insecure_transport=args.insecure_transport)
@@ -376,6 +376,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--recruit-rounds", type=non_negative_int, default=3,
                      help="after attaching, rounds (5 s apart) of asking the parent for finer "
                      "peers this one covers, to deepen the tree; 0 turns it off")
+    run.add_argument("--no-repair", dest="repair", action="store_false",
+                     help="do not ask covering ancestors for digests of recent events, nor "
+                     "pull the events a parent failed to forward (on by default)")
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
                      help="write {address, pid, attributes} as JSON here once joined")

@@ -15,11 +15,13 @@ from credentials.streams import StreamWindow
 from overlay.actions import Deliver, Log, Send
 from overlay.checks import delivery_errors, tree_violations
 from overlay.config import OverlayConfig
+from overlay.crypto import CryptoRejected
 from overlay.machine import PeerMachine
 from overlay.simulator import EXPIRY, Simulator
 from overlay.wire import (
     Accept,
     Detach,
+    Digest,
     Handover,
     Join,
     JoinMiss,
@@ -27,11 +29,13 @@ from overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Pull,
     Recruit,
     SwapAccept,
     SwapHandover,
     SwapOffer,
     Tokens,
+    Watch,
 )
 from overlay.workload import Workload
 
@@ -91,7 +95,9 @@ def fingerprint(machine: PeerMachine) -> object:
     for vp in sorted(machine.vpeers.values(), key=lambda v: v.vp):
         vps.append((vp.vp, sorted(vp.parents), sorted(vp.children),
                     sorted((c, len(link.tokens)) for c, link in vp.children.items()),
-                    sorted(vp.joins), sorted(vp.swaps), vp.split_hint, sorted(vp.assignment)))
+                    sorted(vp.joins), sorted(vp.swaps), vp.split_hint, sorted(vp.assignment),
+                    sorted(vp.backups), sorted(vp.watchers), sorted(vp.watch_asks),
+                    len(vp.pulled)))
     stats = dataclasses.replace(machine.stats, dropped=0)
     sizes = [len(b) for b in (machine._seen_joins, machine._opened, machine._seen_events,
                               machine._processed, machine._delivered, machine._verified,
@@ -139,10 +145,14 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (stranger, SwapHandover(stranger[1], vp.vp, b"j" * 16)),
         (stranger, Tokens(stranger[1], vp.vp, (b"t",))),
         (child, Tokens(child[1], vp.vp, (b"garbage-token",))),               # bad token
-        (stranger, Pong(stranger[1], vp.vp, True, 1)),
+        (stranger, Pong(stranger[1], vp.vp, True, 1, "", "")),
         (stranger, Handover(stranger[1], vp.vp, "x:1", "y")),
         (stranger, Publish(stranger[1], vp.vp, vp.attribute, event)),        # not a parent
         (parent, Publish(parent[1], vp.vp, vp.attribute, b"garbage")),
+        (stranger, Watch(stranger[1], vp.vp, b"w" * 16, tamper(request))),  # bad signature
+        (stranger, Watch(stranger[1], vp.vp, b"w" * 16, other)),            # wrong epoch
+        (stranger, Digest(stranger[1], vp.vp, (b"i" * 16,), (b"e",))),       # not a backup
+        (stranger, Pull(stranger[1], vp.vp, (b"i" * 16,))),                  # not a watcher
     ]
     for sender, message in cases:
         before = fingerprint(machine)
@@ -219,3 +229,32 @@ def test_parents_hold_blinded_tokens_only(real_sim):
             for link in vp.children.values() for t in link.tokens.values()]
     assert held and all(isinstance(t, BlindedToken) for t in held)
     assert not any(hasattr(t, "credential") for t in held)
+
+
+def test_a_digest_entry_passes_the_route_test_exactly_when_the_event_does(real_sim):
+    """A backup lists events with (epoch, C1_i, R_ij) instead of holding a token; the
+    watcher's test on it decides as the route test on the whole event, and a forged or
+    malformed entry passes nothing."""
+    sim, _ = real_sim
+    crypto = sim.crypto
+    keys = sim.issuer.subscriber_kit(parse_predicate(SCHEMA, "price < 250"), sim.epoch,
+                                     EXPIRY, max_credentials=1).virtuals[0]
+    token = crypto.decode_token(keys.token)
+    j = keys.credential.position
+
+    def event(price: float):
+        return crypto.decode_event(sim.issuer.encrypt(
+            Event(f"e{price}", {"symbol": "IBM", "price": price, "volume": 7}, b""), sim.epoch))
+    inside, outside = event(120.5), event(700.0)
+    entry = crypto.digest_entry(inside, "price", j)
+    assert crypto.route(token, inside) and crypto.route_entry(token, entry)   # control
+    assert len(entry) == 138  # docs/wire-format.md 5.12
+    assert not crypto.route(token, outside)
+    assert not crypto.route_entry(token, crypto.digest_entry(outside, "price", j))
+    assert not crypto.route_entry(token, crypto.digest_entry(inside, "price", j + 1))
+    assert not crypto.route_entry(token, crypto.digest_entry(inside, "volume", j))
+    assert not crypto.route_entry(token, tamper(entry))                       # other tag
+    with pytest.raises(CryptoRejected):
+        crypto.route_entry(token, b"garbage")
+    with pytest.raises(CryptoRejected):
+        crypto.route_entry(token, entry + b"\x00")

@@ -7,6 +7,7 @@ from overlay.wire import (
     MESSAGE_TYPES,
     Accept,
     Detach,
+    Digest,
     Handover,
     Join,
     JoinMiss,
@@ -15,11 +16,13 @@ from overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Pull,
     Recruit,
     SwapAccept,
     SwapHandover,
     SwapOffer,
     Tokens,
+    Watch,
     WireError,
     decode,
 )
@@ -36,9 +39,12 @@ SAMPLES: list[Message] = [
     SwapHandover("a", "b", b"j"),
     Tokens("a", "b", (b"t1", b"t2")),
     Ping("a", ""),
-    Pong("a", "b", False, -1),
+    Pong("a", "b", False, -1, "h:5", "g"),
     Handover("a", "b", "h:3", "q"),
     Publish("", "", "symbol", b"event"),
+    Watch("a", "b", b"j" * 16, b"req"),
+    Digest("a", "b", (b"i" * 16, b"k" * 16), (b"e1", b"e2")),
+    Pull("a", "b", (b"i" * 16,)),
 ]
 
 
@@ -53,8 +59,13 @@ def test_every_message_type_round_trips():
     [99, "a", "b"],                       # unknown type
     [8, "a"],                             # missing field
     [8, "a", "b", "extra"],               # extra field
-    [9, "a", "b", 1, 2],                  # int for bool
-    [9, "a", "b", True, True],            # bool for int
+    [9, "a", "b", 1, 2, "", ""],          # int for bool
+    [9, "a", "b", True, True, "", ""],    # bool for int
+    [9, "a", "b", True, 1],               # a pong without its ancestor
+    [16, "a", "b", [b"short"]],           # an event id of the wrong length
+    [17, "a", "b", [b"i" * 17]],
+    [17, "a", "b", [b"i" * 16] * 257],    # a pull of too many ids
+    [15, "a", "b", b"j" * 16],            # a watch without its request
     [1, "a", "b", "price", "not-bytes", "o", "v", 1, b"r", False, -1],
     [7, "a", "b", [b"ok", "str"]],        # token list with a string
     [8, "a" * 300, "b"],                  # oversize text
