@@ -47,14 +47,16 @@ class OverlayConfig:
     recruit_sample: int = 8
     #: Repair against peers that drop events: every subscriber virtual peer asks the nearest
     #: covering ancestor beyond its parent (which the parent names) to be its *backup*. A
-    #: backup sends it, every ``digest_interval`` seconds, the ids of the events in its
-    #: credential that reached the backup at least that long ago; it pulls the ones it lacks.
+    #: backup sends it, every ``digest_interval`` seconds, the ids of the events that reached
+    #: the backup at least that long ago, each with the route entry at the watcher's
+    #: position; the watcher tests the entries of ids it lacks with its own token (no token
+    #: leaves it) and pulls the ones that match.
     repair: bool = True
     #: Backups per virtual peer: the first is a parent's parent, a further one the parent
     #: of a backup or of another parent (the repair fails only where all of them drop).
     backups: int = 2
     digest_interval: float = 1.0
-    #: Virtual peers one virtual peer backs up at most (each costs it a route test per event).
+    #: Virtual peers one virtual peer backs up at most (each costs it a digest per interval).
     max_watchers: int = 32
     #: Recent events a peer keeps to serve pulls, and ids it remembers per link.
     repair_memory: int = 256
