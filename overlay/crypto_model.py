@@ -284,16 +284,18 @@ class ModeledCrypto:
                 and hmac.compare_digest(self._tag(path[token.position], event.epoch), token.tag))
 
     def digest_entry(self, event: ModelEvent, attribute: str, position: int) -> bytes:
-        """(epoch, position, tag of the event's credential there), as R_ij stands for it."""
+        """(epoch, position, tag of the event's credential there, the event's MAC): the
+        tag stands for R_ij, the MAC for C1_i, which makes each event's entry its own."""
         path = event.paths.get(attribute, ())
         tag = self._tag(path[position], event.epoch) if position < len(path) else b""
-        return msgpack.packb([event.epoch, position, tag], use_bin_type=True)
+        return msgpack.packb([event.epoch, position, tag, event.mac], use_bin_type=True)
 
     def route_entry(self, token: ModelToken, entry: bytes) -> bool:
         self._charge("route")
         try:
-            epoch, position, tag = msgpack.unpackb(entry, raw=False)
+            epoch, position, tag, c1 = msgpack.unpackb(entry, raw=False)
             tag = self._blob(tag) if tag else b""  # empty: the event has no tag there
+            self._blob(c1)
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
             raise CryptoRejected(f"malformed digest entry: {exc}") from None
         return (token.epoch == epoch and token.position == position
