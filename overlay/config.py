@@ -50,14 +50,19 @@ class OverlayConfig:
     #: backup sends it, every ``digest_interval`` seconds, the ids of the events that reached
     #: the backup at least that long ago, each with the route entry at the watcher's
     #: position; the watcher tests the entries of ids it lacks with its own token (no token
-    #: leaves it) and pulls the ones that match.
-    repair: bool = True
+    #: leaves it) and pulls the ones that match. None: the routing's default (see
+    #: :attr:`repairs`).
+    repair: bool | None = None
     #: Backups per virtual peer: the first is a parent's parent, a further one the parent
     #: of a backup or of another parent (the repair fails only where all of them drop).
     backups: int = 2
     digest_interval: float = 1.0
-    #: Virtual peers one virtual peer backs up at most (each costs it a digest per interval).
+    #: Virtual peers one virtual peer backs up at most (each costs it a digest per interval),
+    #: and at most from one physical peer: a peer has one virtual peer per credential it
+    #: holds in a tree (``peer run --max-credentials``, 4 by default), and its relays ask
+    #: for no backup.
     max_watchers: int = 32
+    max_watchers_per_peer: int = 4
     #: Recent events a peer keeps to serve pulls, and ids it remembers per link.
     repair_memory: int = 256
     #: Most events one digest lists (the newest), and so most route tests it costs the
@@ -78,3 +83,13 @@ class OverlayConfig:
                 or self.repair_memory < 16 or not 1 <= self.digest_entries <= 256):
             raise ValueError("backups must be >= 1, digest_interval > 0, max_watchers >= 0, "
                              "repair_memory >= 16 and digest_entries in [1, 256]")
+        if self.max_watchers_per_peer < 1:
+            raise ValueError("max_watchers_per_peer must be >= 1")
+
+    @property
+    def repairs(self) -> bool:
+        """Whether subscribers ask for backups: ``repair`` if set, else only under MCR. A
+        hostile backup can learn a watcher's exact credential (it lists forged entries and
+        sees which it pulls); under MCR a parent learns that much from the fine tokens
+        anyway, under OHF it would be a new leak."""
+        return self.routing == "mcr" if self.repair is None else self.repair

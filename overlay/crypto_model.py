@@ -28,6 +28,9 @@ from credentials.schema import Schema, SchemaError
 from credentials.scheme import Event
 from overlay.crypto import CostMeter, CryptoRejected, RootKit
 
+#: Size of every MAC and tag of the model.
+MAC_BYTES = 16
+
 #: Seconds per operation: scheme version 2 on the mcl backend from Python, one core, as
 #: ``bench crypto`` measured it for 3 attributes of 16 bits (route = decode of the
 #: router's attribute + route test; open_request = one pairing; decrypt = d route
@@ -123,9 +126,17 @@ class ModeledCrypto:
 
     # -- the modelled key server and publisher ------------------------------------------------
 
+    @staticmethod
+    def _blob(value: object, size: int | None = MAC_BYTES) -> bytes:
+        """A byte field of a decoded message: bytes (of ``size`` unless None), else
+        ``ValueError`` (``bytes()`` of a huge integer would allocate that many bytes)."""
+        if not isinstance(value, bytes) or (size is not None and len(value) != size):
+            raise ValueError("a byte field is not bytes of the expected size")
+        return value
+
     def _mac(self, *parts: object) -> bytes:
         data = msgpack.packb(list(parts), use_bin_type=True)
-        return hmac.new(self.secret, data, hashlib.sha256).digest()[:16]
+        return hmac.new(self.secret, data, hashlib.sha256).digest()[:MAC_BYTES]
 
     def sw(self, nonce: bytes, position: int) -> bytes:
         return self._mac("sw", nonce, position)
@@ -167,7 +178,8 @@ class ModeledCrypto:
         try:
             a, label, epoch, expires, nonce, mac = msgpack.unpackb(data, raw=False)
             cred = Credential.from_label(label)
-            return ModelRequest(a, cred, int(epoch), int(expires), bytes(nonce), bytes(mac))
+            return ModelRequest(a, cred, int(epoch), int(expires), self._blob(nonce, None),
+                                self._blob(mac))
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
             raise CryptoRejected(f"malformed connection request: {exc}") from None
 
@@ -232,10 +244,10 @@ class ModeledCrypto:
         self._charge("decode_token")
         try:
             attribute, position, epoch, tag, mac = msgpack.unpackb(data, raw=False)
-            if not hmac.compare_digest(bytes(mac), self._mac("tok", attribute, position, epoch,
-                                                              tag)):
+            if not hmac.compare_digest(self._blob(mac), self._mac("tok", attribute, position,
+                                                                   epoch, tag)):
                 raise ValueError("token is not authentic")
-            return ModelToken(str(attribute), int(position), int(epoch), bytes(tag))
+            return ModelToken(str(attribute), int(position), int(epoch), self._blob(tag))
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
             raise CryptoRejected(f"malformed routing token: {exc}") from None
 
@@ -251,7 +263,9 @@ class ModeledCrypto:
             event_id, epoch, values, body, mac = msgpack.unpackb(data, raw=False)
             values = self.schema.validate_values(values)
             paths = {a: enclosing_path(self.schema, a, v) for a, v in values.items()}
-            event = ModelEvent(str(event_id), int(epoch), values, bytes(body), bytes(mac), paths)
+            if not isinstance(body, bytes):
+                raise TypeError("the event body is not bytes")
+            event = ModelEvent(str(event_id), int(epoch), values, body, self._blob(mac), paths)
         except (ValueError, TypeError, SchemaError, msgpack.ExtraData,
                 msgpack.FormatError) as exc:
             raise CryptoRejected(f"malformed event: {exc}") from None
@@ -270,16 +284,18 @@ class ModeledCrypto:
                 and hmac.compare_digest(self._tag(path[token.position], event.epoch), token.tag))
 
     def digest_entry(self, event: ModelEvent, attribute: str, position: int) -> bytes:
-        """(epoch, position, tag of the event's credential there), as R_ij stands for it."""
+        """(epoch, position, tag of the event's credential there, the event's MAC): the
+        tag stands for R_ij, the MAC for C1_i, which makes each event's entry its own."""
         path = event.paths.get(attribute, ())
         tag = self._tag(path[position], event.epoch) if position < len(path) else b""
-        return msgpack.packb([event.epoch, position, tag], use_bin_type=True)
+        return msgpack.packb([event.epoch, position, tag, event.mac], use_bin_type=True)
 
     def route_entry(self, token: ModelToken, entry: bytes) -> bool:
         self._charge("route")
         try:
-            epoch, position, tag = msgpack.unpackb(entry, raw=False)
-            tag = bytes(tag)
+            epoch, position, tag, c1 = msgpack.unpackb(entry, raw=False)
+            tag = self._blob(tag) if tag else b""  # empty: the event has no tag there
+            self._blob(c1)
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
             raise CryptoRejected(f"malformed digest entry: {exc}") from None
         return (token.epoch == epoch and token.position == position

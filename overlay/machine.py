@@ -25,6 +25,7 @@ from overlay.actions import Action, Connected, Deliver, Log, Send
 from overlay.config import OverlayConfig
 from overlay.crypto import CryptoRejected, CryptoSuite, RootKit, SubscriberKit
 from overlay.virtual import (
+    BackupLink,
     Bounded,
     ChildLink,
     Node,
@@ -189,7 +190,7 @@ class PeerMachine:
     def _new_vpeer(self, attribute: str, credential: Any, vp_id: str | None = None
                    ) -> VirtualPeer:
         vp = VirtualPeer(vp=vp_id or self.rng.randbytes(6).hex(), attribute=attribute,
-                         credential=credential, pulled=Bounded(self.config.repair_memory))
+                         credential=credential, tested=Bounded(self.config.repair_memory))
         self.vpeers[vp.vp] = vp
         return vp
 
@@ -943,9 +944,10 @@ class PeerMachine:
         # this child to forwards before the handover arrives. A backup may send only what
         # this peer pulled from it.
         digest = _event_id(m.event)
-        pulled = frm in vp.backups and digest in vp.pulled
+        backup = vp.backups.get(frm)
+        pulled = backup is not None and digest in backup.pulled
         if pulled:
-            vp.pulled.pop(digest)
+            backup.pulled.pop(digest)
         from_parent = (pulled or any(frm[0] == p[0] for p in vp.parents)
                        or vp.former.get(frm[0], -1.0) >= now)
         if (not vp.is_root and not from_parent) or m.attribute != vp.attribute:
@@ -1082,12 +1084,15 @@ class PeerMachine:
 
     def _ask_backup(self, vp: VirtualPeer, ancestor: Node, now: float) -> list[Action]:
         """Ask an ancestor a parent or backup named to back this virtual peer up, if it
-        needs one more. (It may be a parent of this one for other fine tokens under MCR.)"""
-        if (not self.config.repair or vp.relay or not ancestor[0]
+        needs one more. Under OHF never a peer that is a parent of it: a backup can learn
+        the exact credential (see ``OverlayConfig.repairs``), which an OHF parent does not
+        know; an MCR parent knows it from the fine tokens, and may be a parent for some of
+        them and a backup for those a dropping parent withholds."""
+        if (not self.config.repairs or vp.relay or not ancestor[0]
                 or len(vp.backups) + len(vp.watch_asks) >= self.config.backups):
             return []
         keys = vp.keys.get(self.epoch)
-        linked = {self.address, *(n[0] for n in vp.backups),
+        linked = {self.address, *(n[0] for n in vp.backups), *self._parent_peers(vp),
                   *(n[0] for n, _ in vp.watch_asks.values())}
         if keys is None or ancestor[0] in linked:
             return []
@@ -1098,18 +1103,26 @@ class PeerMachine:
 
     def _on_watch(self, vp: VirtualPeer, frm: Node, m: Watch, now: float) -> list[Action]:
         """Back up a virtual peer this one covers and precedes (it opens its request) and
-        prove it, as an acceptance does; at most ``max_watchers`` of them."""
+        prove it, as an acceptance does; at most ``max_watchers`` of them, at most
+        ``max_watchers_per_peer`` from one physical peer and one per request."""
         if frm[0] == self.address:
             return [Log("info", f"{vp.vp}: watch from its own peer ignored")]
-        if frm not in vp.watchers and len(vp.watchers) >= self.config.max_watchers:
+        same_peer = [link for node, link in vp.watchers.items()
+                     if node[0] == frm[0] and node != frm]
+        if frm not in vp.watchers and (len(vp.watchers) >= self.config.max_watchers or
+                                       len(same_peer) >= self.config.max_watchers_per_peer):
             return [Log("info", f"{vp.vp}: watch from {frm[0]} refused: watchers full")]
         request, error = self._check_request(m.request, vp.attribute, now)
         admission = self._open(vp, request) if error is None else None
         if admission is None or not vp.precedes(admission.position, frm[1]):
             return [Log("warning", f"{vp.vp}: watch from {frm[0]} refused: "
                                    f"{error or 'does not cover or precede it'}")]
+        nonce = self.crypto.request_nonce(admission.request)
+        if any(link.nonce == nonce for link in same_peer):
+            return [Log("warning", f"{vp.vp}: watch from {frm[0]} refused: its request "
+                                   "already has a watcher link")]
         if frm not in vp.watchers:
-            vp.watchers[frm] = WatchLink(now, admission.position,
+            vp.watchers[frm] = WatchLink(now, admission.position, nonce,
                                          offered=Bounded(self.config.repair_memory))
         self._due(now + self._backup_timeout)
         proof, cert = self._prove(vp, admission, context("watch", (self.address, vp.vp), frm))
@@ -1121,16 +1134,25 @@ class PeerMachine:
         if asked != frm or not self._proven(vp, frm, m, self.epoch, "watch", now):
             return [Log("warning", f"{vp.vp}: watch accept from {frm[0]} with a bad proof")]
         del vp.watch_asks[m.join_id]
-        if len(vp.backups) >= self.config.backups:
+        if len(vp.backups) >= self.config.backups or frm[0] in self._parent_peers(vp):
             return [Send(frm[0], Detach(vp.vp, frm[1]))]
-        vp.backups[frm] = ParentLink(now)
+        vp.backups[frm] = BackupLink(now, Bounded(self.config.repair_memory))
         self._due(min(vp.next_ping_at, now + self._backup_timeout))
         return []
 
+    def _parent_peers(self, vp: VirtualPeer) -> set[str]:
+        """The physical peers that may not back ``vp`` up: its parents', under OHF."""
+        return {p[0] for p in vp.parents} if self.config.routing == "ohf" else set()
+
     def _tick_backups(self, vp: VirtualPeer, now: float) -> list[Action]:
+        """Drop silent backups, and (OHF) backups that have become parents since."""
         out: list[Action] = []
+        parents = self._parent_peers(vp)
         for node, link in list(vp.backups.items()):
-            if now - link.last_heard > self._backup_timeout:
+            if node[0] in parents:
+                del vp.backups[node]
+                out.append(Send(node[0], Detach(vp.vp, node[1])))
+            elif now - link.last_heard > self._backup_timeout:
                 del vp.backups[node]
                 out.append(Log("info", f"{vp.vp}: backup {node[0]} silent, dropped"))
         for join_id, (_, asked) in list(vp.watch_asks.items()):
@@ -1185,33 +1207,39 @@ class PeerMachine:
         lacks (once per id, at most ``digest_entries`` per digest); take the matching ones
         from another of this peer's trees if it holds them, else pull them from the backup
         (again from a second backup that lists an event the first did not deliver)."""
-        if frm not in vp.backups:
+        backup = vp.backups.get(frm)
+        if backup is None:
             self.stats.dropped += 1
             return [Log("info", f"{vp.vp}: digest from non-backup {frm[0]} dropped")]
         if len(m.ids) != len(m.entries) or len(m.ids) > self.config.digest_entries:
             self.stats.dropped += 1
             return [Log("warning", f"{vp.vp}: digest from {frm[0]} malformed or too long")]
+        if now < backup.next_digest_at:  # a backup sends one per digest_interval
+            self.stats.dropped += 1
+            return [Log("warning", f"{vp.vp}: digest from {frm[0]} too soon, dropped")]
+        backup.next_digest_at = now + self.config.digest_interval / 2
         out: list[Action] = []
         wanted = []
         for digest, entry in zip(m.ids, m.entries, strict=True):
-            if (vp.vp, digest) in self._seen_events or not self._wants(vp, digest, entry):
+            if (vp.vp, digest) in self._seen_events or not self._wants(vp, entry):
                 continue
             data = self._raw.get(digest)
             if data is not None:
                 out += self._take_event(vp, self.address, digest, data, now)
-            elif vp.pulled.get(digest) != frm:  # pulled from none, or from another backup
-                vp.pulled.put(digest, frm)
+            elif digest not in backup.pulled:  # pulled from none, or from another backup
+                backup.pulled.put(digest, None)
                 wanted.append(digest)
         self.stats.pulled += len(wanted)
         if wanted:
             out.append(Send(frm[0], Pull(vp.vp, frm[1], tuple(wanted))))
         return out
 
-    def _wants(self, vp: VirtualPeer, digest: bytes, entry: bytes) -> bool:
+    def _wants(self, vp: VirtualPeer, entry: bytes) -> bool:
         """Does a digest entry pass ``vp``'s own token (of any epoch it holds)? A malformed
-        entry does not; the answer is kept (per id and entry: a lying backup cannot spoil
-        an honest one's), since two backups list the same events."""
-        known = vp.tested.get((digest, entry))
+        entry does not; the answer is kept per entry (it depends on nothing else), since two
+        backups list the same events, and a backup that pairs one entry with fresh ids
+        must not cost a test per id."""
+        known = vp.tested.get(entry)
         if known is None:
             self.stats.entries_tested += 1
             try:
@@ -1219,7 +1247,7 @@ class PeerMachine:
                             for e in sorted(vp.keys))
             except CryptoRejected:
                 known = False
-            vp.tested.put((digest, entry), known)
+            vp.tested.put(entry, known)
         return known
 
     def _on_pull(self, vp: VirtualPeer, frm: Node, m: Pull, now: float) -> list[Action]:

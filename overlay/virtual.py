@@ -85,10 +85,24 @@ class WatchLink:
     #: The position of its credential (learnt by opening its request, as a parent does):
     #: which tag of an event its digest entries carry.
     position: int
+    #: Nonce of the request it was accepted with: one link per request and peer.
+    nonce: bytes = b""
     #: (time received here, event id, digest entry) of events not yet listed to it.
     pending: list[tuple[float, bytes, bytes]] = field(default_factory=list)
     #: Ids listed to it and not pulled yet: each may be pulled once.
     offered: Bounded[bytes, None] = field(default_factory=lambda: Bounded(256))
+
+
+@dataclass
+class BackupLink:
+    """A covering ancestor that backs this virtual peer up."""
+
+    last_heard: float
+    #: Event ids pulled from it and not arrived yet: only these may come from it. Kept per
+    #: backup, so that one backup's digests cannot evict what another was asked for.
+    pulled: Bounded[bytes, None]
+    #: Digests from it before this time are dropped: each may cost route tests.
+    next_digest_at: float = 0.0
 
 
 @dataclass
@@ -153,13 +167,11 @@ class VirtualPeer:
     relay: bool = False
     #: Repair: covering ancestors that send this peer digests, and the ones asked to
     #: (``Watch`` join id -> (ancestor, when asked)).
-    backups: dict[Node, ParentLink] = field(default_factory=dict)
+    backups: dict[Node, BackupLink] = field(default_factory=dict)
     watch_asks: dict[bytes, tuple[Node, float]] = field(default_factory=dict)
-    #: Event ids pulled and not arrived yet -> the backup last asked: only these may come
-    #: from a backup.
-    pulled: Bounded[bytes, Node] = field(default_factory=lambda: Bounded(256))
-    #: (event id, digest entry) -> whether it passed this peer's own token.
-    tested: Bounded[tuple[bytes, bytes], bool] = field(default_factory=lambda: Bounded(256))
+    #: Digest entry -> whether it passed this peer's own token (the answer depends on the
+    #: entry's bytes alone, whatever id a backup pairs it with).
+    tested: Bounded[bytes, bool] = field(default_factory=lambda: Bounded(256))
     #: Peers this one backs up, and when it next sends them digests.
     watchers: dict[Node, WatchLink] = field(default_factory=dict)
     next_digest_at: float = 0.0

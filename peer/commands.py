@@ -376,9 +376,14 @@ def register(subparsers: Any) -> None:
     run.add_argument("--recruit-rounds", type=non_negative_int, default=3,
                      help="after attaching, rounds (5 s apart) of asking the parent for finer "
                      "peers this one covers, to deepen the tree; 0 turns it off")
-    run.add_argument("--no-repair", dest="repair", action="store_false",
-                     help="do not ask covering ancestors for digests of recent events, nor "
-                     "pull the events a parent failed to forward (on by default)")
+    repair = run.add_mutually_exclusive_group()
+    repair.add_argument("--repair", dest="repair", action="store_true", default=None,
+                        help="ask covering ancestors for digests of recent events and pull "
+                        "those a parent failed to forward (default: on under mcr, off under "
+                        "ohf, where an active ancestor could learn this peer's exact "
+                        "credentials from what it pulls)")
+    repair.add_argument("--no-repair", dest="repair", action="store_false", default=None,
+                        help="do not (see --repair)")
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
                      help="write {address, pid, attributes} as JSON here once joined")

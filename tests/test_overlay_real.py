@@ -97,7 +97,7 @@ def fingerprint(machine: PeerMachine) -> object:
                     sorted((c, len(link.tokens)) for c, link in vp.children.items()),
                     sorted(vp.joins), sorted(vp.swaps), vp.split_hint, sorted(vp.assignment),
                     sorted(vp.backups), sorted(vp.watchers), sorted(vp.watch_asks),
-                    len(vp.pulled)))
+                    sum(len(b.pulled) for b in vp.backups.values())))
     stats = dataclasses.replace(machine.stats, dropped=0)
     sizes = [len(b) for b in (machine._seen_joins, machine._opened, machine._seen_events,
                               machine._processed, machine._delivered, machine._verified,

@@ -145,19 +145,21 @@ def test_only_pulled_events_come_from_a_backup_and_only_backups_list(repaired):
     assert all(isinstance(a, Log) for a in actions) and machine.stats.received == received
     # A digest from anyone but a backup pulls nothing, nor a malformed one from a backup,
     # nor entries that do not pass the virtual peer's own token (another event's, forged).
+    # (Each digest comes a digest interval after the last: a backup sends no more.)
     _, other_id, other_entry = fresh(machine, vp, False)
+    at = iter(sim.now + k * sim.config.digest_interval for k in range(1, 10))
     for frm, digest in ((("stranger:1", "x"), Digest("x", vp.vp, (event_id,), (entry,))),
                         (backup, Digest(backup[1], vp.vp, (event_id,), ())),
                         (backup, Digest(backup[1], vp.vp, (event_id,), (other_entry,))),
                         (backup, Digest(backup[1], vp.vp, (event_id,), (b"forged",))),
                         (backup, Digest(backup[1], vp.vp, (other_id,), (other_entry,)))):
-        assert all(isinstance(a, Log) for a in machine.receive(frm[0], digest, sim.now))
+        assert all(isinstance(a, Log) for a in machine.receive(frm[0], digest, next(at)))
     # Control: listed by the backup with its entry, the event is pulled once, then taken.
     listed = Digest(backup[1], vp.vp, (event_id,), (entry,))
-    actions = machine.receive(backup[0], listed, sim.now)
+    actions = machine.receive(backup[0], listed, next(at))
     assert [(a.to, a.message) for a in actions] == [(backup[0], Pull(vp.vp, backup[1],
                                                                      (event_id,)))]
-    assert machine.receive(backup[0], listed, sim.now) == []
+    assert machine.receive(backup[0], listed, next(at)) == []
     machine.receive(backup[0], publish, sim.now)
     assert machine.stats.received == received + 1
 
