@@ -28,6 +28,13 @@ def lonely_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyServe
         servers.stop_all()
 
 
+def _as_from_a_terminal() -> None:
+    """A shell starts a foreground command with SIGINT at its default; a test run launched
+    in the background (where SIGINT is ignored, and the ignoring is inherited) must not
+    change what Ctrl-C does to the commands under test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _waiting_peer(url: str, token: str, workdir: Path, awaited: str) -> subprocess.Popen[str]:
     """A subscriber once it says it is waiting for ``awaited`` (after 2 s of waiting)."""
     env = child_env() | {"IBE_PUBSUB_TOKEN": token,
@@ -35,7 +42,7 @@ def _waiting_peer(url: str, token: str, workdir: Path, awaited: str) -> subproce
     process = subprocess.Popen(
         cli_command("peer", "run", "--server", url, "--subscribe", 'symbol = "IBM"'),
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=_as_from_a_terminal)
     assert process.stderr is not None
     seen = [process.stderr.readline()]
     while not seen[-1].startswith(f"waiting for {awaited}"):
@@ -106,7 +113,8 @@ def test_ctrl_c_stops_a_waiting_publisher_quietly(lonely_server, tmp_path):
         cli_command("publish", "--server", lonely_server.base_url, "--advertise", "",
                     "--events", str(events)),
         env=child_env() | {"IBE_PUBSUB_TOKEN": token}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_as_from_a_terminal)
     assert process.stderr is not None
     line = process.stderr.readline()
     while line and not line.startswith("waiting for the root(s)"):
@@ -123,7 +131,8 @@ def test_ctrl_c_stops_a_key_server_and_its_workers_quietly(tmp_path):
         cli_command("keyserver", "serve", "--data", str(data), "--port", str(port),
                     "--workers", "2"),
         env=child_env(PASSPHRASE), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=_as_from_a_terminal)
     wait_ready(f"http://127.0.0.1:{port}", process)
     lines = _interrupted(process, group=True).splitlines()
     assert lines == [f"key server ready on http://127.0.0.1:{port}", "ibe-pubsub: interrupted"]
@@ -133,7 +142,8 @@ def test_a_closed_stdout_ends_a_listing_quietly(lonely_server):
     process = subprocess.Popen(
         cli_command("identity", "list", "--server", lonely_server.base_url),
         env=child_env() | {"IBE_PUBSUB_ADMIN_TOKEN": lonely_server.admin_token},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_as_from_a_terminal)
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # as `| head -1` does once it has its line
     err = process.stderr.read()
