@@ -64,7 +64,7 @@ class BenchSettings:
     fine_depth: int = 1
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
     print(f"[bench keyserver] {message}", file=sys.stderr, flush=True)
 
 
@@ -117,6 +117,37 @@ def _client_loop(base_url: str, token: str, settings: BenchSettings, deadline: f
                 keys.append(sum(len(v) for v in bundle["credentials"].values()))
 
 
+def drive_clients(urls: list[str], tokens: list[str], settings: BenchSettings
+                  ) -> dict[str, Any]:
+    """One thread per token enrolling back to back for ``settings.seconds``, spread round
+    robin over ``urls``: enrolments, credential keys/s and latencies."""
+    latencies: list[float] = []
+    keys: list[int] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+    threads = [threading.Thread(target=_client_loop, args=(
+        urls[i % len(urls)], t, settings, start + settings.seconds, latencies, keys, lock))
+        for i, t in enumerate(tokens)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    ordered = sorted(latencies)
+    return {"enrolments": len(ordered), "seconds": elapsed, "clients": len(tokens),
+            "keys": sum(keys), "keys_per_second": sum(keys) / elapsed,
+            "latency_p50": statistics.median(ordered),
+            "latency_p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            "latencies": ordered}
+
+
+def create_clients(base_url: str, admin_token: str, count: int, prefix: str) -> list[str]:
+    """Tokens of ``count`` new subscriber identities."""
+    with KeyServerClient(base_url, admin_token) as client:
+        return [client.create_identity(f"{prefix}{i}", "subscriber")["token"]
+                for i in range(count)]
+
+
 def measure_http(settings: BenchSettings, data_dir: Path) -> dict[str, Any]:
     init_keyserver(data_dir, PASSPHRASE)
     port = free_port()
@@ -125,33 +156,14 @@ def measure_http(settings: BenchSettings, data_dir: Path) -> dict[str, Any]:
     process = start_keyserver(data_dir, port, PASSPHRASE, extra, log=data_dir / "server.log")
     try:
         wait_ready(base_url, process)
-        admin = (data_dir / "admin.token").read_text().strip()
-        with KeyServerClient(base_url, admin) as client:
-            tokens = [client.create_identity(f"bench-{i}", "subscriber")["token"]
-                      for i in range(settings.clients)]
-        latencies: list[float] = []
-        keys: list[int] = []
-        lock = threading.Lock()
+        tokens = create_clients(base_url, (data_dir / "admin.token").read_text().strip(),
+                                settings.clients, "bench-")
         cpu_start = tree_cpu_seconds(process.pid) + time.process_time()
-        start = time.perf_counter()
-        threads = [threading.Thread(target=_client_loop, args=(
-            base_url, t, settings, start + settings.seconds, latencies, keys, lock))
-            for t in tokens]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - start
+        result = drive_clients([base_url], tokens, settings)
         cpu = tree_cpu_seconds(process.pid) + time.process_time() - cpu_start
     finally:
         stop(process)
-    ordered = sorted(latencies)
-    return {"enrolments": len(ordered), "seconds": elapsed, "clients": settings.clients,
-            "keys_per_second": sum(keys) / elapsed, "cpu_seconds": cpu,
-            "cpu_seconds_per_key": cpu / sum(keys),
-            "latency_p50": statistics.median(ordered),
-            "latency_p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-            "latencies": ordered}
+    return result | {"cpu_seconds": cpu, "cpu_seconds_per_key": cpu / result["keys"]}
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -182,12 +194,12 @@ def run_bench(settings: BenchSettings, json_path: Path, plot_path: Path | None
     with tempfile.TemporaryDirectory(prefix="ibe-bench-ks-") as tmp:
         pool, creds, fine = open_floor_pool(settings, Path(tmp) / "floor")
         try:
-            _progress(f"floor: issuer pool alone ({pool.workers} workers), "
+            progress(f"floor: issuer pool alone ({pool.workers} workers), "
                       f"{settings.seconds / 2:.0f} s")
             before = measure_floor(pool, creds, fine, settings.seconds / 2)
-            _progress(f"http: {settings.clients} clients for {settings.seconds:.0f} s")
+            progress(f"http: {settings.clients} clients for {settings.seconds:.0f} s")
             http = measure_http(settings, Path(tmp) / "server")
-            _progress(f"floor again, {settings.seconds / 2:.0f} s")
+            progress(f"floor again, {settings.seconds / 2:.0f} s")
             after = measure_floor(pool, creds, fine, settings.seconds / 2)
         finally:
             pool.shutdown()
@@ -196,7 +208,7 @@ def run_bench(settings: BenchSettings, json_path: Path, plot_path: Path | None
                  (before["enrolments"] + after["enrolments"]) * len(creds)),
              "before": before, "after": after, "workers": pool.workers,
              "credentials_per_enrolment": len(creds), "fine_per_enrolment": len(fine)}
-    _progress(f"floor {floor['keys_per_second']:.1f}, http {http['keys_per_second']:.1f} "
+    progress(f"floor {floor['keys_per_second']:.1f}, http {http['keys_per_second']:.1f} "
               "credential keys/s")
     summary = {"floor_keys_per_second": round(floor["keys_per_second"], 2),
                "http_keys_per_second": round(http["keys_per_second"], 2),

@@ -25,6 +25,7 @@ from peer.arguments import (
 )
 
 if TYPE_CHECKING:
+    from keyserver.bench import BenchSettings
     from keyserver.client import KeyServerClient
 
 
@@ -146,7 +147,8 @@ def _register_keyserver(subparsers: Any) -> None:
                        "keys then cross the network in the clear)")
     serve.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in --data)")
     serve.add_argument("--epoch-seconds", type=positive_int,
-                       help="change the epoch length from the next epoch on")
+                       help="change the epoch length from the next epoch on (one at least 5 s "
+                       "away), for every replica")
     serve.add_argument("--grace-seconds", type=non_negative_int,
                        help="change the grace window from the next epoch on (at most half "
                        "the epoch)")
@@ -286,11 +288,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = BenchSettings(clients=args.clients, seconds=args.seconds,
                              subscription=args.subscription, max_credentials=args.max_credentials,
                              workers=args.workers)
+    if args.replicas is not None:
+        return _bench_replicas(args, settings)
     plot = None if args.no_plot else Path(args.plot or Path(args.json).with_suffix(".png"))
     result = run_bench(settings, Path(args.json), plot)
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {args.json}" + (f" and {plot}" if plot else ""))
     return 0
+
+
+def _bench_replicas(args: argparse.Namespace, settings: BenchSettings) -> int:
+    from keyserver.bench_replicas import run_replica_bench
+    from keyserver.throwaway_postgres import PostgresUnavailable
+
+    cores = args.cores or list(range(args.replicas))
+    if len(cores) < args.replicas:
+        raise CommandError(f"--cores lists {len(cores)} cores for {args.replicas} replicas")
+    try:
+        result = run_replica_bench(settings, args.replicas, cores, args.postgres_url,
+                                   Path(args.json))
+    except (PostgresUnavailable, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _cores(text: str) -> list[int]:
+    try:
+        cores = [int(c) for c in text.split(",")]
+    except ValueError:
+        cores = []
+    if not cores or min(cores) < 0:
+        raise argparse.ArgumentTypeError(f"expected core numbers like 0,1, got {text!r}")
+    return cores
 
 
 def _register_bench(subparsers: Any) -> None:
@@ -310,6 +341,15 @@ def _register_bench(subparsers: Any) -> None:
                    help="the subscription every client enrols")
     p.add_argument("--max-credentials", type=positive_int, default=4,
                    help="credentials per numeric attribute")
+    p.add_argument("--replicas", type=positive_int, metavar="N",
+                   help="instead: 1 replica, then N replicas of one key store on one "
+                   "PostgreSQL database, each pinned to one core (taskset) with one issuer "
+                   "worker; writes keys/s of both and their ratio (no plot)")
+    p.add_argument("--cores", type=_cores, metavar="LIST",
+                   help="with --replicas: the cores to pin them to, e.g. 2,3 (default 0..N-1)")
+    p.add_argument("--postgres-url", metavar="URL",
+                   help="with --replicas: a PostgreSQL server where the benchmark may create "
+                   "databases (default: a throwaway cluster from the local initdb/pg_ctl)")
     p.set_defaults(handler=cmd_bench)
 
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 FIRST_EPOCH = 1
+RESCHEDULE_LEAD = 5.0
+"""Seconds between a schedule change and the boundary it takes effect at, at least: every
+replica re-reads the stored schedule well within that (``keyserver.schedule``)."""
 
 
 @dataclass(frozen=True)
@@ -90,13 +93,15 @@ class EpochClock:
         offset = max(0, math.floor((now - seg.start) / seg.length))
         return self.epoch(seg.first_epoch + offset)
 
-    def rescheduled(self, now: float, length: int, grace: int) -> EpochClock:
-        """The same past, with ``length``/``grace`` from the next epoch boundary on."""
+    def rescheduled(self, now: float, length: int, grace: int, lead: float = 0.0
+                    ) -> EpochClock:
+        """The same past, with ``length``/``grace`` from the first epoch boundary at least
+        ``lead`` seconds after ``now`` on."""
         check_lengths(length, grace)
         last = self.segments[-1]
         if (last.length, last.grace) == (length, grace):
             return self
-        nxt = self.epoch(self.current(now).number + 1)
+        nxt = self.epoch(self.current(now + lead).number + 1)
         kept = tuple(s for s in self.segments if s.first_epoch < nxt.number)
         return EpochClock((*kept, Segment(nxt.number, nxt.start, length, grace)))
 

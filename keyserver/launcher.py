@@ -60,9 +60,11 @@ def serve_expecting_exit(data_dir: Path, passphrase: str, extra: Sequence[str] =
 
 
 def start_keyserver(data_dir: Path, port: int, passphrase: str, extra: Sequence[str] = (),
-                    log: Path | None = None) -> subprocess.Popen[bytes]:
-    """``keyserver serve`` on 127.0.0.1:``port`` in a child process (not yet ready)."""
-    command = _serve_command(data_dir, port, extra)
+                    log: Path | None = None, prefix: Sequence[str] = ()
+                    ) -> subprocess.Popen[bytes]:
+    """``keyserver serve`` on 127.0.0.1:``port`` in a child process (not yet ready), run
+    through ``prefix`` if given (e.g. ``taskset -c 0``)."""
+    command = [*prefix, *_serve_command(data_dir, port, extra)]
     if log is None:
         return subprocess.Popen(command, env=child_env(passphrase), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT)

@@ -11,7 +11,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
-from keyserver.epochs import EpochClock, default_grace, max_grace
+from keyserver.epochs import RESCHEDULE_LEAD, EpochClock, default_grace, max_grace
 
 EPOCH_SETTING = "epoch_schedule"
 
@@ -31,7 +31,8 @@ def put_setting(session: Session, key: str, value: Any) -> None:
 
 def load_clock(session: Session, now: float, length: int | None, grace: int | None
                ) -> EpochClock:
-    """The stored schedule (started now if there is none), rescheduled if asked to."""
+    """The stored schedule (started now if there is none), rescheduled if asked to (from a
+    boundary far enough away for the other replicas to learn of it first)."""
     stored = get_setting(session, EPOCH_SETTING)
     if stored is None:
         length = length or 3600
@@ -43,7 +44,7 @@ def load_clock(session: Session, now: float, length: int | None, grace: int | No
             length = length or last.length
             if grace is None:
                 grace = last.grace if last.grace <= max_grace(length) else default_grace(length)
-            clock = clock.rescheduled(now, length, grace)
+            clock = clock.rescheduled(now, length, grace, RESCHEDULE_LEAD)
     put_setting(session, EPOCH_SETTING, clock.to_json())
     return clock
 

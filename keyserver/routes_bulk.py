@@ -48,6 +48,7 @@ from keyserver.enrolment import (
 from keyserver.epochs import Epoch
 from keyserver.errors import ApiError, error_responses
 from keyserver.keystore import b64, token_hash
+from keyserver.locks import AdvisoryLock
 from keyserver.repository import audit, bulk_chunk, identity_by_name
 from keyserver.state import AppState
 
@@ -189,26 +190,37 @@ async def _bundle(state: AppState, item: BulkItem, creds: list[Credential],
 @router.post("/bulk", response_model=BulkOut, responses=error_responses(401, 409, 422))
 async def bulk(body: BulkIn, caller: Admin,
                state: State) -> dict[str, Any]:
-    """Issue keys for a chunk of decomposed credentials; repeating a chunk id is safe."""
+    """Issue keys for a chunk of decomposed credentials; repeating a chunk id is safe, also
+    on another replica at the same time (one chunk id is issued by one process at a time:
+    an asyncio lock within a process, an advisory lock of the database across them)."""
     check_names(item.identity for item in body.items)
     request_hash = _request_hash(body)
     lock = state.chunk_locks.setdefault(body.chunk_id, asyncio.Lock())
     try:
         async with lock:
-            stored = await run_in_threadpool(_stored, state, body.chunk_id, request_hash)
-            if stored is not None:
-                return stored
-            schema = state.store.schema
-            parsed = [[parse_bulk_credential(schema, c) for c in item.credentials]
-                      for item in body.items]
-            epoch = target_epoch(state, body.epoch)
-            known = await run_in_threadpool(_identity_states, state, caller, body.items,
-                                            epoch.number)
-            bundles = await asyncio.gather(*(_bundle(state, item, creds, known, epoch)
-                                             for item, creds in zip(body.items, parsed,
-                                                                    strict=True)))
-            result = {"chunk_id": body.chunk_id, "epoch": epoch.number, "bundles": bundles}
-            return await run_in_threadpool(_store, state, caller, body, request_hash, result)
+            shared = AdvisoryLock(state.engine, "bulk-chunk:" + body.chunk_id)
+            await run_in_threadpool(shared.acquire)
+            try:
+                return await _issue_chunk(state, caller, body, request_hash)
+            finally:
+                await run_in_threadpool(shared.release)
     finally:
         if not lock.locked():
             state.chunk_locks.pop(body.chunk_id, None)
+
+
+async def _issue_chunk(state: AppState, caller: Caller, body: BulkIn, request_hash: str
+                       ) -> dict[str, Any]:
+    """The stored result of the chunk, or keys issued and stored now."""
+    stored = await run_in_threadpool(_stored, state, body.chunk_id, request_hash)
+    if stored is not None:
+        return stored
+    schema = state.store.schema
+    parsed = [[parse_bulk_credential(schema, c) for c in item.credentials]
+              for item in body.items]
+    epoch = target_epoch(state, body.epoch)
+    known = await run_in_threadpool(_identity_states, state, caller, body.items, epoch.number)
+    bundles = await asyncio.gather(*(_bundle(state, item, creds, known, epoch)
+                                     for item, creds in zip(body.items, parsed, strict=True)))
+    result = {"chunk_id": body.chunk_id, "epoch": epoch.number, "bundles": bundles}
+    return await run_in_threadpool(_store, state, caller, body, request_hash, result)

@@ -17,11 +17,13 @@ from keyserver.epochs import Epoch, EpochClock
 from keyserver.fair_pool import FairIssuer
 from keyserver.issuer import IssuerPool
 from keyserver.keystore import DATABASE_FILE, KeyStore
+from keyserver.locks import MIGRATIONS_LOCK, AdvisoryLock
 from keyserver.metrics import Metrics
 from keyserver.migrate import upgrade
 from keyserver.ratelimit import RateLimiter
 from keyserver.refusals import RefusalLog
 from keyserver.repository import load_clock
+from keyserver.schedule import SharedClock
 
 MIB = 1024 * 1024
 
@@ -58,7 +60,7 @@ class AppState:
     store: KeyStore
     engine: Engine
     sessions: sessionmaker
-    clock: EpochClock
+    schedule: SharedClock
     pool: IssuerPool
     issuer: FairIssuer
     identity_limits: RateLimiter
@@ -68,10 +70,16 @@ class AppState:
     metrics: Metrics = field(default_factory=Metrics)
     chunk_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
+    @property
+    def clock(self) -> EpochClock:
+        """The epoch schedule the replicas share (:mod:`keyserver.schedule`)."""
+        return self.schedule.current
+
     def epoch(self, now: float | None = None) -> Epoch:
         return self.clock.current(time.time() if now is None else now)
 
     def close(self) -> None:
+        self.schedule.close()
         self.pool.shutdown()
         self.refusals.close()
         self.engine.dispose()
@@ -81,12 +89,13 @@ def open_database(url: str, length: int | None, grace: int | None,
                   then: Callable[[Session, EpochClock], None] | None = None
                   ) -> tuple[Engine, sessionmaker, EpochClock]:
     """Migrate to the newest schema, then load (or start) the epoch schedule and run
-    ``then`` in the same transaction (e.g. record the key store, :mod:`keyserver.binding`)."""
-    upgrade(url)
+    ``then`` in the same transaction (e.g. record the key store, :mod:`keyserver.binding`).
+    All of it under the migrations lock, so replicas starting together take turns."""
     engine = make_engine(url)
     sessions = make_sessions(engine)
     try:
-        with sessions.begin() as session:
+        with AdvisoryLock(engine, MIGRATIONS_LOCK), sessions.begin() as session:
+            upgrade(url)
             clock = load_clock(session, time.time(), length, grace)
             if then is not None:
                 then(session, clock)
@@ -104,7 +113,8 @@ def build_state(config: ServerConfig, store: KeyStore) -> AppState:
     pool.warm_up()
     # By default one identity may fill all workers but one, so another finds one free.
     per_identity = config.jobs_per_identity or max(1, pool.workers - 1)
-    return AppState(config=config, store=store, engine=engine, sessions=sessions, clock=clock,
+    return AppState(config=config, store=store, engine=engine, sessions=sessions,
+                    schedule=SharedClock(sessions, clock),
                     pool=pool, issuer=FairIssuer(pool, per_identity, config.credentials_per_job),
                     identity_limits=RateLimiter(config.identity_rate, config.identity_burst),
                     key_limits=RateLimiter(config.key_rate, config.key_burst),

@@ -14,11 +14,7 @@ resident memory, for the tests that flood a server).
 
 from __future__ import annotations
 
-import glob
 import itertools
-import os
-import pwd
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -29,6 +25,7 @@ import httpx
 import pytest
 
 from keyserver.launcher import free_port, init_keyserver, start_keyserver, stop, wait_ready
+from keyserver.throwaway_postgres import PostgresUnavailable, throwaway_postgres
 
 PASSPHRASE = "correct horse battery staple (tests)"
 
@@ -109,53 +106,12 @@ def keyserver_factory(tmp_path: Path) -> Iterator[KeyServers]:
         servers.stop_all()
 
 
-
-
-def _postgres_binary(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return candidates[-1] if candidates else None
-
-
-def _as_postgres_user(cmd: list[str]) -> list[str]:
-    """PostgreSQL refuses to run as root: drop to the ``postgres`` account then."""
-    if os.geteuid() != 0:
-        return cmd
-    return ["runuser", "-u", "postgres", "--", *cmd]
-
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A throwaway PostgreSQL cluster on a free port; the URL of its ``postgres`` database.
     Skips (with the reason) where PostgreSQL is not installed or cannot start."""
-    pytest.importorskip("psycopg", reason="psycopg (the PostgreSQL driver) is not installed")
-    initdb, pg_ctl = _postgres_binary("initdb"), _postgres_binary("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL is not installed (no initdb/pg_ctl; apt-get install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="ibe-pg-", dir="/tmp"))
-    if os.geteuid() == 0:
-        try:
-            account = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' account to run PostgreSQL")
-        os.chown(root, account.pw_uid, account.pw_gid)
-    data, port = root / "data", free_port()
-    steps = [
-        [initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
-        [pg_ctl, "-D", str(data), "-l", str(root / "log"), "-w", "-t", "60", "-o",
-         f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
-    ]
-    for step in steps:
-        done = subprocess.run(_as_postgres_user(step), capture_output=True, text=True,
-                              timeout=120, check=False)
-        if done.returncode != 0:
-            shutil.rmtree(root, ignore_errors=True)
-            pytest.skip(f"PostgreSQL could not start: {done.stderr.strip() or done.stdout}")
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(_as_postgres_user([pg_ctl, "-D", str(data), "-m", "immediate", "stop"]),
-                       capture_output=True, timeout=60, check=False)
-        shutil.rmtree(root, ignore_errors=True)
+        with throwaway_postgres() as url:
+            yield url
+    except PostgresUnavailable as exc:
+        pytest.skip(str(exc))

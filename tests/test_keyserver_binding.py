@@ -11,10 +11,10 @@ import subprocess
 from pathlib import Path
 
 from keyserver_fixtures import PASSPHRASE, KeyServers
-from test_keyserver_migrations import fresh_database
 
 from keyserver.client import KeyServerClient
 from keyserver.launcher import child_env, cli_command, free_port, serve_expecting_exit
+from keyserver.throwaway_postgres import fresh_database
 
 URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
 

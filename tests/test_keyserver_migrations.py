@@ -5,7 +5,6 @@ of an older revision keeps its rows on upgrade."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -16,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from keyserver.client import KeyServerClient
 from keyserver.db import Base
 from keyserver.migrate import downgrade, upgrade
+from keyserver.throwaway_postgres import fresh_database
 
 TABLES = {"settings", "identities", "audit_log", "directory", "bulk_chunks", "peer_addresses"}
 FIRST_REVISION_TABLES = TABLES - {"peer_addresses"}
@@ -89,18 +89,6 @@ def _upgrade_keeps_rows(url: str) -> None:
 def test_migrations_on_sqlite(tmp_path):
     _up_down_up(f"sqlite:///{tmp_path / 'ks.db'}")
     _upgrade_keeps_rows(f"sqlite:///{tmp_path / 'old.db'}")
-
-
-def fresh_database(postgres_url: str) -> str:
-    """A new, empty database on the test cluster (other test modules use it too)."""
-    name = "ks_" + uuid.uuid4().hex[:12]
-    engine = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(f"CREATE DATABASE {name}"))
-    finally:
-        engine.dispose()
-    return postgres_url.rsplit("/", 1)[0] + "/" + name
 
 
 def test_migrations_on_postgresql(postgres_url):

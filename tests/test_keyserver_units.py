@@ -24,6 +24,7 @@ def test_epochs_are_numbered_from_the_start_and_keep_numbering_when_rescheduled(
     assert faster.current(1200.0).number == 6
     assert EpochClock.from_json(json.loads(json.dumps(faster.to_json()))) == faster
     assert faster.rescheduled(1300.0, 10, 2) is faster
+    assert clock.rescheduled(1178.0, 10, 2, lead=5).segments[-1].first_epoch == 5  # not 4
     for length, grace in ((0, 0), (10, 10), (10, 6), (100, 99), (10, -1)):
         with pytest.raises(ValueError):
             EpochClock.start(0.0, length, grace)

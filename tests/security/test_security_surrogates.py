@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 import pytest
-from test_keyserver_migrations import fresh_database
 
 from keyserver.launcher import child_env, cli_command
+from keyserver.throwaway_postgres import fresh_database
 
 LONE = "\ud800"
 LONE_ESCAPE = "\\ud800"  # the predicate language's escape, as typed
