@@ -145,15 +145,19 @@ def start_standalone(servers: Servers, workers: int = 2) -> Standalone:
     return cluster
 
 
-def start_connect(servers: Servers) -> str:
-    """A Spark Connect server running the jobs on ``local[2]`` inside it, in the
-    foreground (``--wait``); returns its ``sc://`` URL once it listens."""
+def launch_connect(servers: Servers) -> str:
+    """Start a Spark Connect server running the jobs on ``local[2]`` inside it, in the
+    foreground (``--wait``); returns its ``sc://`` URL, which answers after
+    ``wait_connect``."""
     port = free_port()
     servers.start("connect", [
         str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--wait", "--master", "local[2]",
         "--conf", f"spark.connect.grpc.binding.port={port}",
         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
         "--conf", "spark.ui.enabled=false"])
+    return f"sc://127.0.0.1:{port}"
+
+
+def wait_connect(servers: Servers) -> None:
     servers.wait_for("the Spark Connect server", lambda: "Spark Connect server started at"
                      in servers.log("connect"))
-    return f"sc://127.0.0.1:{port}"

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,9 +21,10 @@ from spark_servers import (
     Servers,
     Standalone,
     isolated_python,
+    launch_connect,
     server_env,
-    start_connect,
     start_standalone,
+    wait_connect,
 )
 
 from credentials.schema import default_schema
@@ -41,22 +43,24 @@ BAD = [{"identity": "bad name", "role": "publisher", "predicate": ""},
        {"identity": "typo", "role": "subscriber", "predicate": "price in [3, "}]
 
 
+class Spark(NamedTuple):
+    servers: Servers
+    cluster: Standalone
+    remote: str  # the Spark Connect server's URL; wait_connect before using it
+
+
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spark]:
     """A standalone cluster and a Spark Connect server, started together (their JVMs'
     start-ups overlap); every JVM is killed at the end, whatever happened."""
     directory = tmp_path_factory.mktemp("spark-servers")
     python = isolated_python(directory, sys.executable)
-    running = Servers(directory, server_env(python, directory))
+    servers = Servers(directory, server_env(python, directory))
     try:
-        yield running
+        remote = launch_connect(servers)
+        yield Spark(servers, start_standalone(servers), remote)
     finally:
-        running.stop_all()
-
-
-@pytest.fixture(scope="module")
-def cluster(servers: Servers) -> Standalone:
-    return start_standalone(servers)
+        servers.stop_all()
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +83,15 @@ def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: s
     """Run `bulk decompose` with ``where`` (--master or --remote) into ``requests/name``;
     assert that its rows, rejections and counts are the local run's.
 
-    A driver here tells the executors which Python to run (PYSPARK_PYTHON)."""
-    env = child_env() | {name: servers.env[name] for name in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
+    A driver here tells the executors which Python to run (PYSPARK_PYTHON), and reads
+    spark-defaults.conf from SPARK_CONF_DIR: it waits for both executors before the first
+    task, so that each worker runs some."""
+    conf = servers.directory / "driver-conf"
+    conf.mkdir(exist_ok=True)
+    (conf / "spark-defaults.conf").write_text(
+        "spark.cores.max 2\nspark.scheduler.minRegisteredResourcesRatio 1.0\n")
+    env = child_env() | {var: servers.env[var] for var in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
+    env["SPARK_CONF_DIR"] = str(conf)
     done = subprocess.run(cli_command(
         "bulk", "decompose", "--schema", "stocks", "--input", str(requests / "in.parquet"),
         "--output", str(requests / name), "--partitions", "3", "--allow-rejects", *where),
@@ -96,9 +107,10 @@ def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: s
     return remote
 
 
-def test_workers_python_cannot_import_the_project(servers):
+def test_workers_python_cannot_import_the_project(spark):
     """The control of the tests below: the Python the servers run for their workers has
     pyspark and pyarrow, but not this project."""
+    servers = spark.servers
     python = str(servers.env["PYSPARK_PYTHON"])
     ours = subprocess.run([python, "-c", "import pipelines"], env=servers.env,
                           cwd=servers.directory, capture_output=True, text=True, timeout=60)
@@ -111,7 +123,8 @@ def test_workers_python_cannot_import_the_project(servers):
     assert plain.returncode == 0  # without the wrapper, the editable install would serve it
 
 
-def test_decompose_on_a_standalone_cluster_equals_the_local_run(servers, cluster, requests):
+def test_decompose_on_a_standalone_cluster_equals_the_local_run(spark, requests):
+    servers, cluster = spark.servers, spark.cluster
     starts = servers.directory / "python-starts.log"
     starts.unlink(missing_ok=True)
     _decompose_like_local(servers, requests, "cluster", "--master", cluster.url)
@@ -128,9 +141,9 @@ def test_decompose_on_a_standalone_cluster_equals_the_local_run(servers, cluster
         assert (executor / ARCHIVE_NAME).is_file() and (executor / "stderr").is_file()
 
 
-def test_decompose_through_spark_connect_equals_the_local_run(servers, requests):
-    remote = start_connect(servers)
-    starts = servers.directory / "python-starts.log"
+def test_decompose_through_spark_connect_equals_the_local_run(spark, requests):
+    wait_connect(spark.servers)
+    starts = spark.servers.directory / "python-starts.log"
     starts.unlink(missing_ok=True)
-    _decompose_like_local(servers, requests, "connect", "--remote", remote)
+    _decompose_like_local(spark.servers, requests, "connect", "--remote", spark.remote)
     assert "pyspark" in starts.read_text()  # the server's workers ran the isolated Python
