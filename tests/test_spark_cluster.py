@@ -7,6 +7,7 @@ tests also prove that the driver ships all the code they run.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -79,9 +80,9 @@ def _rows(path: Path) -> list[tuple]:
     return sorted((tuple(r.values()) for r in pq.read_table(path).to_pylist()), key=repr)
 
 
-def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: str) -> Summary:
+def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: str) -> str:
     """Run `bulk decompose` with ``where`` (--master or --remote) into ``requests/name``;
-    assert that its rows, rejections and counts are the local run's.
+    assert that its rows, rejections and counts are the local run's; return its stderr.
 
     A driver here tells the executors which Python to run (PYSPARK_PYTHON), and reads
     spark-defaults.conf from SPARK_CONF_DIR: it waits for both executors before the first
@@ -104,7 +105,7 @@ def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: s
     assert [getattr(remote, k) for k in counts] == [getattr(local, k) for k in counts]
     assert (remote.engine, remote.rejected) == ("spark", len(BAD))
     assert "Traceback" not in done.stderr
-    return remote
+    return done.stderr
 
 
 def test_workers_python_cannot_import_the_project(spark):
@@ -145,5 +146,8 @@ def test_decompose_through_spark_connect_equals_the_local_run(spark, requests):
     wait_connect(spark.servers)
     starts = spark.servers.directory / "python-starts.log"
     starts.unlink(missing_ok=True)
-    _decompose_like_local(spark.servers, requests, "connect", "--remote", spark.remote)
+    stderr = _decompose_like_local(spark.servers, requests, "connect", "--remote", spark.remote)
     assert "pyspark" in starts.read_text()  # the server's workers ran the isolated Python
+    # the progress line follows the stages the server reports
+    assert re.search(r"^Spark: \d+ s; stage \d+ of \d+: \d+/\d+ tasks done$", stderr,
+                     re.MULTILINE), stderr
