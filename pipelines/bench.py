@@ -58,8 +58,9 @@ def main(json_path: Path, schema: Schema, requests: int, master: str, partitions
     """Run both drivers once on ``requests`` synthetic requests; write JSON and a PNG.
 
     Spark's own console output goes to ``spark_log`` (None: to this process's)."""
-    from pipelines.session import StageProgress, spark_session
+    from pipelines.session import spark_session
     from pipelines.spark_job import run_spark
+    from pipelines.stage_progress import StageProgress
 
     settings = Settings(schema, fine_depth)
     with tempfile.TemporaryDirectory(prefix="ibe-bench-bulk-") as tmp:

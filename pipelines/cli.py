@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from pipelines.requests import Settings
 
 MAX_CHUNK_SIZE = 2000  # the key server's limit of items per bulk request
+DEFAULT_MASTER = "local[*]"  # of `bulk decompose`
 SHOWN_REJECTIONS = 5  # rejections printed after a decomposition; all are in its outputs
 
 
@@ -100,21 +101,28 @@ def _decompose_status(summary: Summary, out: Path, rejected_csv: Path | None,
 
 def _decompose_spark(args: argparse.Namespace, settings: Settings, source: Path,
                      out: Path) -> Summary:
+    master, remote = _where(args)
     with _spark_extra():
         from pyspark.errors import PySparkException
 
         from pipelines.inputs import request_files
         from pipelines.layout import SPARK_LOG, prepare_output
-        from pipelines.session import SparkStartError, StageProgress, spark_session
+        from pipelines.session import SparkStartError, connect_session, spark_session
         from pipelines.spark_job import run_spark
+        from pipelines.stage_progress import StageProgress
     request_files(source)  # input and output problems show before the JVM's slow start
     prepare_output(out, args.overwrite)
-    log = None if args.verbose else out / SPARK_LOG
-    print(f"bulk decompose: starting Spark ({args.master}); "
-          f"{f'its logs go to {log} (-v shows them here)' if log else 'its logs follow'}",
-          file=sys.stderr, flush=True)
+    log = None if args.verbose or remote else out / SPARK_LOG
+    if remote:
+        print(f"bulk decompose: connecting to the Spark Connect server {remote}; the job "
+              "runs there, and its logs are the server's", file=sys.stderr, flush=True)
+    else:
+        print(f"bulk decompose: starting Spark ({master}); "
+              f"{f'its logs go to {log} (-v shows them here)' if log else 'its logs follow'}",
+              file=sys.stderr, flush=True)
     try:
-        spark = spark_session(args.master, args.partitions, args.driver_memory, log)
+        spark = connect_session(remote, args.partitions) if remote else \
+            spark_session(master, args.partitions, args.driver_memory, log)
     except SparkStartError as exc:
         raise CommandError(f"cannot start Spark: {exc}; --engine python decomposes without "
                            "Spark or Java") from exc
@@ -126,6 +134,19 @@ def _decompose_spark(args: argparse.Namespace, settings: Settings, source: Path,
                            f"{f' (details in {log})' if log else ''}") from exc
     finally:
         spark.stop()
+
+
+def _where(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The master URL, or the Spark Connect server's (then the master is the server's);
+    each from its flag, environment variable or configuration file, never both."""
+    if args.master and args.remote:
+        raise CommandError("--master and --remote exclude each other: --master starts "
+                           "Spark here, --remote uses a Spark Connect server's; give one "
+                           "(check IBE_PUBSUB_MASTER, IBE_PUBSUB_REMOTE and the "
+                           "configuration file too)")
+    if args.remote and not args.remote.startswith("sc://"):
+        raise CommandError(f"--remote: expected sc://HOST:PORT, got {args.remote!r}")
+    return args.master or DEFAULT_MASTER, args.remote
 
 
 def _issue(args: argparse.Namespace) -> int:
@@ -182,6 +203,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _spark_options(parser: argparse.ArgumentParser, master: str) -> None:
     parser.add_argument("--master", default=master,
                         help=f"Spark master URL, e.g. spark://host:7077 (default {master})")
+    _partitions_option(parser)
+
+
+def _partitions_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=positive_int, default=8,
                         help="Spark shuffle partitions = parallel decomposition tasks "
                         "(default 8)")
@@ -210,7 +235,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Write one row per credential to DIR/credentials, every rejected request (a row "
         "that cannot be read, or fails validation) with its file, line and reason to "
         "DIR/rejected, the counts to DIR/summary.json, and Spark's own logs to "
-        "DIR/spark.log. Exit status: 0 if every request was accepted; 1 if some were "
+        "DIR/spark.log (with --remote, the Spark Connect server keeps them). Exit status: "
+        "0 if every request was accepted; 1 if some were "
         "rejected (0 with --allow-rejects) or none was accepted; 2 if it could not run "
         "(a wrong option or schema, a missing or unreadable input file, an output "
         "directory that holds a decomposition without --overwrite, Spark not starting).")
@@ -218,9 +244,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     decompose.add_argument("--input", required=True,
                            help="file or directory: .csv, .json/.jsonl/.ndjson or .parquet")
     decompose.add_argument("--output", required=True, help="output directory DIR")
-    _spark_options(decompose, "local[*]")
+    decompose.add_argument("--master", default=None,
+                           help="Spark master URL: local[N], spark://host:7077, "
+                           f"k8s://https://host:443, ... (default {DEFAULT_MASTER}; not with "
+                           "--remote)")
+    decompose.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                           help="run the job through this Spark Connect server, on its "
+                           "cluster, instead of starting Spark here (not with --master); "
+                           "--input and --output must then be paths the server can reach")
+    _partitions_option(decompose)
     decompose.add_argument("--driver-memory", default="2g",
-                           help="Spark driver memory (default 2g)")
+                           help="Spark driver memory (default 2g; a Spark Connect server's "
+                           "driver has its own)")
     decompose.add_argument("--engine", choices=["spark", "python"], default="spark",
                            help="spark, or python: the same decomposition in this process, "
                            "no Java needed (default spark)")

@@ -1,5 +1,7 @@
 """The Spark session of bulk jobs: Java checked first, Spark's console output kept in a log file,
-and our own progress line instead of Spark's stage bars.
+and our code shipped to a cluster's workers. A session is classic (a driver JVM in this
+process, any ``--master``) or a Spark Connect client (``--remote``: the driver runs in the
+Connect server, and this process only sends it plans and our code).
 
 Spark's JVM inherits this process's stdout and stderr when it starts, and everything it
 and its Python workers print goes there for the session's life: start-up notices, log4j
@@ -11,26 +13,25 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
-import tempfile
-import threading
-import time
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
-from pyspark.status import SparkStageInfo
 
-from pipelines.progress import Progress
+from pipelines.shipping import package_archive
+
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 JAVA_NEEDED = "Spark needs Java 17 or newer"
-# Packages the executors import; shipped as a zip when they run outside this machine.
-SHIPPED_PACKAGES = ("credentials", "pipelines")
+CONNECT_PORT = 15002  # Spark Connect's default
 
 
 class SparkStartError(RuntimeError):
@@ -104,102 +105,47 @@ def spark_session(master: str = "local[*]", partitions: int = 8, driver_memory: 
         message = str(exc.java_exception).splitlines()[0]
         raise SparkStartError(f"{message} ({details})") from exc
     spark.sparkContext.setLogLevel("WARN")
-    if not local:
-        _ship_packages(spark)
+    if not local:  # a cluster's workers have Python and pyspark, but not this project
+        spark.sparkContext.addPyFile(str(package_archive()))
     return spark
 
 
-def _ship_packages(spark: SparkSession) -> None:
-    """Make the project's pure-Python packages importable on a cluster's executors."""
-    archive = Path(tempfile.mkdtemp(prefix="ibe-pubsub-")) / "ibe_pubsub_packages.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for name in SHIPPED_PACKAGES:
-            package = Path(sys.modules[name].__file__ or "").parent
-            for path in package.rglob("*"):
-                if path.suffix in (".py", ".toml"):
-                    zf.write(path, path.relative_to(package.parent))
-    spark.sparkContext.addPyFile(str(archive))
+def connect_session(remote: str, partitions: int = 8) -> ConnectSession:
+    """A Spark Connect session with the server at ``remote`` (``sc://host:port``), its
+    workers given our packages as a Python artifact of this session.
+
+    The server's own settings (master, memory, UI) are its own; only the session's
+    shuffle partitions are set here. Raises SparkStartError if the server does not answer."""
+    from pyspark.errors import PySparkException
+
+    _reachable(remote)
+    try:
+        builder = SparkSession.builder.remote(remote).appName("ibe-pubsub bulk")
+        spark = builder.config("spark.sql.shuffle.partitions", str(partitions)).getOrCreate()
+        spark.addArtifacts(str(package_archive()), pyfile=True)
+    except PySparkException as exc:
+        raise SparkStartError(f"no Spark Connect server at {remote}: "
+                              f"{str(exc).splitlines()[0]}") from exc
+    return spark
 
 
-class StageProgress:
-    """While a Spark job runs, its progress on ``stream`` (stderr), unless Spark shows its
-    own stage bars (a session without a log file).
+def _reachable(remote: str, timeout: float = 5.0) -> None:
+    """Fail at once if nothing listens at the server's address: Spark Connect's client
+    would retry for minutes."""
+    address = urlsplit(remote)
+    try:
+        host, port = address.hostname, address.port or CONNECT_PORT
+    except ValueError as exc:  # a port that is not a number
+        raise SparkStartError(f"{remote} is not sc://HOST:PORT: {exc}") from exc
+    if not host:
+        raise SparkStartError(f"{remote} is not sc://HOST:PORT: it names no host")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise SparkStartError(f"no Spark Connect server at {remote}: cannot connect to "
+                              f"{host}:{port} ({exc.strerror or exc})") from exc
 
-    On a terminal: a bar for the tasks of the running stage, named "stage k of n" of its
-    job rather than by Spark's internal stage ids. Otherwise (a log, a pipe) a line when the
-    first stage runs, then at most every ``log_every`` seconds, so an unattended run shows
-    it is alive. Use as a context manager around the job; it polls Spark's status tracker
-    in a thread."""
 
-    def __init__(self, spark: SparkSession, stream: TextIO | None = None,
-                 poll: float = 0.5, log_every: float = 10.0) -> None:
-        context = spark.sparkContext
-        self.tracker = context.statusTracker()
-        self.stream = stream or sys.stderr
-        self.poll = poll
-        self.log_every = log_every
-        self.shown = context.getConf().get("spark.ui.showConsoleProgress") != "true"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="stage-progress", daemon=True)
-
-    def __enter__(self) -> StageProgress:
-        if self.shown:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self.shown:
-            self._thread.join()
-
-    def _running(self) -> tuple[SparkStageInfo, str] | None:
-        """The running stage (the earliest, if several) and its name, "stage k of n"."""
-        active = self.tracker.getActiveStageIds()
-        info = self.tracker.getStageInfo(min(active)) if active else None
-        if info is None:
-            return None
-        for job_id in self.tracker.getActiveJobsIds():
-            job = self.tracker.getJobInfo(job_id)
-            if job is not None and info.stageId in job.stageIds:
-                stages = sorted(job.stageIds)
-                return info, f"stage {stages.index(info.stageId) + 1} of {len(stages)}"
-        return info, "a stage"
-
-    def _watch(self) -> None:
-        if self.stream.isatty():
-            self._bars()
-        else:
-            self._lines()
-
-    def _bars(self) -> None:
-        stage, bar = None, None
-        while not self._stop.wait(self.poll):
-            running = self._running()
-            if running is None:
-                continue
-            info, name = running
-            if bar is None or info.stageId != stage:
-                if bar is not None:
-                    bar.close()
-                stage = info.stageId
-                bar = Progress(info.numTasks, f"Spark tasks, {name}", self.stream,
-                               done=info.numCompletedTasks)
-            bar.advance(info.numCompletedTasks - bar.done)
-        if bar is not None:
-            bar.close()
-
-    def _lines(self) -> None:
-        started = time.monotonic()
-        last: float | None = None
-        while not self._stop.wait(self.poll):
-            running = self._running()
-            now = time.monotonic()
-            first = last is None and running is not None
-            if not first and now - (started if last is None else last) < self.log_every:
-                continue
-            last = now
-            line = f"Spark: {now - started:.0f} s"
-            if running:
-                info, name = running
-                line += f"; {name}: {info.numCompletedTasks}/{info.numTasks} tasks done"
-            print(line, file=self.stream, flush=True)
+def is_connect(spark: SparkSession | ConnectSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client (it has no SparkContext)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")

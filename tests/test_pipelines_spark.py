@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from credentials.schema import default_schema
-from keyserver.launcher import child_env, cli_command
+from keyserver.launcher import child_env, cli_command, free_port
 from pipelines.chunks import read_items
 from pipelines.layout import LayoutError, Summary
 from pipelines.local_job import run_local
@@ -272,3 +272,25 @@ def test_bench_bulk_smoke(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "ratio Spark/Python" in done.stdout
     assert "log4j" in out.with_suffix(".spark.log").read_text() and "log4j" not in done.stderr
+
+
+def test_remote_and_master_exclude_each_other_and_a_dead_server_is_one_line(tmp_path):
+    """--remote problems are one-line errors, before any Spark starts and without the
+    Connect client's minutes of retries."""
+    pq.write_table(random_requests(SCHEMA, 3), tmp_path / "in.parquet")
+    dead = f"sc://127.0.0.1:{free_port()}"
+    cases = [
+        (["--remote", dead], {}, f"no Spark Connect server at {dead}: cannot connect to "
+         f"127.0.0.1:{dead.rsplit(':', 1)[1]} (Connection refused)"),
+        (["--remote", dead], {"IBE_PUBSUB_MASTER": "local[1]"},
+         "--master and --remote exclude each other"),
+        (["--remote", "http://127.0.0.1:1"], {}, "--remote: expected sc://HOST:PORT"),
+    ]
+    for options, variables, message in cases:
+        done = subprocess.run(cli_command(
+            "bulk", "decompose", "--schema", "stocks", "--input", str(tmp_path / "in.parquet"),
+            "--output", str(tmp_path / "out"), *options), env=child_env() | variables,
+            capture_output=True, text=True, timeout=60)
+        *_, error = done.stderr.splitlines()
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert error.startswith("ibe-pubsub: error: ") and message in error, error
