@@ -178,6 +178,11 @@ def cmd_peer_run(args: argparse.Namespace) -> int:
         raise CommandError("give exactly one of --subscribe PREDICATE (and/or --bundle "
                            "FILE: a subscriber) or --root ATTRIBUTE (a root)")
     _check_listen(args.listen)
+    if args.http is not None and not isinstance(args.http, tuple):  # a TOML number
+        try:
+            args.http = http_address(str(args.http))
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"--http: {exc}") from exc
     args.token = _token(args)
     return asyncio.run(_run_peer(args))
 
