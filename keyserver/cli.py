@@ -16,6 +16,7 @@ from peer.arguments import (
     CommandError,
     add_admin_token,
     add_ca_file,
+    add_log_format,
     add_schema,
     admin_token,
     bench_group,
@@ -23,6 +24,7 @@ from peer.arguments import (
     positive_int,
     write_json_atomically,
 )
+from peer.logsafe import notice
 
 if TYPE_CHECKING:
     from keyserver.bench import BenchSettings
@@ -99,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allow_unsafe_permissions=args.allow_unsafe_permissions)
 
     def announce(url: str) -> None:
-        print(f"key server ready on {url}", file=sys.stderr, flush=True)
+        notice(f"key server ready on {url}")
         if args.ready_file:
             write_json_atomically(args.ready_file, {"url": url, "pid": os.getpid()})
 
@@ -140,6 +142,7 @@ def _register_keyserver(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=8700, help="listen port")
     serve.add_argument("--ready-file", metavar="FILE",
                        help="write {url, pid} as JSON here once the server accepts requests")
+    add_log_format(serve)
     serve.add_argument("--tls-cert", help="TLS certificate (PEM)")
     serve.add_argument("--tls-key", help="TLS private key (PEM)")
     serve.add_argument("--insecure", action="store_true",

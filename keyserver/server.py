@@ -74,7 +74,10 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
           tls_key: str | None, log_level: str = "info",
           on_ready: Callable[[str], None] = lambda url: None) -> None:
     """Check the data directory, unseal (failing fast with a clear message), migrate, start
-    the workers, then serve; files created from here on (SQLite's -wal/-shm) are 0600."""
+    the workers, then serve; files created from here on (SQLite's -wal/-shm) are 0600.
+    uvicorn's loggers go to the handler the command installed (``--log-format``, control
+    characters escaped: its access log quotes the decoded request path), not to uvicorn's
+    own formatters."""
     use_private_umask()
     check_data_dir(config)
     check_url(config.url)
@@ -98,6 +101,7 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
         log_level=log_level, proxy_headers=False, server_header=False,
         timeout_graceful_shutdown=10, http="h11",
+        log_config=None,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES), on_ready)
     server.run()
     if not server.started:  # as uvicorn.run: a failed start-up is not a clean exit

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from overlay.bench_sizes import DEFAULT_EXPERIMENTS, EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
-from peer.arguments import CommandError, bench_group, int_list
+from peer.arguments import CommandError, bench_group, int_list, positive_int
 
 
 def _names(text: str) -> list[str]:
@@ -46,6 +46,8 @@ def _run(args: argparse.Namespace) -> int:
                   seed=args.seed, workers=args.workers, min_seconds=args.min_seconds,
                   experiments=args.experiments or DEFAULT_EXPERIMENTS)
     summary = bench.run()
+    if args.graph:
+        _graph(args)
     for name, by_stat in summary.get("overhead_ms", {}).items():
         for stat, values in by_stat.items():
             shown = ", ".join("-" if v is None else f"{v:.0f}" for v in values)
@@ -64,6 +66,19 @@ def _run(args: argparse.Namespace) -> int:
     if "loopback_error" in summary:
         raise CommandError(f"the loopback cross-check failed: {summary['loopback_error']}")
     return 0
+
+
+def _graph(args: argparse.Namespace) -> None:
+    from credentials.schema import default_schema
+    from overlay.crypto_model import CostTable
+    from overlay.evaluation_delays import Setting
+    from overlay.evaluation_trees import draw_run
+    from overlay.simulator import LatencyModel
+
+    setting = Setting(default_schema(), CostTable.default(),
+                      LatencyModel(args.latency_median_ms / 1e3, args.latency_sigma), args.seed)
+    draw_run(setting, args.graph_subscribers, args.max_children, args.graph)
+    print(f"wrote {args.graph}")
 
 
 def fraction_list(text: str) -> list[float]:
@@ -98,6 +113,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and with streams (the first --dissemination-peers size; slow). Writes JSON and a "
         "PNG plot per experiment into --out.")
     p.add_argument("--out", default="bench/overlay", help="output directory")
+    p.add_argument("--graph", metavar="FILE.png",
+                   help="also draw the attribute trees of a simulated run of the stock "
+                   "schema (--graph-subscribers subscribers, --max-children) when it settled")
+    p.add_argument("--graph-subscribers", type=positive_int, default=12, metavar="N",
+                   help="subscribers of the --graph run (default 12)")
     p.add_argument("--experiments", type=_names, default=None,
                    help="comma-separated subset of connection,degree,dissemination,routing,"
                    "trees,encryption,loopback,droppers,streams (default: all but streams)")

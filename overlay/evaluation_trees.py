@@ -7,11 +7,13 @@ virtual peers. For each tree the run counts the subscriber virtual peers whose p
 is the root (or one of its relays), and how many of those another subscriber's virtual
 peer could have taken (it covers them and precedes them in the link order): the room a
 better placement would have. It also times the joins and counts what 30 events cost.
+:func:`draw_run` draws the trees of such a run (``bench overlay --graph``).
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 from credentials.schema import default_schema
@@ -19,6 +21,8 @@ from overlay.checks import delivery_errors
 from overlay.evaluation_delays import JoinRecorder, Setting
 from overlay.evaluation_plots import figure
 from overlay.simulator import summary
+from overlay.snapshot import tree_status
+from overlay.tree_plot import draw_trees
 from overlay.workload import Workload
 
 #: One subscriber joins every this many seconds (a burst: 100 per second).
@@ -43,7 +47,9 @@ def tree_shape(sim: JoinRecorder) -> dict[str, dict[str, int]]:
     return shapes
 
 
-def trees_run(setting: Setting, subscribers: int, max_children: int) -> dict[str, Any]:
+def settled_run(setting: Setting, subscribers: int, max_children: int
+            ) -> tuple[JoinRecorder, Workload]:
+    """The roots and a burst of subscribers of the stock schema, settled."""
     schema = default_schema()
     sim = JoinRecorder(schema, setting.config(max_children), mode="modeled",
                        costs=setting.costs, latency=setting.latency, seed=setting.seed)
@@ -52,6 +58,20 @@ def trees_run(setting: Setting, subscribers: int, max_children: int) -> dict[str
     for i in range(subscribers):
         sim.add_subscriber(workload.predicate(), at=i * ARRIVAL)
     sim.run_until(subscribers * ARRIVAL + SETTLE)
+    return sim, workload
+
+
+def draw_run(setting: Setting, subscribers: int, max_children: int, path: str | Path) -> None:
+    """Draw the trees of a settled run from its machines' state (as ``/status`` shows it)."""
+    sim, _ = settled_run(setting, subscribers, max_children)
+    statuses = [{"address": address, "trees": tree_status(machine)}
+                for address, machine in sim.machines.items()]
+    draw_trees(statuses, path, f"Simulated trees: {subscribers} subscribers of the stock "
+               f"schema, out-degree {max_children}")
+
+
+def trees_run(setting: Setting, subscribers: int, max_children: int) -> dict[str, Any]:
+    sim, workload = settled_run(setting, subscribers, max_children)
     shape = tree_shape(sim)
     joins = dict(sim.metrics.messages)
     publisher, start = sim.add_publisher(), sim.now

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -80,6 +81,10 @@ class Stats:
     duplicates: int = 0
     forwarded: int = 0
     dropped: int = 0
+    #: ``dropped`` by reason: ``not_from_parent``, ``undecodable``, ``unverified``,
+    #: ``digest_from_non_backup``, ``digest_malformed``, ``digest_too_soon``,
+    #: ``pull_from_non_watcher``.
+    dropped_by: Counter[str] = field(default_factory=Counter)
     #: Events that decrypted and matched but failed the publisher's signature.
     forged: int = 0
     #: Parents taken for failed after falling silent (a link that broke under a peer).
@@ -94,6 +99,11 @@ class Stats:
     #: Events listed in digests, and digest entries tested against this peer's own tokens.
     listed: int = 0
     entries_tested: int = 0
+
+    def drop(self, reason: str) -> None:
+        """Count one refused event message (or digest, or pull) under ``reason``."""
+        self.dropped += 1
+        self.dropped_by[reason] += 1
 
 
 @dataclass(frozen=True)
@@ -951,7 +961,7 @@ class PeerMachine:
         from_parent = (pulled or any(frm[0] == p[0] for p in vp.parents)
                        or vp.former.get(frm[0], -1.0) >= now)
         if (not vp.is_root and not from_parent) or m.attribute != vp.attribute:
-            self.stats.dropped += 1
+            self.stats.drop("not_from_parent")
             return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} or tree dropped")]
         return self._take_event(vp, frm[0], digest, m.event, now)
 
@@ -966,11 +976,11 @@ class PeerMachine:
             try:
                 event = self.crypto.decode_event(data)
             except CryptoRejected as exc:
-                self.stats.dropped += 1
+                self.stats.drop("undecodable")
                 return [Log("warning", f"{vp.vp}: event from {source} dropped: {exc}")]
             self._events.put(digest, event)
         if self.config.verify_before_forward and not self._verify(digest, event):
-            self.stats.dropped += 1
+            self.stats.drop("unverified")
             return [Log("warning", f"{vp.vp}: event from {source} fails verification")]
         self._seen_events.put((vp.vp, digest), None)
         self._raw.put(digest, data)
@@ -1209,13 +1219,13 @@ class PeerMachine:
         (again from a second backup that lists an event the first did not deliver)."""
         backup = vp.backups.get(frm)
         if backup is None:
-            self.stats.dropped += 1
+            self.stats.drop("digest_from_non_backup")
             return [Log("info", f"{vp.vp}: digest from non-backup {frm[0]} dropped")]
         if len(m.ids) != len(m.entries) or len(m.ids) > self.config.digest_entries:
-            self.stats.dropped += 1
+            self.stats.drop("digest_malformed")
             return [Log("warning", f"{vp.vp}: digest from {frm[0]} malformed or too long")]
         if now < backup.next_digest_at:  # a backup sends one per digest_interval
-            self.stats.dropped += 1
+            self.stats.drop("digest_too_soon")
             return [Log("warning", f"{vp.vp}: digest from {frm[0]} too soon, dropped")]
         backup.next_digest_at = now + self.config.digest_interval / 2
         out: list[Action] = []
@@ -1255,7 +1265,7 @@ class PeerMachine:
         costs at most the events its digests listed, however often it is sent."""
         link = vp.watchers.get(frm)
         if link is None:
-            self.stats.dropped += 1
+            self.stats.drop("pull_from_non_watcher")
             return [Log("info", f"{vp.vp}: pull from non-watcher {frm[0]} refused")]
         out: list[Action] = []
         for digest in m.ids:

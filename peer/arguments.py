@@ -143,6 +143,14 @@ def add_insecure_transport(parser: argparse.ArgumentParser) -> None:
                         "default: mutual TLS with certificates from the key server)")
 
 
+def add_log_format(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``, for every long-running command that logs."""
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="log lines as text, or one JSON object per line {time, level, "
+                        "logger, message} for log shippers (default: %(default)s); either "
+                        "way control characters from the network are escaped")
+
+
 def write_json_atomically(path: str, data: dict[str, Any]) -> None:
     """Write a command's JSON output file (--ready-file, --stats-out, ...) whole or not at
     all, so a script polling for it never reads half of it."""

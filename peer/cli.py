@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from peer.arguments import CommandError
 from peer.config import ConfigError, apply_layers, check_tables, load_config_file
-from peer.logsafe import EscapingFormatter
+from peer.logsafe import log_formatter, use_log_format
 from peer.parser import CommandParser
 
 COMMAND_MODULES = (
@@ -109,10 +109,12 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(args_list)
-    # Log lines quote peers' strings: the formatter escapes control characters in every
+    # Log lines quote peers' strings: either formatter escapes control characters in every
     # line, so none can forge another.
     log_handler = logging.StreamHandler()
-    log_handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log_format = getattr(args, "log_format", "text")
+    log_handler.setFormatter(log_formatter(log_format))
+    use_log_format(log_format)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         handlers=[log_handler])
     handler = getattr(args, "handler", None)

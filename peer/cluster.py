@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from credentials.scheme import Event
 from keyserver.client import KeyServerClient
 from keyserver.launcher import child_env, cli_command
@@ -68,6 +70,19 @@ class PeerProcess:
 
     def stats(self) -> dict[str, Any]:
         return json.loads(self.stats_file.read_text()) if self.stats_file.exists() else {}
+
+    @property
+    def http(self) -> str | None:
+        """The URL of its --http endpoint, from its ready file (None if it serves none)."""
+        if not self.ready_file.exists():
+            return None
+        return json.loads(self.ready_file.read_text()).get("http")
+
+    def get(self, path: str) -> httpx.Response:
+        """GET ``path`` (``/status``, ``/metrics``, ...) from its --http endpoint."""
+        if self.http is None:
+            raise ClusterError(f"{self.name} serves no --http endpoint")
+        return httpx.get(self.http + path, timeout=10)
 
 
 @dataclass
@@ -138,14 +153,15 @@ class Cluster:
         return self._spawn(name, "root", token, [*self._run_args(name, listen), *roots])
 
     def start_subscriber(self, name: str, subscription: str | None, token: str | None = None,
-                         listen: str = "127.0.0.1:0", bundle: Path | None = None
-                         ) -> PeerProcess:
+                         listen: str = "127.0.0.1:0", bundle: Path | None = None,
+                         extra: tuple[str, ...] = ()) -> PeerProcess:
         """A subscriber of ``subscription``, or with the keys of ``bundle`` (from ``bulk
-        issue``; narrowed to ``subscription`` if given; its token unless ``token``)."""
+        issue``; narrowed to ``subscription`` if given; its token unless ``token``); ``extra``
+        options override the cluster's ``peer_args``."""
         if token is None and bundle is None:
             token = self.identity(name, "subscriber")
         return self._spawn(name, "subscriber", token, [
-            *self._run_args(name, listen), *_option("--subscribe", subscription),
+            *self._run_args(name, listen), *extra, *_option("--subscribe", subscription),
             *_option("--bundle", bundle),
             "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription)
 
@@ -219,6 +235,11 @@ class Cluster:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """``/status`` of every running peer that serves --http."""
+        return [p.get("/status").json() for p in self.peers.values()
+                if p.process.poll() is None and p.http is not None]
 
     def kill(self, name: str) -> None:
         """Crash a peer (SIGKILL: no goodbye to its neighbours)."""

@@ -1,4 +1,4 @@
-"""Commands: ``peer run``, ``publish`` and ``demo``."""
+"""Commands: ``peer run``, ``peer status``, ``publish`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from peer.arguments import (
     CommandError,
     add_ca_file,
     add_insecure_transport,
+    add_log_format,
     bench_group,
     non_negative_float,
     non_negative_int,
@@ -25,6 +26,7 @@ from peer.arguments import (
     positive_int,
     write_json_atomically,
 )
+from peer.logsafe import notice
 from peer.waiting import WaitAnnouncer
 
 if TYPE_CHECKING:
@@ -124,7 +126,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
                               recruit_rounds=args.recruit_rounds, repair=args.repair),
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         server_key=_server_key(args.server_key), known_servers=_known_servers(args),
-        ca_file=args.ca_file, insecure_transport=args.insecure_transport)
+        ca_file=args.ca_file, insecure_transport=args.insecure_transport, http=args.http)
     try:
         node = PeerNode(options)
     except NodeError as exc:
@@ -146,13 +148,14 @@ async def _run_peer(args: argparse.Namespace) -> int:
     async def announce() -> None:
         await WaitAnnouncer(f"a parent for every virtual peer in tree(s) "
                             f"{', '.join(node.attributes)}").wait(node.ready.wait())
-        print(f"peer ready at {node.address} in tree(s) {', '.join(node.attributes)}",
-              file=sys.stderr, flush=True)
+        notice(f"peer ready at {node.address} in tree(s) {', '.join(node.attributes)}")
         if args.ready_file:
+            monitor = node.monitor.url if node.monitor is not None else None
             write_json_atomically(args.ready_file, {"address": node.address,
                                                      "pid": os.getpid(),
                                                      "attributes": node.attributes,
-                                                     "join_seconds": node.join_seconds})
+                                                     "join_seconds": node.join_seconds,
+                                                     "http": monitor})
 
     announcer = asyncio.get_running_loop().create_task(announce())
     failed = asyncio.get_running_loop().create_task(node.failed.wait())
@@ -175,6 +178,11 @@ def cmd_peer_run(args: argparse.Namespace) -> int:
         raise CommandError("give exactly one of --subscribe PREDICATE (and/or --bundle "
                            "FILE: a subscriber) or --root ATTRIBUTE (a root)")
     _check_listen(args.listen)
+    if args.http is not None and not isinstance(args.http, tuple):  # a TOML number
+        try:
+            args.http = http_address(str(args.http))
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"--http: {exc}") from exc
     args.token = _token(args)
     return asyncio.run(_run_peer(args))
 
@@ -188,6 +196,29 @@ def _check_listen(listen: str) -> None:
     if is_unspecified(host):
         raise CommandError(f"--listen must be an address other peers can dial, not {host} "
                            "(every interface): give this machine's address on their network")
+
+
+def http_address(text: str) -> tuple[str, int]:
+    """``--http``: PORT or HOST:PORT (host: 127.0.0.1)."""
+    from peer.monitor import parse_http
+
+    try:
+        return parse_http(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+# -- peer status ---------------------------------------------------------------------------
+
+def cmd_peer_status(args: argparse.Namespace) -> int:
+    from peer.status_view import StatusError, fetch_status, status_lines
+
+    try:
+        status = fetch_status(args.url)
+    except StatusError as exc:
+        raise CommandError(str(exc)) from exc
+    print("\n".join(status_lines(status)))
+    return 0
 
 
 # -- publish -------------------------------------------------------------------------------
@@ -239,8 +270,8 @@ async def _publish(args: argparse.Namespace) -> int:
         _record_ids(args, [e.event_id for e in events[:publisher.sent]])
         delivered = await publisher.close(args.flush_timeout)
     mode = " as a stream" if publisher.stream is not None else ""
-    print(f"sent {publisher.sent} event(s){mode} to the roots of "
-          f"{', '.join(sorted(publisher.roots))}", file=sys.stderr)
+    notice(f"sent {publisher.sent} event(s){mode} to the roots of "
+           f"{', '.join(sorted(publisher.roots))}")
     if not delivered:
         raise CommandError("some events could not be handed to a root")
     return 0
@@ -298,7 +329,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         report = run_demo(peers=args.peers, routing=args.routing, events=args.events,
                           seed=args.seed, workdir=args.workdir, max_children=args.max_children,
-                          insecure_transport=args.insecure_transport)
+                          insecure_transport=args.insecure_transport, graph=args.graph)
     except DemoError as exc:
         raise CommandError(str(exc)) from exc
     if args.json:
@@ -318,6 +349,26 @@ def cmd_bench_transport(args: argparse.Namespace) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     write_json_atomically(args.json, result)
     print(f"wrote {args.json}")
+    return 0
+
+
+# -- bench monitoring ----------------------------------------------------------------------
+
+def cmd_bench_monitoring(args: argparse.Namespace) -> int:
+    from peer.monitoring_bench import bench_monitoring, plot
+
+    result = bench_monitoring(args.pairs, args.events, args.interval, args.scrape_interval)
+    notice(f"--http on/off: CPU x{result['window_cpu_ratio_on_off']:.3f} while "
+           f"disseminating (x{result['cpu_ratio_on_off']:.3f} over the processes' lives), "
+           f"mean delay "
+           f"{result['on']['delay_ms_mean']:.1f} vs {result['off']['delay_ms_mean']:.1f} ms "
+           f"({result['scrapes']} scrapes); one scrape costs a peer "
+           f"{1000 * result['cpu_seconds_per_scrape']:.2f} ms CPU, "
+           f"{result['scrape_cpu_share']:.2%} of its CPU at one scrape per interval")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(args.json, result)
+    plot(result, Path(args.json).with_suffix(".png"))
+    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
     return 0
 
 
@@ -384,13 +435,28 @@ def register(subparsers: Any) -> None:
                         "credentials from what it pulls)")
     repair.add_argument("--no-repair", dest="repair", action="store_false", default=None,
                         help="do not (see --repair)")
+    run.add_argument("--http", type=http_address, metavar="[HOST:]PORT",
+                     help="serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP "
+                     "here (host default 127.0.0.1; port 0: any free port, named in "
+                     "--ready-file); off unless given")
+    add_log_format(run)
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
-                     help="write {address, pid, attributes} as JSON here once joined")
+                     help="write {address, pid, attributes, join_seconds, http} as JSON here "
+                     "once joined")
     run.add_argument("--stats-out", metavar="FILE",
                      help="write the peer's counters as JSON here when it stops (each "
                      "field is described in docs/events.md)")
     run.set_defaults(handler=cmd_peer_run)
+
+    status = sub.add_parser(
+        "status", help="show a running peer's trees and links",
+        description="Read /status from a peer's --http endpoint and print its identity, "
+                    "role, epoch and key expiry, then one line per tree: virtual peers with "
+                    "their positions and depths, parents, children and relays.")
+    status.add_argument("url", metavar="URL",
+                        help="the peer's endpoint, e.g. http://127.0.0.1:9464")
+    status.set_defaults(handler=cmd_peer_status)
 
     pub = subparsers.add_parser(
         "publish", help="publish events from a JSON-lines file",
@@ -406,6 +472,7 @@ def register(subparsers: Any) -> None:
                      help="a publisher's bundle from `bulk issue`: its keys instead of "
                      "enrolling, and its token unless --token is given; advertises what its "
                      "credentials enclose (an --advertise inside them narrows that)")
+    add_log_format(pub)
     pub.add_argument("--events", required=True, metavar="FILE",
                      help='JSON lines {"id": ..., "values": {...}, "body": ...} ("-": stdin)')
     pub.add_argument("--interval", type=non_negative_float, default=0.0,
@@ -447,6 +514,9 @@ def register(subparsers: Any) -> None:
                       help="children per virtual peer (small: deeper trees)")
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated workload")
     demo.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    demo.add_argument("--graph", metavar="FILE.png",
+                      help="draw the attribute trees as the peers report them at the end "
+                      "of the run (one panel per attribute, nodes coloured by peer)")
     add_insecure_transport(demo)
     demo.add_argument("--workdir", metavar="DIR",
                       help="keep logs and files here (default: a temporary directory)")
@@ -463,3 +533,21 @@ def register(subparsers: Any) -> None:
     transport.add_argument("--json", default="bench/transport.json", metavar="FILE",
                            help="output JSON file")
     transport.set_defaults(handler=cmd_bench_transport)
+
+    monitoring = bench_group(subparsers).add_parser(
+        "monitoring", help="the cost of a peer's --http endpoint, scraped, in CPU and delay",
+        description="One overlay on loopback with subscribers in pairs of equal "
+                    "subscriptions, one of each pair serving --http and scraped (/metrics and "
+                    "/status) every --scrape-interval, the other not; publishes --events and "
+                    "compares the pairs' CPU seconds (process time) and dissemination delay.")
+    monitoring.add_argument("--pairs", type=positive_int, default=10,
+                            help="subscriber pairs")
+    monitoring.add_argument("--events", type=positive_int, default=300, help="events")
+    monitoring.add_argument("--interval", type=non_negative_float, default=0.05,
+                            help="seconds between events")
+    monitoring.add_argument("--scrape-interval", type=positive_duration, default=15.0,
+                            metavar="DURATION", help="time between scrapes of each peer "
+                            "(default 15s, a usual Prometheus setting)")
+    monitoring.add_argument("--json", default="bench/monitoring.json", metavar="FILE",
+                            help="output JSON file (the PNG goes next to it)")
+    monitoring.set_defaults(handler=cmd_bench_monitoring)

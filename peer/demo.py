@@ -23,6 +23,7 @@ from credentials.predicates import parse_predicate
 from credentials.schema import default_schema
 from credentials.scheme import Event
 from keyserver.launcher import free_port, init_keyserver, start_keyserver, stop, wait_ready
+from overlay.tree_plot import draw_trees
 from peer.cluster import Cluster, ClusterError
 
 SYMBOLS = ("AAPL", "AMZN", "GOOG", "GOOGL", "IBM", "INTC", "META", "MSFT", "NVDA", "ORCL")
@@ -108,16 +109,19 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def run_demo(peers: int = 8, routing: str = "ohf", events: int = 60, seed: int = 7,
              workdir: str | None = None, max_children: int = 3,
-             insecure_transport: bool = False) -> dict[str, Any]:
-    """Run the whole demo; returns the report (``ok`` says whether every delivery matched)."""
+             insecure_transport: bool = False, graph: str | None = None) -> dict[str, Any]:
+    """Run the whole demo; returns the report (``ok`` says whether every delivery matched).
+    With ``graph``, every peer serves --http and the trees they report at the end are drawn
+    there."""
     with tempfile.TemporaryDirectory(prefix="ibe-pubsub-demo-") as tmp:
         root = Path(workdir) if workdir else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        return _run(root, peers, routing, events, seed, max_children, insecure_transport)
+        return _run(root, peers, routing, events, seed, max_children, insecure_transport,
+                    graph)
 
 
 def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_children: int,
-         insecure_transport: bool) -> dict[str, Any]:
+         insecure_transport: bool, graph: str | None) -> dict[str, Any]:
     rng = random.Random(seed)
     started = time.monotonic()
     passphrase = secrets.token_urlsafe(24)
@@ -136,7 +140,8 @@ def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_childr
         progress(f"key server ready at {url}")
         cluster = Cluster(url, (data / "admin.token").read_text().strip(), root / "peers",
                           routing=routing, max_children=max_children,
-                          insecure_transport=insecure_transport)
+                          insecure_transport=insecure_transport,
+                          peer_args=("--http", "0") if graph else ())
         schema = default_schema()
         roots = [cluster.start_root(f"root-{a}", [a]) for a in schema.names]
         cluster.wait_ready(roots)
@@ -153,6 +158,10 @@ def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_childr
             raise DemoError(f"publisher failed: {result.stderr.strip()}")
         progress(f"published {count} events; waiting for deliveries")
         cluster.wait_deliveries(expected, timeout=30)
+        if graph:
+            draw_trees(cluster.statuses(), graph, f"Trees of the demo: {peers} subscribers, "
+                       f"{routing} routing, out-degree {max_children}")
+            progress(f"drew the trees in {graph}")
         cluster.stop_all()
         rows = compare(cluster, expected, cluster.sent_times("publisher"))
     except ClusterError as exc:

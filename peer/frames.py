@@ -15,7 +15,7 @@ another protocol version, raises :class:`FrameError`: the caller drops it and lo
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -38,6 +38,9 @@ class FrameError(ValueError):
 class Frame:
     kind: int
     payload: bytes | str
+    #: Bytes on the wire, length prefix included, of a frame read from a stream (0 for
+    #: one built here); for the transport's byte counters.
+    size: int = field(default=0, compare=False)
 
 
 def encode(frame: Frame, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
@@ -82,7 +85,7 @@ def decode_body(body: bytes) -> Frame:
             raise FrameError("END carries no payload")
     else:
         raise FrameError(f"unknown frame kind {kind!r}")
-    return Frame(kind, payload)
+    return Frame(kind, payload, HEADER + len(body))
 
 
 async def read_frame(reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME) -> Frame:

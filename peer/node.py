@@ -16,6 +16,10 @@ it reads the bundle file again whenever the file changes and every ``BUNDLE_RETR
 seconds, warning each time, until a bundle of the next epoch replaced the old one there;
 when its keys expire without one it sets ``failed`` (``failure`` says why) for its owner
 to stop it.
+
+With ``http`` set, the node serves ``/healthz``, ``/metrics`` and ``/status`` on its own
+loop (:mod:`peer.monitor`, :mod:`peer.metrics`); its counters come from the actions it
+performs, so they agree with what it delivered.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ import functools
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -46,6 +51,7 @@ from overlay.actions import Action, Connected, Deliver, Log, Send
 from overlay.config import OverlayConfig
 from overlay.crypto import RootKit, SubscriberKit
 from overlay.machine import PeerMachine
+from overlay.snapshot import tree_status
 from overlay.wire import Message, Publish, WireError, decode
 from peer import bundle_file, enrolment
 from peer.known_servers import KnownServers
@@ -53,6 +59,10 @@ from peer.retry import Backoff
 from peer.tls import PeerTLS
 from peer.transport import Transport, split_address
 from peer.waiting import WaitAnnouncer, in_daemon_thread
+
+if TYPE_CHECKING:
+    from peer.metrics import PeerMetrics
+    from peer.monitor import Monitor
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +108,8 @@ class NodeOptions:
     #: only): the default is mutual TLS under the key server's peer-link CA.
     insecure_transport: bool = False
     seed: int | None = None
+    #: (host, port) of the local HTTP endpoint (/healthz, /metrics, /status); None: off.
+    http: tuple[str, int] | None = None
 
 
 class NodeError(Exception):
@@ -137,7 +149,8 @@ class PeerNode:
         self._timer: asyncio.Task[None] | None = None
         self._refresh_at = 0.0
         self._next_tick = 0.0
-        self._events: deque[tuple[str, Publish]] = deque()
+        #: Events waiting for processing: (sender, message, when it arrived).
+        self._events: deque[tuple[str, Publish, float]] = deque()
         self._drainer: asyncio.Task[None] | None = None
         self._register_at = 0.0
         #: Directory renewals retried less and less often (and logged rarely) while they fail.
@@ -146,6 +159,21 @@ class PeerNode:
         self._join_started = 0.0
         #: Seconds from the first join message to every virtual peer attached (0 for a root).
         self.join_seconds: float | None = None
+        #: The identity and role the key server certified this peer's link key for.
+        self.identity: str | None = None
+        self.role = "root" if options.roots else "subscriber"
+        #: Messages dropped before the machine saw them, by reason.
+        self.dropped_by: Counter[str] = Counter()
+        self.metrics: PeerMetrics | None = None
+        self.monitor: Monitor | None = None
+        if options.http is not None:  # the web stack loads only when asked for
+            from peer.metrics import PeerMetrics
+            from peer.monitor import Monitor
+
+            self.metrics = PeerMetrics(self)
+            self.monitor = Monitor(*options.http, {"/healthz": self._healthz,
+                                                   "/metrics": self._metrics,
+                                                   "/status": self._status})
 
     # -- application API ----------------------------------------------------------------------
 
@@ -181,18 +209,63 @@ class PeerNode:
         assert self.machine is not None
         return sorted({vp.attribute for vp in self.machine.vpeers.values()})
 
+    @property
+    def event_backlog(self) -> int:
+        """Events received and waiting for processing."""
+        return len(self._events)
+
     def stats(self) -> dict[str, object]:
         transport = self.transport
         out: dict[str, object] = {
             "address": self.address, "epoch_end": self.epoch_end,
-            "join_seconds": self.join_seconds,
+            "join_seconds": self.join_seconds, "cpu_seconds": time.process_time(),
             "transport": {"secure": transport.secure, "refused": dict(transport.refused),
                           "renewals": transport.renewals,
                           "expired_links": transport.expired_links,
-                          "dropped": transport.dropped}}
+                          "dropped": transport.dropped,
+                          "frames_sent": transport.frames_sent,
+                          "frames_received": transport.frames_received}}
+        drops: dict[str, object] = {"node": dict(self.dropped_by)}
         if self.machine is not None:
-            out |= asdict(self.machine.stats) | {"epochs": sorted(self.machine.epochs)}
-        return out
+            counters = asdict(self.machine.stats)
+            drops["protocol"] = dict(counters.pop("dropped_by"))
+            out |= counters | {"epochs": sorted(self.machine.epochs)}
+        return out | {"drops": drops}
+
+    def health(self) -> dict[str, object]:
+        """Up, enrolled, and attached in every tree it needs (``ok`` says all three)."""
+        machine = self.machine
+        trees: dict[str, bool] = {}
+        for vp in machine.vpeers.values() if machine is not None else ():
+            trees[vp.attribute] = trees.get(vp.attribute, True) and vp.attached
+        ok = (machine is not None and self.ready.is_set() and all(trees.values())
+              and not self.failed.is_set() and not self._stopping.is_set())
+        return {"ok": ok, "enrolled": machine is not None, "trees": trees,
+                "stopping": self._stopping.is_set(), "failure": self.failure}
+
+    def status(self) -> dict[str, object]:
+        """Identity, role, epoch, the trees (positions, never credentials), the last join."""
+        machine = self.machine
+        return {"address": self.address, "identity": self.identity, "role": self.role,
+                "epoch": machine.epoch if machine is not None else None,
+                "key_expiry": self.epoch_end or None, "ready": self.ready.is_set(),
+                "join_seconds": self.join_seconds,
+                "trees": tree_status(machine) if machine is not None else {}}
+
+    def _healthz(self) -> tuple[int, str, bytes]:
+        from peer.monitor import json_body
+
+        health = self.health()
+        return json_body(200 if health["ok"] else 503, health)
+
+    def _metrics(self) -> tuple[int, str, bytes]:
+        assert self.metrics is not None
+        return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.exposition()
+
+    def _status(self) -> tuple[int, str, bytes]:
+        from peer.monitor import json_body
+
+        return json_body(200, self.status())
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -205,6 +278,15 @@ class PeerNode:
         except PeerCertificateError as exc:
             await self.transport.close(0)
             raise NodeError(f"--listen {self.options.listen}: {exc}") from exc
+        if self.monitor is not None:
+            from peer.monitor import MonitorError
+
+            try:
+                self.monitor.start()
+            except MonitorError as exc:
+                await self.transport.close(0)
+                raise NodeError(f"--http: {exc}") from exc
+            log.info("serving /healthz, /metrics and /status at %s", self.monitor.url)
         try:
             await WaitAnnouncer(f"keys from the key server at {self.client.base_url}"
                                 ).wait(in_daemon_thread(self._enrol))
@@ -213,6 +295,8 @@ class PeerNode:
         except Exception:
             await self.transport.close(0)
             self.client.close()
+            if self.monitor is not None:
+                await self.monitor.stop()
             raise
         assert self.machine is not None
         if self.options.roots:
@@ -244,6 +328,8 @@ class PeerNode:
             except KeyServerError as exc:
                 log.info("could not leave the directory: %s", exc)
         self.client.close()
+        if self.monitor is not None:
+            await self.monitor.stop()
 
     # -- enrolment and the directory ----------------------------------------------------------
 
@@ -277,6 +363,8 @@ class PeerNode:
                 self.client, params, self.predicate, max_credentials=self.options.max_credentials,
                 fine_depth=self.options.fine_depth)
             self.machine = PeerMachine(self.address, crypto, config, rng, kit=kit)
+        # The suite runs on the event loop's thread: charge it CPU time, not waits for a core.
+        self.machine.crypto.meter.clock = time.thread_time
         self._refresh_at = self._refresh_time()
 
     def _bundle_kit(self, bundle: BulkBundle) -> SubscriberKit:
@@ -295,6 +383,8 @@ class PeerNode:
         """New handshakes present it; open links are renewed by ``Transport.maintain``. A
         plaintext peer certifies its address only to own it in the directory."""
         assert self.params is not None
+        binding = certificate.certificate.binding
+        self.identity, self.role = binding.identity, binding.role
         if not self.transport.secure:
             return
         if self.transport.tls is None:
@@ -458,30 +548,35 @@ class PeerNode:
         try:
             message = decode(payload)
         except WireError as exc:
+            self.dropped_by["malformed_message"] += 1
             log.warning("dropped a malformed message from %s: %s", sender, exc)
             return
+        if self.metrics is not None:
+            self.metrics.received(message)
         if isinstance(message, Publish):
             if len(self._events) >= MAX_EVENT_BACKLOG:
+                self.dropped_by["backlog_full"] += 1
                 log.warning("event backlog full: dropped an event from %s", sender)
                 return
-            self._events.append((sender, message))
+            self._events.append((sender, message, time.time()))
             if self._drainer is None or self._drainer.done():
                 self._drainer = asyncio.get_running_loop().create_task(self._drain_events())
             return
         self._handle(sender, message)
 
-    def _handle(self, sender: str, message: Message) -> None:
+    def _handle(self, sender: str, message: Message, arrived: float | None = None) -> None:
+        """Have the machine take ``message`` (an event that ``arrived`` then) and act."""
         assert self.machine is not None
         now = time.time()
-        self._perform(self.machine.receive(sender, message, now))
+        self._perform(self.machine.receive(sender, message, now), arrived)
         if now >= self._next_tick:
             self._tick(now)
 
     async def _drain_events(self) -> None:
         while self._events and not self._stopping.is_set():
-            sender, message = self._events.popleft()
+            sender, message, arrived = self._events.popleft()
             try:
-                self._handle(sender, message)
+                self._handle(sender, message, arrived)
             except Exception:
                 log.exception("processing an event from %s failed", sender)
             await asyncio.sleep(0)  # let control messages in between
@@ -491,15 +586,22 @@ class PeerNode:
         self._next_tick = now + self.options.tick
         self._perform(self.machine.tick(now))
 
-    def _perform(self, actions: list[Action]) -> None:
+    def _perform(self, actions: list[Action], arrived: float | None = None) -> None:
+        metrics = self.metrics
         for action in actions:
             if isinstance(action, Send):
                 self.transport.send(action.to, action.message.to_bytes())
+                if metrics is not None:
+                    metrics.sent(action.message)
             elif isinstance(action, Deliver):
                 self._deliver(action.event)
+                if metrics is not None:
+                    metrics.delivered(time.time() - (arrived or action.at))
             elif isinstance(action, Log):
                 log.log(_LEVELS.get(action.level, logging.INFO), "%s", action.text)
             elif isinstance(action, Connected):
+                if metrics is not None:
+                    metrics.connected(action)
                 log.info("%s tree: virtual peer %s linked to %s (link %d) in %.3f s",
                          action.attribute, action.vp, action.parent, action.link,
                          action.at - action.started_at)

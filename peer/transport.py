@@ -205,6 +205,10 @@ class Transport:
         self.expired_links = 0
         #: Connections replaced ahead of expiry by one made with a renewed certificate.
         self.renewals = 0
+        #: DATA frames written to and read from sockets, and their bytes on the wire
+        #: (messages a peer sends itself cross no socket and are not counted).
+        self.frames_sent = self.bytes_sent = 0
+        self.frames_received = self.bytes_received = 0
 
     # -- public API -------------------------------------------------------------------------
 
@@ -263,6 +267,10 @@ class Transport:
             self.on_message(self.address, payload)
         except Exception:
             log.exception("handler failed on a message to itself")
+
+    def queued(self) -> int:
+        """Frames waiting in the send queues."""
+        return sum(len(link.queue) for link in self._links.values())
 
     def is_connected(self, address: str) -> bool:
         link = self._links.get(address)
@@ -386,6 +394,8 @@ class Transport:
                     self._drop(link, conn)
                     continue
                 link.queue.popleft()
+                self.frames_sent += 1
+                self.bytes_sent += len(frame)
 
     async def _dial(self, link: _Link) -> _Connection | None:
         if link.address.startswith("~"):
@@ -595,6 +605,8 @@ class Transport:
                     self._ended(link, conn)
                 else:
                     assert isinstance(frame.payload, bytes)
+                    self.frames_received += 1
+                    self.bytes_received += frame.size
                     self._arrived(link, conn, frame.payload)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             log.info("connection from %s closed", escape(link.address))

@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from peer.logsafe import notice
 
 T = TypeVar("T")
 
@@ -42,10 +43,6 @@ async def in_daemon_thread(call: Callable[[], T]) -> T:
     return await asyncio.wrap_future(outcome)
 
 
-def to_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 @dataclass
 class WaitAnnouncer:
     """``what`` completes "waiting for ..." and may change as the wait goes on (e.g. which
@@ -56,7 +53,7 @@ class WaitAnnouncer:
     first: float = 2.0
     every: float = 10.0
     clock: Callable[[], float] = time.monotonic
-    say: Callable[[str], None] = to_stderr
+    say: Callable[[str], None] = notice
     started: float = field(init=False)
     _due: float = field(init=False)
 

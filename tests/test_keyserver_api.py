@@ -338,7 +338,7 @@ def test_health_metrics_openapi_and_error_shape(keyserver):
 
 
 def _count(metrics: str, line_prefix: str) -> int:
-    return sum(int(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in metrics.splitlines()
                if line.startswith(line_prefix))
 
 

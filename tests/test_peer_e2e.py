@@ -83,6 +83,12 @@ def _wait_repaired(cluster: Cluster, killed: set[str], since: dict[str, int]) ->
             return
 
 
+def _counter(metrics: str, name: str) -> float:
+    """The value of an unlabelled sample in Prometheus text."""
+    return next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith(name + " "))
+
+
 def _forged(cls: type[Message], **given: object) -> Message:
     """A well-formed message of ``cls`` whose other fields are junk of the right type."""
     junk = {str: "price", bytes: b"\x00forged" * 8, int: 3, bool: False}
@@ -113,7 +119,7 @@ def test_overlay_delivers_exactly_the_ground_truth(keyserver_factory, tmp_path, 
     server = keyserver_factory.start()
     cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers", routing=routing,
                       max_children=3, verbose=True,
-                      peer_args=("--failure-timeout", str(FAILURE_TIMEOUT)))
+                      peer_args=("--failure-timeout", str(FAILURE_TIMEOUT), "--http", "0"))
     rng = random.Random(11 if routing == "ohf" else 12)
     try:
         tokens = {name: cluster.identity(name, "publisher", policy)
@@ -127,6 +133,15 @@ def test_overlay_delivers_exactly_the_ground_truth(keyserver_factory, tmp_path, 
         first = quotes(16, rng)
         _publish_both(cluster, tokens, first, 1)
         _check(cluster, ground_truth(subs, first), {e.event_id for e in first})
+        # Each peer's /metrics agrees with what it delivered, and /status with the directory.
+        for name, _ in subs:
+            peer = cluster.peers[name]
+            assert _counter(peer.get("/metrics").text, "ibe_peer_events_delivered_total") \
+                == len(peer.delivered()), name
+        assert all(s["ready"] for s in cluster.statuses())
+        forwarded = sum(_counter(r.get("/metrics").text, "ibe_peer_events_forwarded_total")
+                        for r in roots)
+        assert forwarded >= len(first)
 
         # Hostile input at a root and a subscriber: dropped, the peers stay up.
         _hostile_frames(cluster.peers["root-price"].address)
