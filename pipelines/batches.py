@@ -31,6 +31,7 @@ from pipelines.requests import (
     predicate_credentials,
 )
 
+OUTPUT_ROWS = 65_536  # rows per batch handed back to Spark
 COPIES = "copies"  # how many requests of the whole input name the row's identity
 CREDENTIAL_COLUMNS = ("identity", "role", "attribute", "credential", "fine", "position")
 REJECTED_COLUMNS = ("identity", "role", "predicate", "reason", "source", "line", "raw")
@@ -301,9 +302,13 @@ def _assemble(batch: pa.RecordBatch, table: Segments, owner: np.ndarray, counts:
 
 def decompose_batches(settings: Settings,
                       batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: one output batch per input batch."""
+    """The ``mapInArrow`` function: each input batch's rows, in batches of at most
+    OUTPUT_ROWS rows (one input batch makes about 35 times its rows), which bounds what
+    Spark's JVM holds of one batch at a time."""
     for batch in batches:
-        yield decompose_batch(settings, batch)
+        decomposed = decompose_batch(settings, batch)
+        for start in range(0, decomposed.num_rows, OUTPUT_ROWS):
+            yield decomposed.slice(start, OUTPUT_ROWS)
 
 
 def split(batch: pa.RecordBatch) -> tuple[pa.Table, pa.Table]:

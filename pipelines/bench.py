@@ -112,6 +112,7 @@ def main(json_path: Path, schema: Schema, requests: int, master: str, partitions
                    "rows_per_cpu_s": requests / python_cpu},
         "spark": {**_side(spark_summary, spark_memory), "master": master,
                   "shuffle_partitions": partitions, "arrow_batch_rows": batch_rows,
+                  "cpu_seconds": spark_memory.child_cpu_seconds(),
                   "startup_seconds": startup,
                   "rows_per_s_with_startup": requests / (spark_summary.seconds + startup)},
     }
