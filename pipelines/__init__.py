@@ -1,8 +1,10 @@
 """Bulk enrolment: decompose many enrolment requests on Spark, then issue their keys.
 
 ``bulk decompose`` (``spark_job`` or, without a JVM, ``local_job``) reads its
-input with one parser (``inputs``), applies one per-request function
-(``requests.decompose_request``, batched by ``batches``) and writes
+input with one parser (``inputs``), applies one batch function (``batches``: each
+distinct predicate read column-wise by ``predicate_columns`` and decomposed with
+``credentials.numeric_batch``, anything else by the per-request reference
+``requests``) and writes
 ``DIR/credentials``, ``DIR/rejected`` and ``DIR/summary.json`` (``layout``); the
 Spark session comes from ``session``. ``bulk issue`` (``issue``) streams those
 credentials to the key server in deterministic chunks (``chunks``) and keeps its

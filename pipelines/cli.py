@@ -192,9 +192,12 @@ def _bench(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot start Spark: {exc}") from exc
     python, spark = report["python"], report["spark"]
     print(f"one Python process: {python['rows_per_s']:.0f} requests/s "
-          f"({python['seconds']:.1f} s)")
+          f"({python['seconds']:.1f} s; {python['rows_per_cpu_s']:.0f} per CPU second; "
+          f"peak RSS {python['peak_rss_mb']['driver']:.0f} MB)")
+    memory = ", ".join(f"{group} {mb:.0f} MB" for group, mb in spark["peak_rss_mb"].items())
     print(f"Spark {spark['master']}: {spark['rows_per_s']:.0f} requests/s "
-          f"({spark['seconds']:.1f} s, plus {spark['startup_seconds']:.1f} s start-up)")
+          f"({spark['seconds']:.1f} s, plus {spark['startup_seconds']:.1f} s start-up; "
+          f"peak RSS {memory})")
     print(f"ratio Spark/Python: {report['ratio']:.2f}")
     print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
     return 0
@@ -298,8 +301,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench = bench_group(subparsers).add_parser(
         "bulk", help="requests/s of the Spark decomposition vs one Python process",
         description="Decompose synthetic requests with Spark and with the same function "
-        "in one plain Python process; write rows/s of both and their ratio as JSON and a "
-        "PNG plot. Spark's own logs go next to the JSON as .spark.log (-v shows them).")
+        "in one plain Python process; write requests/s of both (the plain process also per "
+        "CPU second), their ratio, peak memory and the load average as JSON and a PNG "
+        "plot. Spark's own logs go next to the JSON as .spark.log (-v shows them).")
     bench.add_argument("--json", default="bench/bulk.json", metavar="FILE",
                        help="output JSON file (the plot goes next to it as .png)")
     bench.add_argument("--requests", type=positive_int, default=1_000_000,

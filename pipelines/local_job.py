@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.batches import (
@@ -43,9 +44,10 @@ def read_requests(path: Path) -> pa.Table:
 
 def with_copies(table: pa.Table) -> pa.Table:
     """Append how many requests name each row's identity (duplicates get rejected)."""
-    identities = table.column("identity").to_pylist()
-    counts = Counter(identities)
-    return table.append_column(COPIES, pa.array([counts[i] for i in identities], pa.int64()))
+    identities = table.column("identity")
+    counts = pc.value_counts(identities)
+    where = pc.index_in(identities, counts.field("values"), skip_nulls=False)
+    return table.append_column(COPIES, counts.field("counts").take(where).cast(pa.int64()))
 
 
 def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool = False,
@@ -69,7 +71,7 @@ def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool =
             writers[CREDENTIALS].write_table(accepted)
             writers[REJECTED].write_table(rejected)
             counts["rows"] += accepted.num_rows
-            counts["fine"] += accepted.column("fine").to_pylist().count(True)
+            counts["fine"] += pc.sum(accepted.column("fine")).as_py() or 0
             counts["rejected"] += rejected.num_rows
             progress.advance(batch.num_rows)
     finally:

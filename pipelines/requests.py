@@ -1,8 +1,10 @@
 """One enrolment request -> its credential rows, or the reason it is rejected.
 
-This is the only place where a bulk request is validated and decomposed: the
-Spark job calls it per row inside ``mapInArrow`` and the single-process driver
-calls it in a plain loop, so both produce the same rows by construction.
+The per-request reference: ``decompose_request`` validates and decomposes one
+request, and its parts (``check_request``, ``predicate_credentials``,
+``check_row_count``) are what the column-wise batch decomposition (``batches``)
+falls back to for every request or predicate it does not settle itself, so the
+reasons of rejections are these, word for word.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from credentials.credential import Credential
 from credentials.decompose import decompose, fine_credentials
 from credentials.predicates import PredicateError, parse_predicate
 from credentials.schema import Schema, SchemaError
@@ -54,9 +57,9 @@ def check_identity(identity: str | None) -> str:
     return identity
 
 
-def decompose_request(settings: Settings, identity: str | None, role: str | None,
-                      predicate: str | None, copies: int = 1) -> list[CredentialRow]:
-    """Credential rows of one request: coarse credentials in schema order, then fine ones.
+def check_request(identity: str | None, role: str | None, predicate: str | None,
+                  copies: int = 1) -> None:
+    """Rejected if the request itself is unusable, before its predicate is read.
 
     ``copies`` is how many requests of the input name this identity; an identity
     requested more than once is ambiguous, so every copy is rejected.
@@ -68,6 +71,13 @@ def decompose_request(settings: Settings, identity: str | None, role: str | None
         raise Rejected(f"identity appears in {copies} requests")
     if predicate is None:
         raise Rejected("missing predicate (an empty predicate selects every event)")
+
+
+def predicate_credentials(settings: Settings, predicate: str
+                          ) -> tuple[list[Credential], list[Credential]]:
+    """(coarse, fine) credentials of a predicate, each in schema order; Rejected if it is bad.
+
+    The fine ones are those a subscriber gets (none with ``fine_depth`` 0)."""
     schema = settings.schema
     try:
         parsed = parse_predicate(schema, predicate)
@@ -76,14 +86,31 @@ def decompose_request(settings: Settings, identity: str | None, role: str | None
         raise Rejected(f"predicate: {exc.message} (at position {exc.position})") from exc
     except (SchemaError, ValueError) as exc:
         raise Rejected(f"predicate: {exc}") from exc
-    rows = [CredentialRow(c.attribute, c.label(), False, c.position)
-            for creds in coarse.values() for c in creds]
-    if role == "subscriber" and settings.fine_depth > 0:
-        fine = fine_credentials(schema, coarse, settings.fine_depth)
-        rows += [CredentialRow(c.attribute, c.label(), True, c.position)
-                 for creds in fine.values() for c in creds]
-    if len(rows) > MAX_ROWS_PER_IDENTITY:
-        raise Rejected(f"{len(rows)} credentials exceed the key server's limit of "
+    fine = fine_credentials(schema, coarse, settings.fine_depth) if settings.fine_depth > 0 \
+        else {}
+    return ([c for creds in coarse.values() for c in creds],
+            [c for creds in fine.values() for c in creds])
+
+
+def check_row_count(rows: int) -> None:
+    """Rejected if an identity would get more credentials than the key server accepts."""
+    if rows > MAX_ROWS_PER_IDENTITY:
+        raise Rejected(f"{rows} credentials exceed the key server's limit of "
                        f"{MAX_ROWS_PER_IDENTITY} per identity; lower --fine-depth or set "
                        "--max-credentials")
+
+
+def decompose_request(settings: Settings, identity: str | None, role: str | None,
+                      predicate: str | None, copies: int = 1) -> list[CredentialRow]:
+    """Credential rows of one request: coarse credentials in schema order, then fine ones.
+
+    The reference for one request at a time; ``batches`` computes the same rows for a
+    whole batch column-wise.
+    """
+    check_request(identity, role, predicate, copies)
+    coarse, fine = predicate_credentials(settings, predicate)  # type: ignore[arg-type]
+    rows = [CredentialRow(c.attribute, c.label(), False, c.position) for c in coarse]
+    if role == "subscriber":
+        rows += [CredentialRow(c.attribute, c.label(), True, c.position) for c in fine]
+    check_row_count(len(rows))
     return rows

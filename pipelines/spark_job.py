@@ -4,7 +4,9 @@ Input files are read as bytes and parsed in Python workers by the parser of the
 single-process driver (``inputs``), duplicates are counted with a window over
 ``identity`` (which also co-locates each identity's rows), the decomposition runs
 in Python workers through ``mapInArrow``, and the decomposed rows are cached once
-and written as two Parquet outputs. Nothing is collected to the driver except four
+(on disk: they are about 35 times as many as the requests, and a partition of them
+buffered in the JVM's heap does not fit a 2 GB driver) and written as two Parquet
+outputs. Nothing is collected to the driver except four
 counts. The session itself comes from ``session``.
 """
 
@@ -53,7 +55,7 @@ def run_spark(spark: SparkSession, settings: Settings, input_path: Path, out: Pa
     started = time.perf_counter()
     requests = read_requests(spark, input_path)
     prepare_output(out, overwrite)
-    decomposed = decompose_frame(requests, settings).persist(StorageLevel.MEMORY_AND_DISK)
+    decomposed = decompose_frame(requests, settings).persist(StorageLevel.DISK_ONLY)
     try:
         accepted = F.col("reason").isNull()
         decomposed.filter(accepted).select(*CREDENTIAL_COLUMNS).write.parquet(
