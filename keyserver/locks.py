@@ -10,7 +10,11 @@ is a no-op (SQLite's own write lock serializes what it must).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import hashlib
+from collections.abc import AsyncIterator
 from types import TracebackType
 
 from sqlalchemy import func, select
@@ -61,3 +65,27 @@ class AdvisoryLock:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self.release()
+
+
+
+@contextlib.asynccontextmanager
+async def holding(lock: AdvisoryLock) -> AsyncIterator[None]:
+    """``async with holding(lock):`` waits for ``lock`` in a worker thread, keeping the event
+    loop free. A task cancelled while it waits cannot leave the lock held: the thread goes
+    on waiting, and the lock it then gets is released at once (in another thread), not when
+    the garbage collector finds the abandoned connection."""
+    acquiring = asyncio.ensure_future(asyncio.to_thread(lock.acquire))
+    try:
+        await asyncio.shield(acquiring)
+    except asyncio.CancelledError:
+        acquiring.add_done_callback(functools.partial(_release_if_acquired, lock))
+        raise
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(lock.release)  # runs to the end even if this task is cancelled
+
+
+def _release_if_acquired(lock: AdvisoryLock, acquiring: asyncio.Future[None]) -> None:
+    if not acquiring.cancelled() and acquiring.exception() is None:
+        asyncio.get_running_loop().run_in_executor(None, lock.release)

@@ -12,6 +12,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: The method label's values; any other method a client invents counts as ``other``, so
+#: nobody can add series (and grow every scrape) by making methods up.
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """``method`` if it is a standard one, else ``other``."""
+    return method if method in METHODS else "other"
 
 
 class Metrics:
@@ -29,7 +37,8 @@ class Metrics:
                                  ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
+        """Count a request; ``route`` is a route template or ``unmatched``, never a raw path."""
+        self.requests.labels(method_label(method), route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
     def keys_issued(self, kind: str, count: int) -> None:

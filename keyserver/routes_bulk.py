@@ -48,7 +48,7 @@ from keyserver.enrolment import (
 from keyserver.epochs import Epoch
 from keyserver.errors import ApiError, error_responses
 from keyserver.keystore import b64, token_hash
-from keyserver.locks import AdvisoryLock
+from keyserver.locks import AdvisoryLock, holding
 from keyserver.repository import audit, bulk_chunk, identity_by_name
 from keyserver.state import AppState
 
@@ -197,13 +197,8 @@ async def bulk(body: BulkIn, caller: Admin,
     request_hash = _request_hash(body)
     lock = state.chunk_locks.setdefault(body.chunk_id, asyncio.Lock())
     try:
-        async with lock:
-            shared = AdvisoryLock(state.engine, "bulk-chunk:" + body.chunk_id)
-            await run_in_threadpool(shared.acquire)
-            try:
-                return await _issue_chunk(state, caller, body, request_hash)
-            finally:
-                await run_in_threadpool(shared.release)
+        async with lock, holding(AdvisoryLock(state.engine, "bulk-chunk:" + body.chunk_id)):
+            return await _issue_chunk(state, caller, body, request_hash)
     finally:
         if not lock.locked():
             state.chunk_locks.pop(body.chunk_id, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import itertools
 import re
+import socket
 import time
 
 import httpx
@@ -355,3 +356,22 @@ def test_client_retries_connection_errors_but_not_4xx(keyserver):
     with pytest.raises(KeyServerError):
         KeyServerClient(keyserver.base_url, "wrong", retries=3).list_identities()
     assert _count(public.metrics(), prefix) == before + 1
+
+
+def test_request_metrics_label_a_fixed_set_of_methods(keyserver):
+    """An invented method becomes method="other", never a series of its own; a GET is
+    counted under its name (the control)."""
+    prefix = 'ibe_keyserver_requests_total{method="%s",route="unmatched",status="404"}'
+    public = KeyServerClient(keyserver.base_url)
+    before = public.metrics()
+    with socket.create_connection(("127.0.0.1", httpx.URL(keyserver.base_url).port),
+                                  timeout=5) as raw:
+        raw.sendall(b"FOO123 /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert raw.recv(100).startswith(b"HTTP/1.1 ")
+        while raw.recv(4096):
+            pass
+    assert httpx.get(keyserver.base_url + "/nowhere").status_code == 404
+    after = public.metrics()
+    assert "FOO123" not in after
+    for method in ("other", "GET"):
+        assert _count(after, prefix % method) == _count(before, prefix % method) + 1

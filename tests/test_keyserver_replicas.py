@@ -5,6 +5,9 @@ replica issues nothing twice, and a replica killed mid-burst loses nothing it an
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import itertools
 import json
 import shutil
@@ -14,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from keyserver_fixtures import PASSPHRASE
+from sqlalchemy import text
 
 from credentials.schema import default_schema
 from keyserver.client import KeyServerClient, KeyServerError
@@ -38,7 +42,7 @@ from keyserver.launcher import (
     stop,
     wait_ready,
 )
-from keyserver.locks import AdvisoryLock
+from keyserver.locks import AdvisoryLock, holding
 from keyserver.migrate import downgrade, upgrade
 from keyserver.repository import load_clock
 from keyserver.schedule import SharedClock
@@ -241,6 +245,57 @@ def test_the_advisory_lock_lets_one_process_in_at_a_time(postgres_url):
         waiter.join(10)
         assert order == ["first", "second"]
     finally:
+        engine.dispose()
+
+
+def _advisory_locks(engine: Any) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())")).scalar())
+
+
+async def _cancel_a_waiter(engine: Any, enter: Callable[[AdvisoryLock], Any]) -> int:
+    """Advisory locks held a second after a task waiting for a held lock (through
+    ``enter``) was cancelled and the lock then freed; the cancelled task is kept, as a
+    server keeps a request's for a while, and the garbage collector is off."""
+    holder = AdvisoryLock(engine, "bulk-chunk:c1")
+    holder.acquire()
+
+    async def waiter() -> None:
+        async with enter(AdvisoryLock(engine, "bulk-chunk:c1")):
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    holder.release()  # the waiting thread gets the lock now
+    await asyncio.sleep(1.0)
+    return await asyncio.to_thread(_advisory_locks, engine)
+
+
+@contextlib.asynccontextmanager
+async def _acquire_then_try(lock: AdvisoryLock) -> AsyncIterator[None]:
+    """The flawed pattern: acquire in a thread, and only then try/finally release."""
+    await asyncio.to_thread(lock.acquire)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(lock.release)
+
+
+def test_a_request_cancelled_while_waiting_for_a_chunk_lock_leaves_it_free(postgres_url):
+    engine = make_engine(fresh_database(postgres_url))
+    gc.disable()
+    try:
+        assert asyncio.run(_cancel_a_waiter(engine, holding)) == 0
+        # Control: acquiring in a thread before the try leaves the lock held.
+        assert asyncio.run(_cancel_a_waiter(engine, _acquire_then_try)) == 1
+    finally:
+        gc.enable()
+        gc.collect()
         engine.dispose()
 
 
