@@ -126,7 +126,8 @@ async def _run_peer(args: argparse.Namespace) -> int:
                               recruit_rounds=args.recruit_rounds, repair=args.repair),
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         server_key=_server_key(args.server_key), known_servers=_known_servers(args),
-        ca_file=args.ca_file, insecure_transport=args.insecure_transport, http=args.http)
+        ca_file=args.ca_file, insecure_transport=args.insecure_transport, http=args.http,
+        http_allowed_hosts=args.http_allowed_hosts)
     try:
         node = PeerNode(options)
     except NodeError as exc:
@@ -183,6 +184,8 @@ def cmd_peer_run(args: argparse.Namespace) -> int:
             args.http = http_address(str(args.http))
         except argparse.ArgumentTypeError as exc:
             raise CommandError(f"--http: {exc}") from exc
+    if isinstance(args.http_allowed_hosts, list):  # a TOML list
+        args.http_allowed_hosts = host_names(",".join(map(str, args.http_allowed_hosts)))
     args.token = _token(args)
     return asyncio.run(_run_peer(args))
 
@@ -206,6 +209,15 @@ def http_address(text: str) -> tuple[str, int]:
         return parse_http(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def host_names(text: str) -> tuple[str, ...]:
+    """``--http-allowed-hosts``: NAME[,NAME...]."""
+    names = tuple(n.strip().lower() for n in text.split(",") if n.strip())
+    if any(not n.replace("-", "").replace(".", "").isalnum() for n in names):
+        raise argparse.ArgumentTypeError(f"expected host names separated by commas, got "
+                                         f"{text!r}")
+    return names
 
 
 # -- peer status ---------------------------------------------------------------------------
@@ -438,7 +450,14 @@ def register(subparsers: Any) -> None:
     run.add_argument("--http", type=http_address, metavar="[HOST:]PORT",
                      help="serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP "
                      "here (host default 127.0.0.1; port 0: any free port, named in "
-                     "--ready-file); off unless given")
+                     "--ready-file, as a loopback URL for a wildcard host); off unless "
+                     "given; at most 64 connections at once, each closed unless it completes "
+                     "a request within 5 s")
+    run.add_argument("--http-allowed-hosts", type=host_names, default=(), metavar="NAMES",
+                     help="host names (comma-separated) the --http endpoint answers to, "
+                     "besides IP addresses, localhost and its own host: another Host header "
+                     "gets 421 (a guard against DNS rebinding); e.g. the name a scraper "
+                     "uses")
     add_log_format(run)
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
@@ -455,7 +474,8 @@ def register(subparsers: Any) -> None:
                     "role, epoch and key expiry, then one line per tree: virtual peers with "
                     "their positions and depths, parents, children and relays.")
     status.add_argument("url", metavar="URL",
-                        help="the peer's endpoint, e.g. http://127.0.0.1:9464")
+                        help="the peer's endpoint, e.g. http://127.0.0.1:9464 or "
+                        "127.0.0.1:9464 (any path is replaced by /status)")
     status.set_defaults(handler=cmd_peer_status)
 
     pub = subparsers.add_parser(

@@ -55,6 +55,7 @@ from overlay.snapshot import tree_status
 from overlay.wire import Message, Publish, WireError, decode
 from peer import bundle_file, enrolment
 from peer.known_servers import KnownServers
+from peer.log_limits import RateLimit, limit_accept_errors
 from peer.retry import Backoff
 from peer.tls import PeerTLS
 from peer.transport import Transport, split_address
@@ -110,6 +111,8 @@ class NodeOptions:
     seed: int | None = None
     #: (host, port) of the local HTTP endpoint (/healthz, /metrics, /status); None: off.
     http: tuple[str, int] | None = None
+    #: Host names the endpoint answers to besides IP addresses, localhost and its own host.
+    http_allowed_hosts: tuple[str, ...] = ()
 
 
 class NodeError(Exception):
@@ -173,7 +176,8 @@ class PeerNode:
             self.metrics = PeerMetrics(self)
             self.monitor = Monitor(*options.http, {"/healthz": self._healthz,
                                                    "/metrics": self._metrics,
-                                                   "/status": self._status})
+                                                   "/status": self._status},
+                                   options.http_allowed_hosts)
 
     # -- application API ----------------------------------------------------------------------
 
@@ -271,6 +275,7 @@ class PeerNode:
 
     async def start(self) -> None:
         """Listen, enrol, register, join; returns once joining has begun (see ``ready``)."""
+        limit_accept_errors(asyncio.get_running_loop(), RateLimit())
         host, port = split_address(self.options.listen)
         await self.transport.listen(host, port)
         try:

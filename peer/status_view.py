@@ -16,10 +16,19 @@ class StatusError(Exception):
     """The URL cannot be reached or is not a peer's status endpoint."""
 
 
+def status_url(url: str) -> str:
+    """The /status URL of an endpoint given as ``HOST:PORT`` or any URL on it (its scheme,
+    host and port are kept, its path replaced)."""
+    if "://" not in url:
+        url = "http://" + url
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(path="/status", query=None, fragment=None))
+
+
 def fetch_status(url: str) -> dict[str, Any]:
-    """GET ``URL/status`` (or ``URL`` itself if it names /status) and check its shape."""
-    target = url if url.rstrip("/").endswith("/status") else url.rstrip("/") + "/status"
+    """GET the ``/status`` of the endpoint ``url`` names and check its shape."""
     try:
+        target = status_url(url)
         response = httpx.get(target, timeout=TIMEOUT)
     except httpx.InvalidURL as exc:
         raise StatusError(f"not a URL: {url!r} ({exc})") from exc
