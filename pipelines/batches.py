@@ -1,14 +1,15 @@
 """Arrow record batches of requests -> batches of credential and rejection rows.
 
-The Spark job hands these functions to ``DataFrame.mapInArrow`` and the
-single-process driver calls them on batches it reads itself. A decomposed batch
+Both drivers call them through ``parts``, which writes the outputs: the Spark job in
+its Python workers, on each partition's batches, the single-process driver on batches
+it reads itself. A decomposed batch
 has one schema for both outcomes: a rejected request is one row whose ``reason``
 is set; an accepted request is its credential rows, contiguous, ``reason`` null.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +32,6 @@ from pipelines.requests import (
     predicate_credentials,
 )
 
-OUTPUT_ROWS = 65_536  # rows per batch handed back to Spark
 COPIES = "copies"  # how many requests of the whole input name the row's identity
 CREDENTIAL_COLUMNS = ("identity", "role", "attribute", "credential", "fine", "position")
 REJECTED_COLUMNS = ("identity", "role", "predicate", "reason", "source", "line", "raw")
@@ -298,17 +298,6 @@ def _assemble(batch: pa.RecordBatch, table: Segments, owner: np.ndarray, counts:
         columns[name] = batch.column(name).take(rejection_index)
     return pa.RecordBatch.from_arrays([columns[name] for name in DECOMPOSED.names],
                                       schema=DECOMPOSED)
-
-
-def decompose_batches(settings: Settings,
-                      batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: each input batch's rows, in batches of at most
-    OUTPUT_ROWS rows (one input batch makes about 35 times its rows), which bounds what
-    Spark's JVM holds of one batch at a time."""
-    for batch in batches:
-        decomposed = decompose_batch(settings, batch)
-        for start in range(0, decomposed.num_rows, OUTPUT_ROWS):
-            yield decomposed.slice(start, OUTPUT_ROWS)
 
 
 def split(batch: pa.RecordBatch) -> tuple[pa.Table, pa.Table]:

@@ -1,34 +1,25 @@
 """The single-process driver: the same batch decomposition as the Spark job, in a plain loop.
 
 For small enrolments without a JVM, as the reference the Spark job is tested
-against, and as the baseline of ``bench bulk``.
+against, and as the baseline of ``bench bulk``. All requests go into part 0 of the
+output (``parts``).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from pipelines.batches import (
-    COPIES,
-    CREDENTIAL_COLUMNS,
-    DECOMPOSED,
-    REJECTED_COLUMNS,
-    decompose_batch,
-    split,
-)
+from pipelines.batches import COPIES
 from pipelines.inputs import BATCH_ROWS, PARSED, parse_file, request_files
-from pipelines.layout import CREDENTIALS, REJECTED, LayoutError, Summary, prepare_output
+from pipelines.layout import LayoutError, Summary, prepare_output
+from pipelines.parts import write_part
 from pipelines.progress import Progress
 from pipelines.requests import Settings
-
-PART_FILE = "part-00000.parquet"
 
 
 def read_requests(path: Path) -> pa.Table:
@@ -58,28 +49,12 @@ def run_local(settings: Settings, input_path: Path, out: Path, overwrite: bool =
     started = time.perf_counter()
     requests = with_copies(read_requests(input_path))
     prepare_output(out, overwrite)
-    counts = Counter[str]()
-    writers = {}
-    for name, columns in ((CREDENTIALS, CREDENTIAL_COLUMNS), (REJECTED, REJECTED_COLUMNS)):
-        (out / name).mkdir()
-        schema = pa.schema([DECOMPOSED.field(c) for c in columns])
-        writers[name] = pq.ParquetWriter(out / name / PART_FILE, schema)
     progress = Progress(requests.num_rows, "requests", stream)
     try:
-        for batch in requests.to_batches(max_chunksize=BATCH_ROWS):
-            accepted, rejected = split(decompose_batch(settings, batch))
-            writers[CREDENTIALS].write_table(accepted)
-            writers[REJECTED].write_table(rejected)
-            counts["rows"] += accepted.num_rows
-            counts["fine"] += pc.sum(accepted.column("fine")).as_py() or 0
-            counts["rejected"] += rejected.num_rows
-            progress.advance(batch.num_rows)
+        counts = write_part(settings, requests.to_batches(max_chunksize=BATCH_ROWS), out, 0,
+                            progress.advance)
     finally:
         progress.close()
-        for writer in writers.values():
-            writer.close()
-    summary = Summary("python", settings.schema.id, requests.num_rows,
-                      requests.num_rows - counts["rejected"], counts["rejected"], counts["rows"],
-                      counts["fine"], time.perf_counter() - started)
+    summary = counts.summary("python", settings, time.perf_counter() - started)
     summary.write(out)
     return summary

@@ -1,36 +1,34 @@
 """The Spark driver of bulk decomposition: DataFrame API around two Arrow-batch functions.
 
 Input files are read as bytes and parsed in Python workers by the parser of the
-single-process driver (``inputs``), duplicates are counted with a window over
-``identity`` (which also co-locates each identity's rows), the decomposition runs
-in Python workers through ``mapInArrow``, and the decomposed rows are cached once
-(on disk: they are about 35 times as many as the requests, and a partition of them
-buffered in the JVM's heap does not fit a 2 GB driver) and written as two Parquet
-outputs. Nothing is collected to the driver except four
-counts. The session itself comes from ``session``.
+single-process driver (``inputs``); duplicates are counted with a window over
+``identity``, whose shuffle also spreads the requests over ``--partitions`` tasks.
+Each task decomposes its partition in a Python worker through ``mapInArrow`` and writes
+it there as one part of each output (``parts``, the writer of the single-process
+driver), so the credential rows never pass through Spark's JVM: the workers hand back
+one row of counts per task, and the driver collects their sum.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 
-from pyspark import StorageLevel
+import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from pipelines.batches import (
-    COPIES,
-    CREDENTIAL_COLUMNS,
-    DECOMPOSED,
-    REJECTED_COLUMNS,
-    decompose_batches,
-)
+from pipelines.batches import COPIES
 from pipelines.inputs import PARSED, parse_files, request_files
-from pipelines.layout import CREDENTIALS, REJECTED, Summary, prepare_output
+from pipelines.layout import Summary, prepare_output
+from pipelines.parts import COUNTS, Counts, write_part
 from pipelines.requests import Settings
+
+COALESCE_PARTITIONS = "spark.sql.adaptive.coalescePartitions.enabled"
 
 
 def read_requests(spark: SparkSession, path: Path) -> DataFrame:
@@ -42,11 +40,18 @@ def read_requests(spark: SparkSession, path: Path) -> DataFrame:
                                                       from_arrow_schema(PARSED))
 
 
-def decompose_frame(requests: DataFrame, settings: Settings) -> DataFrame:
-    """Requests -> decomposed rows (``batches.DECOMPOSED``), each identity's rows contiguous."""
+def write_partition(settings: Settings, out: str,
+                    batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function: this task's requests -> its part of the output, named
+    after its partition (a retry rewrites the same part); yields the part's counts."""
+    yield write_part(settings, batches, Path(out), TaskContext.get().partitionId()).batch()
+
+
+def decompose_frame(requests: DataFrame, settings: Settings, out: Path) -> DataFrame:
+    """Requests -> the output under ``out``, as a frame of one ``parts.COUNTS`` row per task."""
     copies = F.count(F.lit(1)).over(Window.partitionBy("identity"))
     return requests.withColumn(COPIES, copies).mapInArrow(
-        partial(decompose_batches, settings), from_arrow_schema(DECOMPOSED))
+        partial(write_partition, settings, str(out.absolute())), from_arrow_schema(COUNTS))
 
 
 def run_spark(spark: SparkSession, settings: Settings, input_path: Path, out: Path,
@@ -55,23 +60,15 @@ def run_spark(spark: SparkSession, settings: Settings, input_path: Path, out: Pa
     started = time.perf_counter()
     requests = read_requests(spark, input_path)
     prepare_output(out, overwrite)
-    decomposed = decompose_frame(requests, settings).persist(StorageLevel.DISK_ONLY)
-    try:
-        accepted = F.col("reason").isNull()
-        decomposed.filter(accepted).select(*CREDENTIAL_COLUMNS).write.parquet(
-            str(out / CREDENTIALS))
-        decomposed.filter(~accepted).select(*REJECTED_COLUMNS).write.parquet(
-            str(out / REJECTED))
-        counts = decomposed.agg(
-            F.count(F.when(accepted, 1)).alias("rows"),
-            F.count(F.when(accepted & F.col("fine"), 1)).alias("fine"),
-            F.count(F.when(~accepted, 1)).alias("rejected"),
-            F.count_distinct(F.when(accepted, F.col("identity"))).alias("accepted"),
-        ).collect()[0]
-    finally:
-        decomposed.unpersist()
-    summary = Summary("spark", settings.schema.id, counts["accepted"] + counts["rejected"],
-                      counts["accepted"], counts["rejected"], counts["rows"], counts["fine"],
-                      time.perf_counter() - started)
+    # One task per shuffle partition (--partitions): the work of a task is ~35 credential
+    # rows per request, which the shuffled requests' bytes, by which Spark would merge
+    # small partitions, do not show.
+    spark.conf.set(COALESCE_PARTITIONS, "false")
+    totals = decompose_frame(requests, settings, out).agg(
+        *(F.sum(name).alias(name) for name in COUNTS.names)).collect()[0]
+    counts = Counts(**{name: totals[name] or 0 for name in COUNTS.names})
+    if not counts.requests:  # no task may have run: an empty part keeps both outputs readable
+        write_part(settings, [], out, 0)
+    summary = counts.summary("spark", settings, time.perf_counter() - started)
     summary.write(out)
     return summary

@@ -45,6 +45,9 @@ def _both_engines(spark, source: Path, tmp_path: Path) -> tuple[Summary, list[di
     in_python = run_local(SETTINGS, source, tmp_path / "python")
     for name in ("credentials", "rejected"):
         assert _rows(tmp_path / "spark" / name) == _rows(tmp_path / "python" / name), name
+        # one part per task, written by the task's Python worker, no temporary file left
+        parts = [p.name for p in (tmp_path / "spark" / name).iterdir()]
+        assert parts and all(re.fullmatch(r"part-\d{5}\.parquet", p) for p in parts), parts
     counts = ("requests", "accepted", "rejected", "credential_rows", "fine_rows", "schema_id")
     assert [getattr(on_spark, k) for k in counts] == [getattr(in_python, k) for k in counts]
     assert Summary.read(tmp_path / "spark") == on_spark
@@ -155,6 +158,12 @@ def test_both_engines_read_malformed_json_lines_identically(spark, tmp_path):
     ])
     with pytest.raises(LayoutError, match="already holds"):
         run_spark(spark, SETTINGS, tmp_path / "requests.jsonl", tmp_path / "spark")
+
+
+def test_an_input_without_requests_leaves_both_outputs_readable(spark, tmp_path):
+    (tmp_path / "requests.csv").write_bytes(b"identity,role,predicate\n")
+    summary, rejected = _both_engines(spark, tmp_path / "requests.csv", tmp_path)
+    assert (summary.requests, summary.credential_rows, rejected) == (0, 0, [])
 
 
 def test_both_engines_refuse_a_file_of_the_wrong_kind_with_the_same_error(spark, tmp_path):
