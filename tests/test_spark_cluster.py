@@ -40,6 +40,7 @@ from pipelines.synthetic import random_requests
 pytestmark = pytest.mark.skipif(java_problem() is not None,
                                 reason=f"a Spark cluster needs Java: {java_problem()}")
 
+RANDOM = 60  # random requests, then the BAD ones
 BAD = [{"identity": "bad name", "role": "publisher", "predicate": ""},
        {"identity": "typo", "role": "subscriber", "predicate": "price in [3, "}]
 
@@ -68,7 +69,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spark]:
 def requests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Requests with two rejections, and their decomposition in one Python process."""
     root = tmp_path_factory.mktemp("requests")
-    table = pa.concat_tables([random_requests(default_schema(), 60, seed=11),
+    table = pa.concat_tables([random_requests(default_schema(), RANDOM, seed=11),
                               pa.Table.from_pylist(BAD, schema=pa.schema(
                                   [(c, pa.string()) for c in ("identity", "role", "predicate")]))])
     pq.write_table(table, root / "in.parquet")
@@ -80,9 +81,10 @@ def _rows(path: Path) -> list[tuple]:
     return sorted((tuple(r.values()) for r in pq.read_table(path).to_pylist()), key=repr)
 
 
-def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: str) -> str:
+def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: str
+                          ) -> subprocess.CompletedProcess[str]:
     """Run `bulk decompose` with ``where`` (--master or --remote) into ``requests/name``;
-    assert that its rows, rejections and counts are the local run's; return its stderr.
+    assert that its rows, rejections and counts are the local run's; return the run.
 
     A driver here tells the executors which Python to run (PYSPARK_PYTHON), and reads
     spark-defaults.conf from SPARK_CONF_DIR: it waits for both executors before the first
@@ -105,7 +107,23 @@ def _decompose_like_local(servers: Servers, requests: Path, name: str, *where: s
     assert [getattr(remote, k) for k in counts] == [getattr(local, k) for k in counts]
     assert (remote.engine, remote.rejected) == ("spark", len(BAD))
     assert "Traceback" not in done.stderr
-    return done.stderr
+    return done
+
+
+def _check_console(done: subprocess.CompletedProcess[str], output: Path) -> None:
+    """What a person sees of a run with a driver here: our lines on the terminal (the
+    summary, each rejection, progress as lines since stderr is not a terminal, named
+    without Spark's stage ids), and Spark's own output in ``output/spark.log``."""
+    assert f"{RANDOM + len(BAD)} requests" in done.stdout, done.stdout
+    assert f"in.parquet line {RANDOM + 1} (bad name): identity must be" in done.stderr
+    assert "a partial run, as --allow-rejects allows" in done.stderr
+    assert "log4j" in (output / "spark.log").read_text()
+    assert f"its logs go to {output / 'spark.log'}" in done.stderr
+    for noise in ("log4j", "WARN", "[Stage", "Traceback"):
+        assert noise not in done.stderr, noise
+    assert re.search(r"^Spark: \d+ s; stage \d+ of \d+: \d+/\d+ tasks done$", done.stderr,
+                     re.MULTILINE), done.stderr
+    assert "\r" not in done.stderr
 
 
 def test_workers_python_cannot_import_the_project(spark):
@@ -128,8 +146,9 @@ def test_decompose_on_a_standalone_cluster_equals_the_local_run(spark, requests)
     servers, cluster = spark.servers, spark.cluster
     starts = servers.directory / "python-starts.log"
     starts.unlink(missing_ok=True)
-    _decompose_like_local(servers, requests, "cluster", "--master", cluster.url)
+    done = _decompose_like_local(servers, requests, "cluster", "--master", cluster.url)
     assert starts.read_text().count("pyspark.daemon") >= 2  # one per executor at least
+    _check_console(done, requests / "cluster")
 
     deadline = time.monotonic() + 10  # the master lists the app once the driver has left
     while not (apps := cluster.state()["completedapps"]) and time.monotonic() < deadline:
@@ -146,7 +165,8 @@ def test_decompose_through_spark_connect_equals_the_local_run(spark, requests):
     wait_connect(spark.servers)
     starts = spark.servers.directory / "python-starts.log"
     starts.unlink(missing_ok=True)
-    stderr = _decompose_like_local(spark.servers, requests, "connect", "--remote", spark.remote)
+    stderr = _decompose_like_local(spark.servers, requests, "connect", "--remote",
+                                   spark.remote).stderr
     assert "pyspark" in starts.read_text()  # the server's workers ran the isolated Python
     # the progress line follows the stages the server reports
     assert re.search(r"^Spark: \d+ s; stage \d+ of \d+: \d+/\d+ tasks done$", stderr,
