@@ -457,7 +457,7 @@ def register(subparsers: Any) -> None:
                      help="host names (comma-separated) the --http endpoint answers to, "
                      "besides IP addresses, localhost and its own host: another Host header "
                      "gets 421 (a guard against DNS rebinding); e.g. the name a scraper "
-                     "uses")
+                     "uses (default: none)")
     add_log_format(run)
     run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
     run.add_argument("--ready-file", metavar="FILE",
