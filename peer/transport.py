@@ -468,7 +468,7 @@ class Transport:
             if self._closed:
                 raise ConnectionAbortedError("the transport is closed")
         except BaseException:
-            writer.close()
+            _close_quietly(writer)
             raise
         return _Connection(reader, writer, dialer=self.address, certificate=certificate,
                            expires=expires)
@@ -653,3 +653,17 @@ class Transport:
             self.on_message(link.address, payload)
         except Exception:
             log.exception("handler failed on a frame from %s", escape(link.address))
+
+
+def _close_quietly(writer: asyncio.StreamWriter) -> None:
+    """Close a connection given up on, and take the error that ended it, if any, once the
+    close completes (without waiting for it here): a reset that was the reason to give up
+    must not resurface when the process exits, as asyncio's "Future exception was never
+    retrieved" with a traceback."""
+    writer.close()
+    asyncio.ensure_future(writer.wait_closed()).add_done_callback(_take_outcome)
+
+
+def _take_outcome(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()
