@@ -21,7 +21,9 @@ RUN arch="${TARGETARCH:-$(uname -m)}"; case "$arch" in amd64|x86_64) ;; *) \
         exit 1;; esac
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
+COPY cli cli
 COPY credentials credentials
+COPY evaluation evaluation
 COPY keyserver keyserver
 COPY migrations migrations
 COPY overlay overlay
@@ -55,7 +57,7 @@ EXPOSE 8700
 # GET /healthz of the key server in this container; containers running another command
 # (a peer, a bulk job) have nothing to probe and count as healthy.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
-    CMD ["python", "-I", "-m", "keyserver.healthcheck"]
+    CMD ["python", "-I", "-m", "ibe_pubsub.keyserver.healthcheck"]
 ENTRYPOINT ["ibe-pubsub"]
 CMD ["keyserver", "serve"]
 

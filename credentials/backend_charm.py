@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from credentials.groups import G1, G2, GT, GroupKind, PairingGroup
+from ibe_pubsub.credentials.groups import G1, G2, GT, GroupKind, PairingGroup
 
 
 class CharmGroup(PairingGroup):

@@ -24,7 +24,7 @@ from typing import Any
 
 import pymcl
 
-from credentials.groups import G1, G2, GT, GroupKind, PairingGroup
+from ibe_pubsub.credentials.groups import G1, G2, GT, GroupKind, PairingGroup
 
 PYMCL_VERSION = "1.0.2"
 #: Compressed encodings of BLS12-381: G1 and G2 points (ZCash/IETF), then GT.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 
-from credentials.groups import PairingGroup
+from ibe_pubsub.credentials.groups import PairingGroup
 
 BACKEND_ENV = "IBE_PUBSUB_BACKEND"
 BACKENDS = ("mcl", "charm")
@@ -21,11 +21,11 @@ def load_group(name: str | None = None) -> PairingGroup:
     bytes."""
     choice = name or os.environ.get(BACKEND_ENV, "mcl")
     if choice == "mcl":
-        from credentials.backend_mcl import MclNativeGroup
+        from ibe_pubsub.credentials.backend_mcl import MclNativeGroup
 
         return MclNativeGroup()
     if choice == "charm":
-        from credentials.backend_charm import CharmGroup
+        from ibe_pubsub.credentials.backend_charm import CharmGroup
 
         return CharmGroup()
     raise ValueError(f"unknown pairing backend {choice!r}; choose one of {', '.join(BACKENDS)}")

@@ -26,7 +26,7 @@ import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from credentials.schema import Schema
+from ibe_pubsub.credentials.schema import Schema
 
 SCHEMA_TAG = b"ibe-pubsub/v1/schema"
 ROOT_TAG = b"ibe-pubsub/v1/root-certificate"

@@ -17,9 +17,9 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from credentials.credential import Credential
-from credentials.groups import G1, G2, GT, Element, GroupError, GroupKind, PairingGroup
-from credentials.keys import (
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.groups import G1, G2, GT, Element, GroupError, GroupKind, PairingGroup
+from ibe_pubsub.credentials.keys import (
     SCHEME_VERSION,
     BlindedToken,
     MasterPublicKey,
@@ -29,7 +29,7 @@ from credentials.keys import (
     SubscriberCredentialKey,
     SubscriberKey,
 )
-from credentials.messages import (
+from ibe_pubsub.credentials.messages import (
     AttributeCiphertext,
     AttributeSignature,
     CertificatePart,

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from credentials import numeric, policy_regions, strings
-from credentials.credential import Credential
-from credentials.predicates import Constraint, NumericRange, Predicate, StringConstraint
-from credentials.schema import Attribute, Schema
+from ibe_pubsub.credentials import numeric, policy_regions, strings
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.predicates import Constraint, NumericRange, Predicate, StringConstraint
+from ibe_pubsub.credentials.schema import Attribute, Schema
 
 
 def root_credential(attr: Attribute) -> Credential:

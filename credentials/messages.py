@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from credentials.credential import Credential
-from credentials.groups import Element
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.groups import Element
 
 
 @dataclass(frozen=True)

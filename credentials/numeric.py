@@ -25,8 +25,8 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 
-from credentials.credential import Credential
-from credentials.schema import Attribute
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.schema import Attribute
 
 Number = int | float
 

@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from credentials import numeric
-from credentials.schema import Attribute
+from ibe_pubsub.credentials import numeric
+from ibe_pubsub.credentials.schema import Attribute
 
 # float64 error of (v - min) / (max - min) * 2**bits is below 4 ulp of the result;
 # a position farther than this (relative) from an integer has a certain floor.

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from credentials import numeric
-from credentials.credential import Credential
-from credentials.predicates import Constraint, NumericRange, Predicate, StringConstraint
-from credentials.schema import Attribute, Schema
+from ibe_pubsub.credentials import numeric
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.predicates import Constraint, NumericRange, Predicate, StringConstraint
+from ibe_pubsub.credentials.schema import Attribute, Schema
 
 
 class OutsidePolicy(ValueError):

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from credentials.numeric import int_bounds
-from credentials.schema import Attribute, Schema, SchemaError
+from ibe_pubsub.credentials.numeric import int_bounds
+from ibe_pubsub.credentials.schema import Attribute, Schema, SchemaError
 
 Number = int | float
 KEYWORDS = ("and", "in", "prefix")

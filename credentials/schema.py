@@ -151,7 +151,7 @@ def _check_attribute(a: Attribute) -> None:
 
 def _check_alphabet(where: str, alphabet: object) -> None:
     # Import here: strings.py imports this module.
-    from credentials.strings import OTHER_CHAR
+    from ibe_pubsub.credentials.strings import OTHER_CHAR
 
     if not isinstance(alphabet, str) or not alphabet:
         raise SchemaError(f"{where}: alphabet must be a non-empty string")
@@ -285,7 +285,7 @@ def builtin_schema(name: str) -> Schema:
     """A schema shipped with the package, so commands work from any directory."""
     if name not in BUILTIN_SCHEMAS:
         raise SchemaError(f"no built-in schema {name!r} (built-in: {', '.join(BUILTIN_SCHEMAS)})")
-    text = resources.files("credentials").joinpath(f"{name}.toml").read_text("utf-8")
+    text = resources.files(__package__).joinpath(f"{name}.toml").read_text("utf-8")
     return schema_from_toml(text)
 
 

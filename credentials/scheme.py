@@ -27,7 +27,7 @@ import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from credentials.codec import (
+from ibe_pubsub.credentials.codec import (
     TAG_BYTES,
     CodecError,
     Writer,
@@ -36,10 +36,10 @@ from credentials.codec import (
     encode_request_body,
     write_attribute,
 )
-from credentials.credential import Credential
-from credentials.decompose import enclosing_path, value_credential
-from credentials.groups import G1, G2, Element, GroupError, PairingGroup, PreparedG2
-from credentials.keys import (
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import enclosing_path, value_credential
+from ibe_pubsub.credentials.groups import G1, G2, Element, GroupError, PairingGroup, PreparedG2
+from ibe_pubsub.credentials.keys import (
     BlindedToken,
     MasterPublicKey,
     MasterSecretKey,
@@ -48,8 +48,8 @@ from credentials.keys import (
     SubscriberCredentialKey,
     SubscriberKey,
 )
-from credentials.lru import LRU
-from credentials.messages import (
+from ibe_pubsub.credentials.lru import LRU
+from ibe_pubsub.credentials.messages import (
     AttributeCiphertext,
     AttributeSignature,
     ConnectionRequest,
@@ -60,8 +60,8 @@ from credentials.messages import (
     RouteEntry,
     StreamEvent,
 )
-from credentials.schema import Attribute, Schema, SchemaError
-from credentials.symmetric import (
+from ibe_pubsub.credentials.schema import Attribute, Schema, SchemaError
+from ibe_pubsub.credentials.symmetric import (
     H4,
     KDF,
     NONCE_BYTES,

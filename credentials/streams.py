@@ -27,24 +27,24 @@ from dataclasses import dataclass, field, replace
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from credentials.codec import (
+from ibe_pubsub.credentials.codec import (
     decode_certificate,
     encode_certificate,
     encode_certificate_body,
     encode_stream_header,
 )
-from credentials.credential import Credential
-from credentials.groups import Element, GroupError, PreparedG2
-from credentials.keys import PublisherKey, SubscriberCredentialKey, SubscriberKey
-from credentials.lru import LRU
-from credentials.messages import (
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.groups import Element, GroupError, PreparedG2
+from ibe_pubsub.credentials.keys import PublisherKey, SubscriberCredentialKey, SubscriberKey
+from ibe_pubsub.credentials.lru import LRU
+from ibe_pubsub.credentials.messages import (
     AttributeCiphertext,
     CertificatePart,
     EventHeader,
     SessionCertificate,
     StreamEvent,
 )
-from credentials.scheme import (
+from ibe_pubsub.credentials.scheme import (
     DecryptionError,
     Event,
     PositionKeys,
@@ -61,7 +61,7 @@ from credentials.scheme import (
     signed_digest,
     unmask,
 )
-from credentials.symmetric import NONCE_BYTES, AuthenticationFailed, open_sealed, seal
+from ibe_pubsub.credentials.symmetric import NONCE_BYTES, AuthenticationFailed, open_sealed, seal
 
 #: Entries per cache, per epoch (each cache of each epoch holds at most this many).
 CACHE_SIZE = 4096

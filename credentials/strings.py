@@ -24,8 +24,8 @@ possible and ``fine_split`` returns the credential itself.
 
 from __future__ import annotations
 
-from credentials.credential import Credential
-from credentials.schema import Attribute
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.schema import Attribute
 
 OTHER_CHAR = "\ufffd"
 

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from credentials.groups import Element
+from ibe_pubsub.credentials.groups import Element
 
 NONCE_BYTES = 12
 #: Prepended to every KDF ``info``: keys of this scheme version never serve another.

@@ -22,16 +22,16 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from credentials import codec
-from credentials import scheme as S
-from credentials.backend_mcl import MclNativeGroup
-from credentials.credential import Credential
-from credentials.decompose import enclosing_path
-from credentials.groups import G1, Element, PairingGroup
-from credentials.keys import MasterSecretKey, PublisherKey, SubscriberKey
-from credentials.messages import ConnectionRequest, EncryptedEvent
-from credentials.schema import Attribute, Schema
-from credentials.symmetric import KDF, KDF_PREFIX
+from ibe_pubsub.credentials import codec
+from ibe_pubsub.credentials import scheme as S
+from ibe_pubsub.credentials.backend_mcl import MclNativeGroup
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import enclosing_path
+from ibe_pubsub.credentials.groups import G1, Element, PairingGroup
+from ibe_pubsub.credentials.keys import MasterSecretKey, PublisherKey, SubscriberKey
+from ibe_pubsub.credentials.messages import ConnectionRequest, EncryptedEvent
+from ibe_pubsub.credentials.schema import Attribute, Schema
+from ibe_pubsub.credentials.symmetric import KDF, KDF_PREFIX
 
 #: Bumped whenever a field of the vectors file changes meaning.
 VECTORS_FORMAT = 1

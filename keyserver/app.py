@@ -7,10 +7,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from keyserver import routes_admin, routes_bulk, routes_directory, routes_enrol, routes_public
-from keyserver.errors import install_error_handlers
-from keyserver.middleware import Gate, RequestMetrics, route_rules
-from keyserver.state import AppState
+from ibe_pubsub.keyserver import (
+    routes_admin,
+    routes_bulk,
+    routes_directory,
+    routes_enrol,
+    routes_public,
+)
+from ibe_pubsub.keyserver.errors import install_error_handlers
+from ibe_pubsub.keyserver.middleware import Gate, RequestMetrics, route_rules
+from ibe_pubsub.keyserver.state import AppState
 
 
 def create_app(state: AppState) -> FastAPI:

@@ -21,13 +21,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
-from keyserver.actors import ADMIN, RESERVED, is_reserved
-from keyserver.db import Identity
-from keyserver.errors import ApiError
-from keyserver.keystore import token_hash
-from keyserver.ratelimit import RateLimiter
-from keyserver.repository import identity_by_token
-from keyserver.state import AppState
+from ibe_pubsub.keyserver.actors import ADMIN, RESERVED, is_reserved
+from ibe_pubsub.keyserver.db import Identity
+from ibe_pubsub.keyserver.errors import ApiError
+from ibe_pubsub.keyserver.keystore import token_hash
+from ibe_pubsub.keyserver.ratelimit import RateLimiter
+from ibe_pubsub.keyserver.repository import identity_by_token
+from ibe_pubsub.keyserver.state import AppState
 
 # Declares the bearer scheme in the OpenAPI document; the gate does the checking.
 bearer = HTTPBearer(auto_error=False, description="admin token or identity token")

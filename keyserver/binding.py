@@ -22,10 +22,10 @@ from sqlalchemy import inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from credentials.certificates import fingerprint
-from keyserver.db import AuditEntry, make_engine, make_sessions
-from keyserver.keystore import DATABASE_FILE, KeyStoreError
-from keyserver.repository import EPOCH_SETTING, get_setting, put_setting
+from ibe_pubsub.credentials.certificates import fingerprint
+from ibe_pubsub.keyserver.db import AuditEntry, make_engine, make_sessions
+from ibe_pubsub.keyserver.keystore import DATABASE_FILE, KeyStoreError
+from ibe_pubsub.keyserver.repository import EPOCH_SETTING, get_setting, put_setting
 
 OWNER_SETTING = "keystore"
 RECORD_FILE = "database.json"

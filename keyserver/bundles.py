@@ -18,31 +18,31 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from credentials.certificates import (
+from ibe_pubsub.credentials.certificates import (
     RootCertificate,
     fingerprint,
     verify_bundle,
     verify_peer_ca,
     verify_schema,
 )
-from credentials.codec import (
+from ibe_pubsub.credentials.codec import (
     decode_mpk,
     decode_publisher_key,
     decode_request,
     decode_routing_token,
     decode_subscriber_key,
 )
-from credentials.credential import Credential
-from credentials.groups import PairingGroup
-from credentials.keys import PublisherKey, RoutingToken, SubscriberKey
-from credentials.messages import ConnectionRequest
-from credentials.peer_certificates import (
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.groups import PairingGroup
+from ibe_pubsub.credentials.keys import PublisherKey, RoutingToken, SubscriberKey
+from ibe_pubsub.credentials.messages import ConnectionRequest
+from ibe_pubsub.credentials.peer_certificates import (
     PeerCertificate,
     PeerCertificateError,
     read_peer_certificate,
 )
-from credentials.schema import Schema
-from credentials.scheme import PublicParams
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials.scheme import PublicParams
 
 
 class BundleError(ValueError):

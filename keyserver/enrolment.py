@@ -10,15 +10,20 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from credentials.credential import Credential
-from credentials.decompose import decompose, fine_credentials
-from credentials.policy_regions import OutsidePolicy, clause_text, first_outside
-from credentials.predicates import Predicate, PredicateError, check_within, parse_predicate
-from credentials.schema import Schema, SchemaError
-from keyserver.api_models import BulkCredential
-from keyserver.epochs import Epoch
-from keyserver.errors import ApiError
-from keyserver.state import AppState
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import decompose, fine_credentials
+from ibe_pubsub.credentials.policy_regions import OutsidePolicy, clause_text, first_outside
+from ibe_pubsub.credentials.predicates import (
+    Predicate,
+    PredicateError,
+    check_within,
+    parse_predicate,
+)
+from ibe_pubsub.credentials.schema import Schema, SchemaError
+from ibe_pubsub.keyserver.api_models import BulkCredential
+from ibe_pubsub.keyserver.epochs import Epoch
+from ibe_pubsub.keyserver.errors import ApiError
+from ibe_pubsub.keyserver.state import AppState
 
 MAX_CREDENTIALS = 256
 MAX_FINE_CREDENTIALS = 4096

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keyserver.api_models import ErrorOut
-from keyserver.refusals import audit_refusal
+from ibe_pubsub.keyserver.api_models import ErrorOut
+from ibe_pubsub.keyserver.refusals import audit_refusal
 
 log = logging.getLogger(__name__)
 

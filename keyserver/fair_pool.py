@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from credentials.credential import Credential
-from keyserver.actors import ADMIN
-from keyserver.issuer import (
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.keyserver.actors import ADMIN
+from ibe_pubsub.keyserver.issuer import (
     IssuerPool,
     issue_connection_requests,
     issue_publisher,

@@ -11,11 +11,11 @@ from alembic.util import CommandError as MigrationError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from credentials.schema import Schema
-from keyserver.binding import RECORD_FILE, bind, check_unclaimed, shown_url, write_record
-from keyserver.db import check_url
-from keyserver.epochs import EpochClock
-from keyserver.keystore import (
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.keyserver.binding import RECORD_FILE, bind, check_unclaimed, shown_url, write_record
+from ibe_pubsub.keyserver.db import check_url
+from ibe_pubsub.keyserver.epochs import EpochClock
+from ibe_pubsub.keyserver.keystore import (
     ADMIN_TOKEN_FILE,
     DATABASE_FILE,
     PUBLIC_FILE,
@@ -25,9 +25,9 @@ from keyserver.keystore import (
     create_keystore,
     passphrase_from_env,
 )
-from keyserver.permissions import make_private_dir, use_private_umask
-from keyserver.repository import audit
-from keyserver.state import ServerConfig, open_database
+from ibe_pubsub.keyserver.permissions import make_private_dir, use_private_umask
+from ibe_pubsub.keyserver.repository import audit
+from ibe_pubsub.keyserver.state import ServerConfig, open_database
 
 SERVE_ADVICE = "restore it from a backup, or check --database-url"
 INIT_ADVICE = "check --database-url and that the database server is reachable, then run init again"

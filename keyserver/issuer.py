@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from credentials.backends import load_group
-from credentials.codec import (
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.codec import (
     decode_mpk,
     decode_msk,
     encode_mpk,
@@ -35,17 +35,17 @@ from credentials.codec import (
     encode_routing_token,
     encode_subscriber_key,
 )
-from credentials.credential import Credential
-from credentials.keys import MasterSecretKey
-from credentials.schema import Schema
-from credentials.scheme import (
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.keys import MasterSecretKey
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials.scheme import (
     PublicParams,
     build_connection_request,
     keygen_publisher,
     keygen_routing_token,
     keygen_subscriber,
 )
-from keyserver.keystore import KeyStore, b64
+from ibe_pubsub.keyserver.keystore import KeyStore, b64
 
 
 @dataclass(frozen=True)

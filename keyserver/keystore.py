@@ -34,15 +34,20 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from credentials.backends import load_group
-from credentials.certificates import fingerprint, peer_ca_message, schema_message
-from credentials.codec import CodecError, decode_mpk, decode_msk, encode_mpk, encode_msk
-from credentials.groups import PairingGroup
-from credentials.keys import SCHEME_VERSION, MasterPublicKey, MasterSecretKey
-from credentials.peer_certificates import ca_certificate, ca_key_from_seed, to_pem
-from credentials.schema import Schema
-from credentials.scheme import setup
-from keyserver.sealing import UnsealError, WrongPassphraseError, seal_secret, unseal_secret
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.certificates import fingerprint, peer_ca_message, schema_message
+from ibe_pubsub.credentials.codec import CodecError, decode_mpk, decode_msk, encode_mpk, encode_msk
+from ibe_pubsub.credentials.groups import PairingGroup
+from ibe_pubsub.credentials.keys import SCHEME_VERSION, MasterPublicKey, MasterSecretKey
+from ibe_pubsub.credentials.peer_certificates import ca_certificate, ca_key_from_seed, to_pem
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials.scheme import setup
+from ibe_pubsub.keyserver.sealing import (
+    UnsealError,
+    WrongPassphraseError,
+    seal_secret,
+    unseal_secret,
+)
 
 PASSPHRASE_ENV = "IBE_PUBSUB_PASSPHRASE"
 SEALED_FILE = "master.sealed"

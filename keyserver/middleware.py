@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keyserver.auth import Need, authenticate, check_address
-from keyserver.errors import ApiError, error_body
-from keyserver.metrics import Metrics
-from keyserver.refusals import audit_refusal
-from keyserver.state import AppState
+from ibe_pubsub.keyserver.auth import Need, authenticate, check_address
+from ibe_pubsub.keyserver.errors import ApiError, error_body
+from ibe_pubsub.keyserver.metrics import Metrics
+from ibe_pubsub.keyserver.refusals import audit_refusal
+from ibe_pubsub.keyserver.state import AppState
 
 KIB = 1024
 

@@ -1,14 +1,14 @@
-"""Running the Alembic migrations of ``migrations/`` from code (init, serve, tests)."""
+"""Running the Alembic migrations of ``ibe_pubsub.migrations`` from code (init, serve, tests)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from importlib.resources import files
 
 from alembic import command
 from alembic.config import Config
 
-# Installed side by side with this package (source checkout, editable install or wheel).
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+# Found as the package's resources, wherever and however the package is installed.
+MIGRATIONS = files("ibe_pubsub.migrations")
 
 
 def alembic_config(url: str) -> Config:

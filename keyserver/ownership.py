@@ -28,9 +28,9 @@ from datetime import UTC, datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from credentials.peer_certificates import PeerCertificateError, canonical_address
-from keyserver.db import Identity, PeerAddress
-from keyserver.errors import ApiError
+from ibe_pubsub.credentials.peer_certificates import PeerCertificateError, canonical_address
+from ibe_pubsub.keyserver.db import Identity, PeerAddress
+from ibe_pubsub.keyserver.errors import ApiError
 
 
 def check_canonical(addresses: Sequence[str], field: str) -> None:

@@ -14,7 +14,7 @@ import shlex
 import stat
 from pathlib import Path
 
-from keyserver.keystore import KeyStoreError
+from ibe_pubsub.keyserver.keystore import KeyStoreError
 
 PRIVATE_UMASK = 0o077
 PRIVATE_DIR_MODE = 0o700

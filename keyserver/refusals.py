@@ -29,8 +29,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 from starlette.types import Scope
 
-from keyserver.actors import ANONYMOUS, SERVER
-from keyserver.repository import audit
+from ibe_pubsub.keyserver.actors import ANONYMOUS, SERVER
+from ibe_pubsub.keyserver.repository import audit
 
 log = logging.getLogger(__name__)
 

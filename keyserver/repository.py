@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
-from keyserver.epochs import RESCHEDULE_LEAD, EpochClock, default_grace, max_grace
+from ibe_pubsub.keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
+from ibe_pubsub.keyserver.epochs import RESCHEDULE_LEAD, EpochClock, default_grace, max_grace
 
 EPOCH_SETTING = "epoch_schedule"
 

@@ -8,13 +8,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy.exc import IntegrityError
 
-from keyserver.api_models import AuditOut, IdentityCreated, IdentityIn, IdentityOut
-from keyserver.auth import Admin, State, check_names
-from keyserver.db import Identity
-from keyserver.enrolment import parse
-from keyserver.errors import ApiError, error_responses
-from keyserver.keystore import new_token, token_hash
-from keyserver.repository import audit, audit_entries, identities, remove_directory_entries
+from ibe_pubsub.keyserver.api_models import AuditOut, IdentityCreated, IdentityIn, IdentityOut
+from ibe_pubsub.keyserver.auth import Admin, State, check_names
+from ibe_pubsub.keyserver.db import Identity
+from ibe_pubsub.keyserver.enrolment import parse
+from ibe_pubsub.keyserver.errors import ApiError, error_responses
+from ibe_pubsub.keyserver.keystore import new_token, token_hash
+from ibe_pubsub.keyserver.repository import (
+    audit,
+    audit_entries,
+    identities,
+    remove_directory_entries,
+)
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 IdentityId = Annotated[int, Path(ge=1, le=2**31 - 1)]

@@ -31,13 +31,13 @@ from fastapi import APIRouter
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
-from credentials.certificates import bundle_message
-from credentials.credential import Credential
-from keyserver.actors import ADMIN
-from keyserver.api_models import BulkIn, BulkItem, BulkOut
-from keyserver.auth import Admin, Caller, State, check_names
-from keyserver.db import BulkChunk, Identity
-from keyserver.enrolment import (
+from ibe_pubsub.credentials.certificates import bundle_message
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.keyserver.actors import ADMIN
+from ibe_pubsub.keyserver.api_models import BulkIn, BulkItem, BulkOut
+from ibe_pubsub.keyserver.auth import Admin, Caller, State, check_names
+from ibe_pubsub.keyserver.db import BulkChunk, Identity
+from ibe_pubsub.keyserver.enrolment import (
     check_issued,
     issuance_detail,
     issue_bundle,
@@ -45,12 +45,12 @@ from keyserver.enrolment import (
     stored_policy,
     target_epoch,
 )
-from keyserver.epochs import Epoch
-from keyserver.errors import ApiError, error_responses
-from keyserver.keystore import b64, token_hash
-from keyserver.locks import AdvisoryLock, holding
-from keyserver.repository import audit, bulk_chunk, identity_by_name
-from keyserver.state import AppState
+from ibe_pubsub.keyserver.epochs import Epoch
+from ibe_pubsub.keyserver.errors import ApiError, error_responses
+from ibe_pubsub.keyserver.keystore import b64, token_hash
+from ibe_pubsub.keyserver.locks import AdvisoryLock, holding
+from ibe_pubsub.keyserver.repository import audit, bulk_chunk, identity_by_name
+from ibe_pubsub.keyserver.state import AppState
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 RESULT_KEY_PURPOSE = b"bulk-results"

@@ -11,20 +11,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.exc import IntegrityError
 
-from keyserver.api_models import DirectoryEntryOut, DirectoryIn, DirectoryOut
-from keyserver.auth import AnIdentity, AnyCaller, State
-from keyserver.db import DirectoryEntry, Identity
-from keyserver.enrolment import check_root_policy
-from keyserver.errors import ApiError, error_responses
-from keyserver.ownership import check_canonical, check_not_owned_by_other, owned_until
-from keyserver.repository import (
+from ibe_pubsub.keyserver.api_models import DirectoryEntryOut, DirectoryIn, DirectoryOut
+from ibe_pubsub.keyserver.auth import AnIdentity, AnyCaller, State
+from ibe_pubsub.keyserver.db import DirectoryEntry, Identity
+from ibe_pubsub.keyserver.enrolment import check_root_policy
+from ibe_pubsub.keyserver.errors import ApiError, error_responses
+from ibe_pubsub.keyserver.ownership import check_canonical, check_not_owned_by_other, owned_until
+from ibe_pubsub.keyserver.repository import (
     is_vouched,
     lookup_peers,
     register_peer,
     remove_entries_at,
     vouch,
 )
-from keyserver.state import AppState
+from ibe_pubsub.keyserver.state import AppState
 
 router = APIRouter(prefix="/v1/directory", tags=["directory"])
 

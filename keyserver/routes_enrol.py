@@ -19,11 +19,11 @@ from fastapi import APIRouter
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
-from credentials.certificates import ED25519_KEY_BYTES, fingerprint
-from credentials.certificates import RootCertificate as SignedRootCertificate
-from credentials.decompose import root_credential
-from credentials.peer_certificates import PeerBinding, issue_peer_certificate, to_pem
-from keyserver.api_models import (
+from ibe_pubsub.credentials.certificates import ED25519_KEY_BYTES, fingerprint
+from ibe_pubsub.credentials.certificates import RootCertificate as SignedRootCertificate
+from ibe_pubsub.credentials.decompose import root_credential
+from ibe_pubsub.credentials.peer_certificates import PeerBinding, issue_peer_certificate, to_pem
+from ibe_pubsub.keyserver.api_models import (
     CallerOut,
     PublisherBundle,
     PublisherEnrolment,
@@ -34,9 +34,9 @@ from keyserver.api_models import (
     TransportCertificateOut,
     TransportEnrolment,
 )
-from keyserver.auth import AnIdentity, Caller, State, charge_keys
-from keyserver.db import Identity
-from keyserver.enrolment import (
+from ibe_pubsub.keyserver.auth import AnIdentity, Caller, State, charge_keys
+from ibe_pubsub.keyserver.db import Identity
+from ibe_pubsub.keyserver.enrolment import (
     check_role,
     check_root_policy,
     issuance_detail,
@@ -48,10 +48,10 @@ from keyserver.enrolment import (
     target_epoch,
     within_policy,
 )
-from keyserver.errors import ApiError, error_responses
-from keyserver.ownership import check_canonical, claim_addresses
-from keyserver.repository import audit
-from keyserver.state import AppState
+from ibe_pubsub.keyserver.errors import ApiError, error_responses
+from ibe_pubsub.keyserver.ownership import check_canonical, claim_addresses
+from ibe_pubsub.keyserver.repository import audit
+from ibe_pubsub.keyserver.state import AppState
 
 router = APIRouter(prefix="/v1/enrol", tags=["enrolment"])
 

@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
-from keyserver.api_models import EpochOut, Health, PublicParamsOut, SchemaOut
-from keyserver.auth import State
-from keyserver.errors import error_responses
+from ibe_pubsub.keyserver.api_models import EpochOut, Health, PublicParamsOut, SchemaOut
+from ibe_pubsub.keyserver.auth import State
+from ibe_pubsub.keyserver.errors import error_responses
 
 router = APIRouter()
 

@@ -15,8 +15,8 @@ import threading
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
-from keyserver.epochs import EpochClock
-from keyserver.repository import EPOCH_SETTING, get_setting
+from ibe_pubsub.keyserver.epochs import EpochClock
+from ibe_pubsub.keyserver.repository import EPOCH_SETTING, get_setting
 
 log = logging.getLogger(__name__)
 

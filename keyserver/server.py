@@ -9,12 +9,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from keyserver.binding import check_owner, check_record, write_record
-from keyserver.db import check_url
-from keyserver.initialise import database_errors
-from keyserver.keystore import load_keystore, passphrase_from_env
-from keyserver.permissions import require_private, unsafe_entries, use_private_umask
-from keyserver.state import ServerConfig, build_state
+from ibe_pubsub.keyserver.binding import check_owner, check_record, write_record
+from ibe_pubsub.keyserver.db import check_url
+from ibe_pubsub.keyserver.initialise import database_errors
+from ibe_pubsub.keyserver.keystore import load_keystore, passphrase_from_env
+from ibe_pubsub.keyserver.permissions import require_private, unsafe_entries, use_private_umask
+from ibe_pubsub.keyserver.state import ServerConfig, build_state
 
 log = logging.getLogger(__name__)
 ALLOW_UNSAFE_PERMISSIONS = "--allow-unsafe-permissions"
@@ -89,8 +89,8 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
         import uvicorn
         from uvicorn.config import STARTUP_FAILURE
 
-        from keyserver.announcing import AnnouncingServer
-        from keyserver.app import create_app
+        from ibe_pubsub.keyserver.announcing import AnnouncingServer
+        from ibe_pubsub.keyserver.app import create_app
 
         state = build_state(config, store)
     write_record(config.data_dir, config.database_url)

@@ -11,19 +11,19 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from keyserver.binding import bind
-from keyserver.db import make_engine, make_sessions, sqlite_url
-from keyserver.epochs import Epoch, EpochClock
-from keyserver.fair_pool import FairIssuer
-from keyserver.issuer import IssuerPool
-from keyserver.keystore import DATABASE_FILE, KeyStore
-from keyserver.locks import MIGRATIONS_LOCK, AdvisoryLock
-from keyserver.metrics import Metrics
-from keyserver.migrate import upgrade
-from keyserver.ratelimit import RateLimiter
-from keyserver.refusals import RefusalLog
-from keyserver.repository import load_clock
-from keyserver.schedule import SharedClock
+from ibe_pubsub.keyserver.binding import bind
+from ibe_pubsub.keyserver.db import make_engine, make_sessions, sqlite_url
+from ibe_pubsub.keyserver.epochs import Epoch, EpochClock
+from ibe_pubsub.keyserver.fair_pool import FairIssuer
+from ibe_pubsub.keyserver.issuer import IssuerPool
+from ibe_pubsub.keyserver.keystore import DATABASE_FILE, KeyStore
+from ibe_pubsub.keyserver.locks import MIGRATIONS_LOCK, AdvisoryLock
+from ibe_pubsub.keyserver.metrics import Metrics
+from ibe_pubsub.keyserver.migrate import upgrade
+from ibe_pubsub.keyserver.ratelimit import RateLimiter
+from ibe_pubsub.keyserver.refusals import RefusalLog
+from ibe_pubsub.keyserver.repository import load_clock
+from ibe_pubsub.keyserver.schedule import SharedClock
 
 MIB = 1024 * 1024
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from credentials.scheme import Event
-from overlay.wire import Message
+from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.overlay.wire import Message
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from overlay.simulator import Simulator
+from ibe_pubsub.overlay.simulator import Simulator
 
 
 def tree_violations(sim: Simulator) -> list[str]:

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from credentials.credential import Credential
-from credentials.messages import RequestOpening
-from credentials.predicates import EventFilter
-from credentials.scheme import Event
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.messages import RequestOpening
+from ibe_pubsub.credentials.predicates import EventFilter
+from ibe_pubsub.credentials.scheme import Event
 
 
 class CryptoRejected(ValueError):

@@ -21,12 +21,12 @@ from typing import Any
 
 import msgpack
 
-from credentials.credential import Credential
-from credentials.decompose import enclosing_path
-from credentials.messages import RequestOpening
-from credentials.schema import Schema, SchemaError
-from credentials.scheme import Event
-from overlay.crypto import CostMeter, CryptoRejected, RootKit
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import enclosing_path
+from ibe_pubsub.credentials.messages import RequestOpening
+from ibe_pubsub.credentials.schema import Schema, SchemaError
+from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 #: Size of every MAC and tag of the model.
 MAC_BYTES = 16

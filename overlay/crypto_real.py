@@ -14,11 +14,11 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from credentials import codec, scheme, streams
-from credentials.certificates import RootCertificate
-from credentials.messages import ConnectionRequest, RequestOpening, StreamEvent
-from credentials.scheme import AnyEvent, Event, PublicParams
-from overlay.crypto import CostMeter, CryptoRejected, RootKit
+from ibe_pubsub.credentials import codec, scheme, streams
+from ibe_pubsub.credentials.certificates import RootCertificate
+from ibe_pubsub.credentials.messages import ConnectionRequest, RequestOpening, StreamEvent
+from ibe_pubsub.credentials.scheme import AnyEvent, Event, PublicParams
+from ibe_pubsub.overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 
 def _root_signed(request: ConnectionRequest, context: bytes) -> bytes:

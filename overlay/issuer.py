@@ -16,18 +16,18 @@ from collections.abc import Sequence
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from credentials import codec, scheme
-from credentials.backends import load_group
-from credentials.certificates import RootCertificate
-from credentials.credential import Credential
-from credentials.decompose import decompose, fine_split, root_credential
-from credentials.predicates import Predicate
-from credentials.schema import Schema
-from credentials.scheme import Event, PublicParams
-from credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
-from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
-from overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
-from overlay.crypto_real import RealCrypto
+from ibe_pubsub.credentials import codec, scheme
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.certificates import RootCertificate
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import decompose, fine_split, root_credential
+from ibe_pubsub.credentials.predicates import Predicate
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials.scheme import Event, PublicParams
+from ibe_pubsub.credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
+from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit, VirtualKeys
+from ibe_pubsub.overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
+from ibe_pubsub.overlay.crypto_real import RealCrypto
 
 Plan = list[tuple[Credential, tuple[Credential, ...]]]
 

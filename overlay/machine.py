@@ -22,10 +22,10 @@ from typing import Any
 
 import msgpack
 
-from overlay.actions import Action, Connected, Deliver, Log, Send
-from overlay.config import OverlayConfig
-from overlay.crypto import CryptoRejected, CryptoSuite, RootKit, SubscriberKit
-from overlay.virtual import (
+from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send
+from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay.crypto import CryptoRejected, CryptoSuite, RootKit, SubscriberKit
+from ibe_pubsub.overlay.virtual import (
     BackupLink,
     Bounded,
     ChildLink,
@@ -37,7 +37,7 @@ from overlay.virtual import (
     WatchLink,
     comes_first,
 )
-from overlay.wire import (
+from ibe_pubsub.overlay.wire import (
     EVENT_ID_BYTES,
     Accept,
     Detach,

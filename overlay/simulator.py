@@ -31,16 +31,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from credentials.predicates import Predicate
-from credentials.schema import Schema
-from credentials.scheme import Event
-from credentials.streams import StreamWindow
-from overlay.actions import Action, Connected, Deliver, Log, Send
-from overlay.config import OverlayConfig
-from overlay.crypto_model import CostTable
-from overlay.issuer import ModeledIssuer, RealIssuer
-from overlay.machine import PeerMachine
-from overlay.wire import Message, Ping, Pong, Publish
+from ibe_pubsub.credentials.predicates import Predicate
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials.streams import StreamWindow
+from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send
+from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay.crypto_model import CostTable
+from ibe_pubsub.overlay.issuer import ModeledIssuer, RealIssuer
+from ibe_pubsub.overlay.machine import PeerMachine
+from ibe_pubsub.overlay.wire import Message, Ping, Pong, Publish
 
 Mode = Literal["modeled", "plaintext", "real"]
 EXPIRY = 2**40

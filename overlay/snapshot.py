@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from overlay.machine import PeerMachine
-from overlay.virtual import Node, VirtualPeer
+from ibe_pubsub.overlay.machine import PeerMachine
+from ibe_pubsub.overlay.virtual import Node, VirtualPeer
 
 
 def _ends(nodes: dict[Node, Any]) -> list[dict[str, str]]:

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from credentials.credential import Credential
-from overlay.crypto import RootKit, VirtualKeys
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.overlay.crypto import RootKit, VirtualKeys
 
 Node = tuple[str, str]
 K = TypeVar("K")

@@ -22,12 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from credentials.credential import Credential
-from credentials.decompose import covering_credential, decompose, enclosing_path, fine_split
-from credentials.predicates import EventFilter, parse_predicate
-from credentials.schema import Schema
-from keyserver.bundles import BulkBundle, BundleError, ServerParams, decode_bulk_bundle
-from keyserver.client import KeyServerClient
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import (
+    covering_credential,
+    decompose,
+    enclosing_path,
+    fine_split,
+)
+from ibe_pubsub.credentials.predicates import EventFilter, parse_predicate
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.keyserver.bundles import BulkBundle, BundleError, ServerParams, decode_bulk_bundle
+from ibe_pubsub.keyserver.client import KeyServerClient
 
 COMMANDS = {"subscriber": "peer run --bundle", "publisher": "publish --bundle"}
 Stamp = tuple[int, int, int]

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from credentials import codec, scheme
-from credentials.backends import load_group
-from credentials.certificates import fingerprint
-from credentials.decompose import root_credential
-from credentials.keys import PublisherKey
-from credentials.predicates import EventFilter, Predicate
-from keyserver.bundles import (
+from ibe_pubsub.credentials import codec, scheme
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.certificates import fingerprint
+from ibe_pubsub.credentials.decompose import root_credential
+from ibe_pubsub.credentials.keys import PublisherKey
+from ibe_pubsub.credentials.predicates import EventFilter, Predicate
+from ibe_pubsub.keyserver.bundles import (
     ServerParams,
     SubscriberBundle,
     TransportCertificate,
@@ -33,10 +33,10 @@ from keyserver.bundles import (
     decode_subscriber_bundle,
     decode_transport_certificate,
 )
-from keyserver.client import KeyServerClient
-from overlay.crypto import RootKit, SubscriberKit, VirtualKeys
-from overlay.crypto_real import RealCrypto
-from peer.known_servers import KnownServers
+from ibe_pubsub.keyserver.client import KeyServerClient
+from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit, VirtualKeys
+from ibe_pubsub.overlay.crypto_real import RealCrypto
+from ibe_pubsub.peer.known_servers import KnownServers
 
 log = logging.getLogger(__name__)
 

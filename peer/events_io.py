@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from credentials.predicates import EventFilter
-from credentials.schema import Schema, SchemaError
-from credentials.scheme import Event
+from ibe_pubsub.credentials.predicates import EventFilter
+from ibe_pubsub.credentials.schema import Schema, SchemaError
+from ibe_pubsub.credentials.scheme import Event
 
 MAX_ID = 200
 

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from credentials.certificates import fingerprint
-from keyserver.bundles import BundleError
+from ibe_pubsub.credentials.certificates import fingerprint
+from ibe_pubsub.keyserver.bundles import BundleError
 
 
 def default_path() -> Path:

@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from overlay.actions import Connected
-from overlay.wire import Handover, Message, SwapHandover
+from ibe_pubsub.overlay.actions import Connected
+from ibe_pubsub.overlay.wire import Handover, Message, SwapHandover
 
 if TYPE_CHECKING:
-    from peer.node import PeerNode
+    from ibe_pubsub.peer.node import PeerNode
 
 #: Machine counters exposed as ``ibe_peer_events_<name>_total``, with their help text.
 EVENT_COUNTERS = {

@@ -30,9 +30,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from credentials.peer_certificates import is_unspecified
-from peer.log_limits import RateLimit
-from peer.transport import TransportError, join_address, split_address
+from ibe_pubsub.credentials.peer_certificates import is_unspecified
+from ibe_pubsub.peer.log_limits import RateLimit
+from ibe_pubsub.peer.transport import TransportError, join_address, split_address
 
 log = logging.getLogger(__name__)
 

@@ -36,34 +36,34 @@ from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from credentials.peer_certificates import PeerCertificateError, canonical_address
-from credentials.predicates import Predicate, parse_predicate
-from credentials.scheme import Event
-from keyserver.bundles import (
+from ibe_pubsub.credentials.peer_certificates import PeerCertificateError, canonical_address
+from ibe_pubsub.credentials.predicates import Predicate, parse_predicate
+from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.keyserver.bundles import (
     BulkBundle,
     BundleError,
     ServerParams,
     SubscriberBundle,
     TransportCertificate,
 )
-from keyserver.client import KeyServerClient, KeyServerError
-from overlay.actions import Action, Connected, Deliver, Log, Send
-from overlay.config import OverlayConfig
-from overlay.crypto import RootKit, SubscriberKit
-from overlay.machine import PeerMachine
-from overlay.snapshot import tree_status
-from overlay.wire import Message, Publish, WireError, decode
-from peer import bundle_file, enrolment
-from peer.known_servers import KnownServers
-from peer.log_limits import RateLimit, limit_accept_errors
-from peer.retry import Backoff
-from peer.tls import PeerTLS
-from peer.transport import Transport, split_address
-from peer.waiting import WaitAnnouncer, in_daemon_thread
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send
+from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit
+from ibe_pubsub.overlay.machine import PeerMachine
+from ibe_pubsub.overlay.snapshot import tree_status
+from ibe_pubsub.overlay.wire import Message, Publish, WireError, decode
+from ibe_pubsub.peer import bundle_file, enrolment
+from ibe_pubsub.peer.known_servers import KnownServers
+from ibe_pubsub.peer.log_limits import RateLimit, limit_accept_errors
+from ibe_pubsub.peer.retry import Backoff
+from ibe_pubsub.peer.tls import PeerTLS
+from ibe_pubsub.peer.transport import Transport, split_address
+from ibe_pubsub.peer.waiting import WaitAnnouncer, in_daemon_thread
 
 if TYPE_CHECKING:
-    from peer.metrics import PeerMetrics
-    from peer.monitor import Monitor
+    from ibe_pubsub.peer.metrics import PeerMetrics
+    from ibe_pubsub.peer.monitor import Monitor
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +170,8 @@ class PeerNode:
         self.metrics: PeerMetrics | None = None
         self.monitor: Monitor | None = None
         if options.http is not None:  # the web stack loads only when asked for
-            from peer.metrics import PeerMetrics
-            from peer.monitor import Monitor
+            from ibe_pubsub.peer.metrics import PeerMetrics
+            from ibe_pubsub.peer.monitor import Monitor
 
             self.metrics = PeerMetrics(self)
             self.monitor = Monitor(*options.http, {"/healthz": self._healthz,
@@ -257,7 +257,7 @@ class PeerNode:
                 "trees": tree_status(machine) if machine is not None else {}}
 
     def _healthz(self) -> tuple[int, str, bytes]:
-        from peer.monitor import json_body
+        from ibe_pubsub.peer.monitor import json_body
 
         health = self.health()
         return json_body(200 if health["ok"] else 503, health)
@@ -267,7 +267,7 @@ class PeerNode:
         return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.exposition()
 
     def _status(self) -> tuple[int, str, bytes]:
-        from peer.monitor import json_body
+        from ibe_pubsub.peer.monitor import json_body
 
         return json_body(200, self.status())
 
@@ -284,7 +284,7 @@ class PeerNode:
             await self.transport.close(0)
             raise NodeError(f"--listen {self.options.listen}: {exc}") from exc
         if self.monitor is not None:
-            from peer.monitor import MonitorError
+            from ibe_pubsub.peer.monitor import MonitorError
 
             try:
                 self.monitor.start()

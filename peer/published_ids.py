@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overlay.config import OverlayConfig
-from peer.known_servers import normalise_url
+from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.peer.known_servers import normalise_url
 
 MAX_IDS = OverlayConfig().dedup_capacity
 MAX_ENTRIES = 64

@@ -20,20 +20,20 @@ import time
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from credentials import codec
-from credentials.predicates import EventFilter, parse_predicate
-from credentials.scheme import Event, NotAuthorized
-from credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
-from keyserver.bundles import PublisherBundle, ServerParams
-from keyserver.client import KeyServerClient
-from overlay.actions import Send
-from overlay.config import OverlayConfig
-from overlay.machine import PeerMachine
-from peer import bundle_file, enrolment
-from peer.known_servers import KnownServers
-from peer.tls import PeerTLS
-from peer.transport import Transport
-from peer.waiting import WaitAnnouncer, in_daemon_thread
+from ibe_pubsub.credentials import codec
+from ibe_pubsub.credentials.predicates import EventFilter, parse_predicate
+from ibe_pubsub.credentials.scheme import Event, NotAuthorized
+from ibe_pubsub.credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
+from ibe_pubsub.keyserver.bundles import PublisherBundle, ServerParams
+from ibe_pubsub.keyserver.client import KeyServerClient
+from ibe_pubsub.overlay.actions import Send
+from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay.machine import PeerMachine
+from ibe_pubsub.peer import bundle_file, enrolment
+from ibe_pubsub.peer.known_servers import KnownServers
+from ibe_pubsub.peer.tls import PeerTLS
+from ibe_pubsub.peer.transport import Transport
+from ibe_pubsub.peer.waiting import WaitAnnouncer, in_daemon_thread
 
 log = logging.getLogger(__name__)
 

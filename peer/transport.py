@@ -39,10 +39,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from credentials.peer_certificates import PeerCertificate, PeerCertificateError
-from peer import frames
-from peer.logsafe import escape
-from peer.tls import PeerTLS, peer_certificate
+from ibe_pubsub.credentials.logsafe import escape
+from ibe_pubsub.credentials.peer_certificates import PeerCertificate, PeerCertificateError
+from ibe_pubsub.peer import frames
+from ibe_pubsub.peer.tls import PeerTLS, peer_certificate
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from credentials import numeric_batch, strings
-from credentials.credential import Credential
-from credentials.schema import Attribute, Schema
-from pipelines.inputs import REQUEST_COLUMNS
-from pipelines.predicate_columns import EQUALS, Cells, Column, parse_column
-from pipelines.requests import (
+from ibe_pubsub.credentials import numeric_batch, strings
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.schema import Attribute, Schema
+from ibe_pubsub.pipelines.inputs import REQUEST_COLUMNS
+from ibe_pubsub.pipelines.predicate_columns import EQUALS, Cells, Column, parse_column
+from ibe_pubsub.pipelines.requests import (
     IDENTITY_PATTERN,
     MAX_ROWS_PER_IDENTITY,
     ROLES,

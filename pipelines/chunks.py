@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipelines.batches import CREDENTIAL_COLUMNS
-from pipelines.layout import CREDENTIALS, SUMMARY, LayoutError, data_files
-from pipelines.requests import IDENTITY_PATTERN, ROLES
+from ibe_pubsub.pipelines.batches import CREDENTIAL_COLUMNS
+from ibe_pubsub.pipelines.layout import CREDENTIALS, SUMMARY, LayoutError, data_files
+from ibe_pubsub.pipelines.requests import IDENTITY_PATTERN, ROLES
 
 READ_BATCH_ROWS = 65_536
 

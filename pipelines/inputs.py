@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.layout import LayoutError, data_files, input_format
+from ibe_pubsub.pipelines.layout import LayoutError, data_files, input_format
 
 REQUEST_COLUMNS = ("identity", "role", "predicate")
 # A parsed request: where it comes from, its raw text (CSV and JSON lines), and the reason

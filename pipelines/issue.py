@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from keyserver.client import KeyServerClient, KeyServerError
-from pipelines.chunks import Chunk, chunked, input_fingerprint, read_items
-from pipelines.keydir import ChunkRecord, KeyDir, KeyDirError
-from pipelines.layout import Summary
-from pipelines.progress import Progress
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.pipelines.chunks import Chunk, chunked, input_fingerprint, read_items
+from ibe_pubsub.pipelines.keydir import ChunkRecord, KeyDir, KeyDirError
+from ibe_pubsub.pipelines.layout import Summary
+from ibe_pubsub.pipelines.progress import Progress
 
 
 class IssueError(RuntimeError):

@@ -14,12 +14,12 @@ from typing import TextIO
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.batches import COPIES
-from pipelines.inputs import BATCH_ROWS, PARSED, parse_file, request_files
-from pipelines.layout import LayoutError, Summary, prepare_output
-from pipelines.parts import write_part
-from pipelines.progress import Progress
-from pipelines.requests import Settings
+from ibe_pubsub.pipelines.batches import COPIES
+from ibe_pubsub.pipelines.inputs import BATCH_ROWS, PARSED, parse_file, request_files
+from ibe_pubsub.pipelines.layout import LayoutError, Summary, prepare_output
+from ibe_pubsub.pipelines.parts import write_part
+from ibe_pubsub.pipelines.progress import Progress
+from ibe_pubsub.pipelines.requests import Settings
 
 
 def read_requests(path: Path) -> pa.Table:

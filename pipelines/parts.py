@@ -22,15 +22,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.batches import (
+from ibe_pubsub.pipelines.batches import (
     CREDENTIAL_COLUMNS,
     DECOMPOSED,
     REJECTED_COLUMNS,
     decompose_batch,
     split,
 )
-from pipelines.layout import CREDENTIALS, REJECTED, Summary
-from pipelines.requests import Settings
+from ibe_pubsub.pipelines.layout import CREDENTIALS, REJECTED, Summary
+from ibe_pubsub.pipelines.requests import Settings
 
 OUTPUTS = {name: pa.schema([DECOMPOSED.field(c) for c in columns])
            for name, columns in ((CREDENTIALS, CREDENTIAL_COLUMNS), (REJECTED, REJECTED_COLUMNS))}

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from peer.logsafe import escape
-from pipelines.inputs import REQUEST_COLUMNS
-from pipelines.layout import REJECTED
+from ibe_pubsub.credentials.logsafe import escape
+from ibe_pubsub.pipelines.inputs import REQUEST_COLUMNS
+from ibe_pubsub.pipelines.layout import REJECTED
 
 CSV_COLUMNS = ("file", "line", "identity", "reason", "row")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from credentials.credential import Credential
-from credentials.decompose import decompose, fine_credentials
-from credentials.predicates import PredicateError, parse_predicate
-from credentials.schema import Schema, SchemaError
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import decompose, fine_credentials
+from ibe_pubsub.credentials.predicates import PredicateError, parse_predicate
+from ibe_pubsub.credentials.schema import Schema, SchemaError
 
 ROLES = ("subscriber", "publisher")
 # The key server's identity names (keyserver.api_models.Name); checked here so a bad

@@ -25,7 +25,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
-from pipelines.shipping import package_archive
+from ibe_pubsub.pipelines.shipping import package_archive
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession as ConnectSession

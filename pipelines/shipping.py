@@ -2,12 +2,12 @@
 
 Executors on other machines have pyspark, pyarrow and pandas installed, but not this
 project (and must not depend on the driver's working tree, which they cannot see). The
-driver therefore zips the project's top-level packages it has loaded once the job's
-modules are imported, found from the modules themselves rather than from a list of names:
-a package counts as the project's when it lies in the directory that holds this package
-and belongs to the same distribution (or, run from a source checkout, to none). The zip
-goes to the workers through ``SparkContext.addPyFile``, or over Spark Connect as a
-``pyfile`` artifact; either way the workers put it first on their ``sys.path``.
+driver therefore zips the project's packages (``ibe_pubsub.*``) that it has loaded once the
+job's modules are imported, found from the modules themselves rather than from a list of
+names, and stored under ``ibe_pubsub/`` whatever folder each comes from (a wheel, an
+editable install or a source checkout). The zip goes to the workers through
+``SparkContext.addPyFile``, or over Spark Connect as a ``pyfile`` artifact; either way the
+workers put it first on their ``sys.path``, where ``ibe_pubsub`` is a namespace package.
 """
 
 from __future__ import annotations
@@ -16,43 +16,39 @@ import importlib
 import sys
 import tempfile
 import zipfile
-from importlib.metadata import packages_distributions
 from pathlib import Path
 
 # What the executors run: the functions of these modules are pickled by reference.
-JOB_MODULES = ("pipelines.spark_job",)
+JOB_MODULES = ("ibe_pubsub.pipelines.spark_job",)
 ARCHIVE_NAME = "ibe_pubsub_packages.zip"
-
-
-def _top(name: str) -> str:
-    return name.partition(".")[0]
+NAMESPACE = __name__.partition(".")[0]
 
 
 def project_packages() -> dict[str, list[Path]]:
-    """The directories of each top-level package of the project that this process has
-    loaded, by name, after importing ``JOB_MODULES``."""
+    """The directories of each package of the project (``ibe_pubsub.NAME``) that this
+    process has loaded, by name, after importing ``JOB_MODULES``."""
     for module in JOB_MODULES:
         importlib.import_module(module)
-    ours = _top(__name__)
-    owners = packages_distributions()
-    home = {Path(path).parent for path in sys.modules[ours].__path__}
     found: dict[str, list[Path]] = {}
-    for name in sorted({_top(loaded) for loaded in list(sys.modules)}):
-        paths = [Path(path) for path in getattr(sys.modules.get(name), "__path__", ())]
-        if paths and {p.parent for p in paths} <= home and owners.get(name) == owners.get(ours):
-            found[name] = paths
+    for name, module in sorted(sys.modules.items()):
+        namespace, _, rest = name.partition(".")
+        if namespace == NAMESPACE and rest and "." not in rest:
+            found[name] = [Path(path) for path in getattr(module, "__path__", ())]
     return found
 
 
 def package_archive(directory: Path | None = None) -> Path:
     """Zip ``project_packages()`` (every file but compiled bytecode) into ``directory``
-    (default: a new temporary one), paths relative to the directory holding each package,
-    as ``sys.path`` expects."""
+    (default: a new temporary one) as ``ibe_pubsub/NAME/...``, as ``sys.path`` expects."""
     archive = Path(directory or tempfile.mkdtemp(prefix="ibe-pubsub-")) / ARCHIVE_NAME
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
-        for paths in project_packages().values():
+        # zipimport finds a namespace package only through its directory's own entry.
+        zf.mkdir(NAMESPACE)
+        for name, paths in project_packages().items():
+            target = Path(*name.split("."))
             for package in paths:
                 for path in sorted(package.rglob("*")):
-                    if path.is_file() and "__pycache__" not in path.relative_to(package).parts:
-                        zf.write(path, path.relative_to(package.parent))
+                    relative = path.relative_to(package)
+                    if path.is_file() and "__pycache__" not in relative.parts:
+                        zf.write(path, target / relative)
     return archive

@@ -22,11 +22,11 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from pipelines.batches import COPIES
-from pipelines.inputs import PARSED, parse_files, request_files
-from pipelines.layout import Summary, prepare_output
-from pipelines.parts import COUNTS, Counts, write_part
-from pipelines.requests import Settings
+from ibe_pubsub.pipelines.batches import COPIES
+from ibe_pubsub.pipelines.inputs import PARSED, parse_files, request_files
+from ibe_pubsub.pipelines.layout import Summary, prepare_output
+from ibe_pubsub.pipelines.parts import COUNTS, Counts, write_part
+from ibe_pubsub.pipelines.requests import Settings
 
 COALESCE_PARTITIONS = "spark.sql.adaptive.coalescePartitions.enabled"
 

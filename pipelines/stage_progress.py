@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from pyspark.sql import SparkSession
 
-from pipelines.progress import Progress
-from pipelines.session import is_connect
+from ibe_pubsub.pipelines.progress import Progress
+from ibe_pubsub.pipelines.session import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession as ConnectSession

@@ -24,8 +24,14 @@ from typing import NamedTuple
 import httpx
 import pytest
 
-from keyserver.launcher import free_port, init_keyserver, start_keyserver, stop, wait_ready
-from keyserver.throwaway_postgres import PostgresUnavailable, throwaway_postgres
+from ibe_pubsub.evaluation.launcher import (
+    free_port,
+    init_keyserver,
+    start_keyserver,
+    stop,
+    wait_ready,
+)
+from ibe_pubsub.evaluation.throwaway_postgres import PostgresUnavailable, throwaway_postgres
 
 PASSPHRASE = "correct horse battery staple (tests)"
 

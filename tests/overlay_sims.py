@@ -2,10 +2,10 @@
 
 import random
 
-from credentials.schema import Schema
-from overlay.config import OverlayConfig
-from overlay.simulator import Simulator
-from overlay.workload import Workload
+from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.evaluation.random_workload import Workload
+from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay.simulator import Simulator
 
 
 def settled(schema: Schema, config: OverlayConfig, subscribers: int, seed: int,

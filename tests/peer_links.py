@@ -9,7 +9,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tls_certificates import PeerCA
 
-from peer.transport import Backoff, Transport
+from ibe_pubsub.peer.transport import Backoff, Transport
 
 FAST = Backoff(initial=0.05, cap=0.2, attempts=4)
 

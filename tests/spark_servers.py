@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pyspark
 
-from keyserver.launcher import free_port
+from ibe_pubsub.evaluation.launcher import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"

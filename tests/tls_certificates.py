@@ -15,13 +15,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
-from credentials.peer_certificates import (
+from ibe_pubsub.credentials.peer_certificates import (
     PeerBinding,
     ca_certificate,
     issue_peer_certificate,
     to_pem,
 )
-from peer.tls import PeerTLS
+from ibe_pubsub.peer.tls import PeerTLS
 
 
 def self_signed(directory: Path) -> tuple[str, str]:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from keyserver_fixtures import rss_mib
 
-from keyserver.client import KeyServerClient
+from ibe_pubsub.keyserver.client import KeyServerClient
 
 MIB = 1 << 20
 FLOOD_CLIENTS = 16

@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 from keyserver_fixtures import bearer_client
 
-from keyserver.client import KeyServerClient
-from keyserver.db import AuditEntry, sqlite_url
-from keyserver.keystore import token_hash
-from keyserver.refusals import RefusalLog
-from keyserver.state import open_database
+from ibe_pubsub.keyserver.client import KeyServerClient
+from ibe_pubsub.keyserver.db import AuditEntry, sqlite_url
+from ibe_pubsub.keyserver.keystore import token_hash
+from ibe_pubsub.keyserver.refusals import RefusalLog
+from ibe_pubsub.keyserver.state import open_database
 
 ENROL = "/v1/enrol/subscriber"
 AUDIT_WAIT = 10.0

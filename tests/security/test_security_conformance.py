@@ -39,8 +39,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from keyserver.errors import error_response, install_error_handlers
-from keyserver.launcher import free_port
+from ibe_pubsub.evaluation.launcher import free_port
+from ibe_pubsub.keyserver.errors import error_response, install_error_handlers
 
 EXAMPLES = 50  # per operation and generation mode
 TIME_LIMIT = 90.0

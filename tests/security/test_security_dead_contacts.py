@@ -14,8 +14,8 @@ import socket
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from keyserver.client import KeyServerClient, KeyServerError
-from peer.cluster import Cluster
+from ibe_pubsub.evaluation.cluster import Cluster
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -33,9 +33,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from keyserver_fixtures import KeyServer, KeyServers, bearer_client
 
-from credentials.peer_certificates import read_peer_certificate
-from keyserver.client import KeyServerClient, KeyServerError
-from keyserver.throwaway_postgres import fresh_database
+from ibe_pubsub.credentials.peer_certificates import read_peer_certificate
+from ibe_pubsub.evaluation.throwaway_postgres import fresh_database
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
 
 UNLIMITED = ("--rate", "1e6", "--burst", "1000000", "--address-rate", "1e6",
              "--address-burst", "1000000", "--key-rate", "1e6", "--key-burst", "1000000")

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from credentials.backends import load_group
-from credentials.scheme import Event
-from keyserver.bundles import decode_params, decode_transport_certificate
-from keyserver.client import KeyServerClient
-from peer import frames
-from peer.cluster import Cluster, PeerProcess
-from peer.tls import PeerTLS
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
+from ibe_pubsub.keyserver.bundles import decode_params, decode_transport_certificate
+from ibe_pubsub.keyserver.client import KeyServerClient
+from ibe_pubsub.peer import frames
+from ibe_pubsub.peer.tls import PeerTLS
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import httpx
 from keyserver_fixtures import bearer_client
 
-from keyserver.client import KeyServerClient
+from ibe_pubsub.keyserver.client import KeyServerClient
 
 WORKERS = "2"
 ATTACKERS = 20

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from keyserver_fixtures import PASSPHRASE, KeyServers
 
-from keyserver.client import KeyServerClient
-from keyserver.launcher import init_keyserver, serve_expecting_exit
+from ibe_pubsub.evaluation.launcher import init_keyserver, serve_expecting_exit
+from ibe_pubsub.keyserver.client import KeyServerClient
 
 EXPECTED_FILES = {"master.sealed", "public.json", "admin.token", "database.json",
                   "keyserver.db", "keyserver.db-wal", "keyserver.db-shm", "server.log"}

@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from keyserver_fixtures import rss_mib
 
-from keyserver.client import KeyServerClient
+from ibe_pubsub.keyserver.client import KeyServerClient
 
 PROBE_MIB = 64
 LINK_KEY = base64.b64encode(Ed25519PrivateKey.generate().public_key().public_bytes_raw()).decode()

@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from peer_links import FAST, Inbox, secure_peer
 from tls_certificates import PeerCA
 
-from peer import frames
-from peer.tls import PeerTLS
-from peer.transport import (
+from ibe_pubsub.peer import frames
+from ibe_pubsub.peer.tls import PeerTLS
+from ibe_pubsub.peer.transport import (
     MAX_CONNECTIONS_PER_IDENTITY,
     MAX_HANDSHAKES,
     Transport,
@@ -216,7 +216,7 @@ def transport_log_of(scenario: Callable[[], Coroutine[Any, Any, None]]
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("peer.transport")
+    logger = logging.getLogger("ibe_pubsub.peer.transport")
     logger.addHandler(handler)
     try:
         asyncio.run(scenario())
@@ -302,7 +302,7 @@ def test_hostile_strings_reach_the_log_escaped():
     # Control: the same record with the claim as sent would have forged a line.
     claim = claims[0]
     assert forged_lines(raw.format(logging.LogRecord(
-        "peer.transport", logging.WARNING, __file__, 1, "refused %s", (claim,), None)))
+        "ibe_pubsub.peer.transport", logging.WARNING, __file__, 1, "refused %s", (claim,), None)))
 
 
 def test_a_flood_of_refused_connections_is_counted_but_logged_once():

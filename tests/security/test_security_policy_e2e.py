@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
-from credentials.backends import load_group
-from credentials.credential import Credential
-from credentials.numeric import value_bits
-from credentials.scheme import (
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.numeric import value_bits
+from ibe_pubsub.credentials.scheme import (
     DecryptionError,
     EncryptedEvent,
     Event,
@@ -26,13 +26,13 @@ from credentials.scheme import (
     encrypt_and_sign,
     verify,
 )
-from keyserver.bundles import (
+from ibe_pubsub.keyserver.bundles import (
     ServerParams,
     decode_params,
     decode_publisher_bundle,
     decode_subscriber_bundle,
 )
-from keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
 
 CELL = 1000 / 2**16  # width of a price cell in the default schema
 OTHERS = {"symbol": "IBM", "volume": 500}

@@ -20,11 +20,11 @@ from fractions import Fraction
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from credentials.credential import Credential
-from credentials.decompose import covering_credential, decompose, enclosing_path
-from credentials.numeric import path_cells
-from credentials.policy_regions import inner_cells
-from credentials.predicates import (
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.decompose import covering_credential, decompose, enclosing_path
+from ibe_pubsub.credentials.numeric import path_cells
+from ibe_pubsub.credentials.policy_regions import inner_cells
+from ibe_pubsub.credentials.predicates import (
     NumericRange,
     Predicate,
     PredicateError,
@@ -32,10 +32,10 @@ from credentials.predicates import (
     parse_predicate,
     quote,
 )
-from credentials.schema import Attribute, Schema, default_schema
-from credentials.strings import OTHER_CHAR
-from keyserver.enrolment import plan_publisher, plan_subscriber, within_policy
-from keyserver.errors import ApiError
+from ibe_pubsub.credentials.schema import Attribute, Schema, default_schema
+from ibe_pubsub.credentials.strings import OTHER_CHAR
+from ibe_pubsub.keyserver.enrolment import plan_publisher, plan_subscriber, within_policy
+from ibe_pubsub.keyserver.errors import ApiError
 
 SETTINGS = settings(derandomize=True, deadline=None, max_examples=250, database=None)
 OUTSIDE_CHARS = "~é"  # never in a drawn alphabet: they fold into OTHER_CHAR

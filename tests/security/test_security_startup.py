@@ -15,9 +15,9 @@ import msgpack
 import pytest
 from keyserver_fixtures import PASSPHRASE
 
-from keyserver.keystore import ADMIN_TOKEN_FILE, DATABASE_FILE, SEALED_FILE
-from keyserver.launcher import init_keyserver, serve_expecting_exit
-from keyserver.sealing import seal_secret
+from ibe_pubsub.evaluation.launcher import init_keyserver, serve_expecting_exit
+from ibe_pubsub.keyserver.keystore import ADMIN_TOKEN_FILE, DATABASE_FILE, SEALED_FILE
+from ibe_pubsub.keyserver.sealing import seal_secret
 
 
 @pytest.fixture(scope="module")

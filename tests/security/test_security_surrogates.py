@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from keyserver.launcher import child_env, cli_command
-from keyserver.throwaway_postgres import fresh_database
+from ibe_pubsub.evaluation.launcher import child_env, cli_command
+from ibe_pubsub.evaluation.throwaway_postgres import fresh_database
 
 LONE = "\ud800"
 LONE_ESCAPE = "\\ud800"  # the predicate language's escape, as typed

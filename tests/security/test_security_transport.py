@@ -23,8 +23,8 @@ import pytest
 from keyserver_fixtures import PASSPHRASE
 from tls_certificates import self_signed
 
-from keyserver.client import KeyServerClient
-from keyserver.launcher import (
+from ibe_pubsub.cli.main import build_parser, main
+from ibe_pubsub.evaluation.launcher import (
     child_env,
     cli_command,
     free_port,
@@ -33,7 +33,7 @@ from keyserver.launcher import (
     stop,
     wait_ready,
 )
-from peer.cli import build_parser, main
+from ibe_pubsub.keyserver.client import KeyServerClient
 
 pytestmark = pytest.mark.timeout(180)
 

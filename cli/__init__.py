@@ -1,0 +1,7 @@
+"""The ``ibe-pubsub`` command: one module per command group, and the argument helpers they
+share. Only this package and :mod:`ibe_pubsub.evaluation` sit on top of the libraries; no
+library package imports it."""
+
+from ibe_pubsub.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,140 @@
+"""Layered configuration for every subcommand: flag > environment > TOML file > default.
+
+Each option of a subcommand can be set, by its destination name, as
+* the environment variable ``IBE_PUBSUB_<NAME>`` (upper case), or
+* a key in the TOML file's table named after the command path, e.g.
+  ``[keyserver.serve] port = 8700`` (``admin_token_file`` or, as on the command line,
+  ``admin-token-file``).
+The TOML file is ``--config FILE``, else ``$IBE_PUBSUB_CONFIG``, else ``./ibe-pubsub.toml``
+if it exists. A table that names no command (a misspelling, or a group such as
+``[identity]``) is an error rather than silently ignored, as is an unknown key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ibe_pubsub.cli.parser import GLOBAL_DESTS
+
+ENV_PREFIX = "IBE_PUBSUB_"
+DEFAULT_CONFIG_FILE = "ibe-pubsub.toml"
+
+
+class ConfigError(Exception):
+    """The configuration file or an environment value cannot be used."""
+
+
+def load_config_file(path: str | None) -> dict[str, Any]:
+    """Read the TOML file named by the flag, the environment or the working directory."""
+    chosen = path or os.environ.get(ENV_PREFIX + "CONFIG")
+    if chosen is None:
+        if not Path(DEFAULT_CONFIG_FILE).is_file():
+            return {}
+        chosen = DEFAULT_CONFIG_FILE
+    try:
+        with open(chosen, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"configuration file not found: {chosen}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {chosen} is not valid TOML: {exc}") from exc
+
+
+def section_for(config: dict[str, Any], command_path: list[str]) -> dict[str, Any]:
+    """The table of the TOML file that configures one subcommand, its keys spelt with
+    underscores (``admin-token-file``, as on the command line, is ``admin_token_file``)."""
+    table: Any = config
+    for name in command_path:
+        table = table.get(name, {}) if isinstance(table, dict) else {}
+    section: dict[str, Any] = {}
+    for key, value in (table.items() if isinstance(table, dict) else ()):
+        if isinstance(value, dict):
+            continue
+        dest = key.replace("-", "_")
+        if dest in section:
+            raise ConfigError(f"[{'.'.join(command_path)}] sets {dest} twice "
+                              f"(with '-' and with '_')")
+        section[dest] = value
+    return section
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def check_tables(parser: argparse.ArgumentParser, config: dict[str, Any]) -> None:
+    """Refuse tables that configure no command: a misspelt one, or options in a group's
+    table (``[identity]`` rather than ``[identity.list]``), which would have no effect."""
+    problems: list[str] = []
+
+    def walk(node: argparse.ArgumentParser, table: dict[str, Any], path: list[str]) -> None:
+        children = _subcommands(node)
+        tables = [f"[{'.'.join([*path, name])}]" for name in sorted(children)]
+        if children and any(not isinstance(v, dict) for v in table.values()):
+            problems.append(f"[{'.'.join(path)}] is a group, not a command: use "
+                            f"{', '.join(tables)}" if path else
+                            "options outside any table: use a command's, e.g. [peer.run]")
+        for key, value in table.items():
+            if not isinstance(value, dict):
+                continue
+            if key in children:
+                walk(children[key], value, [*path, key])
+            else:
+                hint = f"the tables there: {', '.join(tables)}" if children else (
+                    f"[{'.'.join(path)}] has no subcommands")
+                problems.append(f"[{'.'.join([*path, key])}] is not a command ({hint})")
+
+    walk(parser, config, [])
+    if problems:
+        raise ConfigError("configuration file: " + "; ".join(problems))
+
+
+def _coerce(action: argparse.Action, raw: Any, origin: str) -> Any:
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in {"1", "true", "yes", "on"}:
+            return True
+        if text in {"0", "false", "no", "off"}:
+            return False
+        raise ConfigError(f"{origin}: expected a boolean, got {raw!r}")
+    if action.type is None or not isinstance(raw, str):
+        return raw
+    try:
+        return action.type(raw)
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+        raise ConfigError(f"{origin}: {exc}") from exc
+
+
+def apply_layers(parser: argparse.ArgumentParser, command_path: list[str],
+                 config: dict[str, Any]) -> None:
+    """Set the parser's defaults from the TOML section, then from the environment."""
+    table = section_for(config, command_path)
+    known = {action.dest: action for action in parser._actions
+             if action.dest != "help" and action.dest not in GLOBAL_DESTS}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) in [{'.'.join(command_path)}]: {', '.join(unknown)} "
+            f"(valid: {', '.join(sorted(known))})"
+        )
+    defaults: dict[str, Any] = {}
+    for dest, action in known.items():
+        if dest in table:
+            defaults[dest] = _coerce(action, table[dest], f"[{'.'.join(command_path)}] {dest}")
+        env_name = ENV_PREFIX + dest.upper()
+        if env_name in os.environ:
+            defaults[dest] = _coerce(action, os.environ[env_name], env_name)
+    if defaults:
+        parser.set_defaults(**defaults)
+        for action in parser._actions:
+            if action.dest in defaults:
+                action.required = False

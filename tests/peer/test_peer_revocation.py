@@ -1,0 +1,116 @@
+"""Epochs on a running overlay: peers fetch next-epoch keys before the rollover and keep
+delivering; a revoked publisher is refused new keys, and what it publishes with its old
+keys is rejected once that epoch's grace has passed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.evaluation.cluster import Cluster
+from ibe_pubsub.peer.publisher import EventPublisher
+
+pytestmark = pytest.mark.timeout(300)
+
+EPOCH, GRACE = 10, 4
+
+
+def _ids(cluster: Cluster, name: str) -> set[str]:
+    return {d["id"] for d in cluster.peers[name].delivered()}
+
+
+async def _wait_ids(cluster: Cluster, names: list[str], event_id: str, timeout: float = 30.0
+                    ) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(event_id in _ids(cluster, n) for n in names):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{event_id} not delivered to all of {names}")
+        await asyncio.sleep(0.1)
+
+
+def test_revoked_publisher_is_rejected_after_the_rollover(keyserver_factory, tmp_path):
+    server = keyserver_factory.start(init_args=("--epoch-seconds", str(EPOCH),
+                                                "--grace-seconds", str(GRACE)))
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers")
+    try:
+        cluster.wait_ready([cluster.start_root("root", ["symbol", "price", "volume"])])
+        cluster.wait_ready([cluster.start_subscriber("low", "price < 500"),
+                            cluster.start_subscriber("ibm", 'symbol prefix "IB"')])
+        rogue = cluster.admin.create_identity("rogue", "publisher")
+        good = cluster.identity("good", "publisher")
+        quote = {"symbol": "IBM", "price": 120.5, "volume": 1000}
+
+        async def scenario() -> None:
+            publisher = EventPublisher(server.base_url, rogue["token"], "")
+            await publisher.start()
+            assert publisher.keys is not None
+            old_end = publisher.keys.epoch_end
+            publisher.publish(Event("before", quote, b"rogue, still trusted"))
+            await publisher.transport.flush(10)
+            await _wait_ids(cluster, ["low", "ibm"], "before")
+
+            cluster.admin.revoke(rogue["id"])
+            refused = await asyncio.to_thread(cluster.publish, "rogue-cli",
+                                              [Event("refused", quote)], "", rogue["token"])
+            assert refused.returncode != 0 and "403" in refused.stderr
+
+            # Past the old epoch's end and grace (and a tick): peers hold only new keys.
+            await asyncio.sleep(max(0.0, old_end + GRACE + 2.0 - time.time()))
+            publisher.publish(Event("after", quote, b"old keys, revoked"))
+            await publisher.close()
+
+            result = await asyncio.to_thread(cluster.publish, "good", [Event("good", quote)],
+                                             "", good)
+            assert result.returncode == 0, result.stderr
+            await _wait_ids(cluster, ["low", "ibm"], "good")
+
+        asyncio.run(scenario())
+        time.sleep(1.0)
+        for name in ("low", "ibm"):
+            assert _ids(cluster, name) == {"before", "good"}, cluster.peers[name].log_tail()
+    finally:
+        cluster.stop_all()
+    for name in ("low", "ibm", "root"):
+        assert len(cluster.peers[name].stats()["epochs"]) >= 1
+        assert cluster.peers[name].process.returncode == 0
+
+
+def test_links_are_renewed_at_rollovers_without_dropping_any(keyserver_factory, tmp_path):
+    """Each peer fetches its next link certificate with its next keys; after the rollover
+    every link is re-handshaken with the new certificates before the old ones expire, so no
+    link expires, no parent is lost and every event published across two rollovers
+    arrives."""
+    server = keyserver_factory.start(init_args=("--epoch-seconds", str(EPOCH),
+                                                "--grace-seconds", str(GRACE)))
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers")
+    names = ["low", "ibm"]
+    published: list[str] = []
+    try:
+        cluster.wait_ready([cluster.start_root("root", ["symbol", "price", "volume"])])
+        cluster.wait_ready([cluster.start_subscriber("low", "price < 500"),
+                            cluster.start_subscriber("ibm", 'symbol prefix "IB"')])
+        first_end = cluster.admin.epoch()["epoch_end"]
+        burst = 0
+        while time.time() < first_end + EPOCH + GRACE + 1:
+            burst += 1
+            events = [Event(f"b{burst}e{i}", {"symbol": "IBM", "price": 120.5, "volume": i})
+                      for i in range(2)]
+            result = cluster.publish(f"pub{burst}", events)
+            assert result.returncode == 0, result.stderr
+            published += [e.event_id for e in events]
+            time.sleep(1.0)
+        cluster.wait_deliveries({n: set(published) for n in names}, timeout=20)
+    finally:
+        cluster.stop_all()
+    for name in names:
+        assert _ids(cluster, name) == set(published), cluster.peers[name].log_tail()
+    stats = {n: cluster.peers[n].stats() for n in ["root", *names]}
+    assert sum(s["transport"]["renewals"] for s in stats.values()) >= 2, stats
+    for name, s in stats.items():
+        assert s["transport"]["expired_links"] == 0, (name, s)
+        assert s["transport"]["refused"] == {}, (name, s)
+        assert s.get("parents_lost", 0) == 0, (name, s)
+        assert len(s["epochs"]) >= 1
