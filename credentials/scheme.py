@@ -13,6 +13,35 @@ event carries per position only a tag ``R_ij = H4(K_ij)`` and the masked
 ``K_ij = e(F_ij, h)^b_i``, which only the routing token ``T = F^phi`` recomputes, as
 ``e(T, C1_i)``; a connection-request entry is a Boneh-Franklin ciphertext that only the
 token of its credential opens.
+
+A round trip through the algorithms (this runs as a doctest in the test suite). The
+trusted party sets up the scheme and issues keys; a publisher holding keys for every
+credential encrypts and signs an event; only a subscriber whose credentials match it
+decrypts it::
+
+    >>> from ibe_pubsub.credentials.backends import load_group
+    >>> from ibe_pubsub.credentials.decompose import decompose
+    >>> from ibe_pubsub.credentials.predicates import parse_predicate
+    >>> from ibe_pubsub.credentials.schema import default_schema
+    >>> group, schema, epoch = load_group(), default_schema(), 1
+    >>> def credentials(subscription):
+    ...     parts = decompose(schema, parse_predicate(schema, subscription))
+    ...     return [c for cs in parts.values() for c in cs]
+    >>> mpk, msk = setup(group)
+    >>> pp = PublicParams(group, mpk, schema)
+    >>> publisher = [keygen_publisher(pp, msk, c, epoch) for c in credentials("")]
+    >>> event = Event("quote-1", {"symbol": "IBM", "price": 131.5, "volume": 2000}, b"hello")
+    >>> ciphertext = encrypt_and_sign(pp, publisher, event)
+    >>> verify(pp, ciphertext)
+    True
+    >>> reader = keygen_subscriber(pp, msk, epoch, credentials('symbol = "IBM"'))
+    >>> decrypt(pp, prepare_subscriber_key(pp, reader), ciphertext) == event
+    True
+    >>> other = keygen_subscriber(pp, msk, epoch, credentials("price > 500"))
+    >>> decrypt(pp, prepare_subscriber_key(pp, other), ciphertext)
+    Traceback (most recent call last):
+    ...
+    ibe_pubsub.credentials.scheme.DecryptionError: no credential on 'price' matches the event
 """
 
 from __future__ import annotations
