@@ -24,6 +24,9 @@ TYPES: tuple[str, ...] = ("string", "int", "float")
 # The predicate language uses these words; an attribute named like them would be ambiguous.
 RESERVED_NAMES = frozenset({"and", "in", "prefix"})
 MAX_BITS = 32
+#: Where a string credential's path has a character outside its attribute's alphabet
+#: (U+FFFD): reserved, so no alphabet may contain it.
+OTHER_CHAR = "\ufffd"
 
 
 class SchemaError(ValueError):
@@ -150,9 +153,6 @@ def _check_attribute(a: Attribute) -> None:
 
 
 def _check_alphabet(where: str, alphabet: object) -> None:
-    # Import here: strings.py imports this module.
-    from ibe_pubsub.credentials.strings import OTHER_CHAR
-
     if not isinstance(alphabet, str) or not alphabet:
         raise SchemaError(f"{where}: alphabet must be a non-empty string")
     if len(set(alphabet)) != len(alphabet):

@@ -25,9 +25,7 @@ possible and ``fine_split`` returns the credential itself.
 from __future__ import annotations
 
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.schema import Attribute
-
-OTHER_CHAR = "\ufffd"
+from ibe_pubsub.credentials.schema import OTHER_CHAR, Attribute
 
 
 def _check(attr: Attribute) -> int:
