@@ -1,0 +1,6 @@
+"""The error base of the command line (usage and configuration): every error this package
+raises is a :class:`CliError`, so a caller can catch them all in one clause."""
+
+
+class CliError(Exception):
+    """Base class of this package's errors."""
