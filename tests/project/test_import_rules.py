@@ -48,6 +48,7 @@ class Import:
     module: str
     name: str | None
     line: int
+    typing_only: bool = False
 
 
 def module_name(path: Path) -> str:
@@ -56,14 +57,20 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(importer: str, source: str) -> Iterator[Import]:
-    """Every import of ours in ``source``, at any depth (function bodies too)."""
-    for node in ast.walk(ast.parse(source)):
+    """Every import in ``source``, at any depth (function bodies too); those under ``if
+    TYPE_CHECKING:`` are marked, since they never run."""
+    tree = ast.parse(source)
+    typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", "") == "TYPE_CHECKING"
+                   for stmt in node.body for inner in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        unused = id(node) in typing_only
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for alias in node.names:
-                yield Import(importer, node.module, alias.name, node.lineno)
+                yield Import(importer, node.module, alias.name, node.lineno, unused)
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(importer, alias.name, None, node.lineno)
+                yield Import(importer, alias.name, None, node.lineno, unused)
 
 
 def project_imports() -> list[Import]:
@@ -120,10 +127,13 @@ def violations(imports: list[Import]) -> list[str]:
 
 
 def cycles(imports: list[Import]) -> list[list[str]]:
-    """Import cycles between modules, a name of a face counted as its defining module."""
+    """Import cycles between modules, a name of a face counted as its defining module
+    (imports for type checking only do not run, so they do not count)."""
     faces = {p: face_exports(p) for p in PACKAGES if p != "migrations"}
     graph: dict[str, set[str]] = {}
     for i in imports:
+        if i.typing_only:
+            continue
         target, package = i.module, package_of(i.module)
         if target == f"ibe_pubsub.{package}" and i.name:
             if (REPO_ROOT / package / f"{i.name}.py").exists():
@@ -176,6 +186,8 @@ def test_every_error_of_a_package_is_its_error_base():
         base = next(getattr(face, n) for n in face.__all__ if n.endswith("Error")
                     and getattr(face, n).__module__.endswith(".exceptions"))
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            if path.stem == "__main__":
+                continue  # it runs the command
             module = importlib.import_module(module_name(path))
             for name, value in vars(module).items():
                 if (isinstance(value, type) and issubclass(value, Exception)
