@@ -20,6 +20,7 @@ from ibe_pubsub.cli.arguments import CommandError
 from ibe_pubsub.cli.config import ConfigError, apply_layers, check_tables, load_config_file
 from ibe_pubsub.cli.parser import CommandParser
 from ibe_pubsub.credentials.logsafe import log_formatter, use_log_format
+from ibe_pubsub.evaluation.plotting import PlotsUnavailable
 
 COMMAND_GROUPS = (crypto, keyserver, bench, bulk, peer)
 
@@ -111,7 +112,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     try:
         return int(handler(args) or 0)
-    except CommandError as exc:
+    except (CommandError, PlotsUnavailable) as exc:
         print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
         return 2
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from ibe_pubsub.credentials.schema import Schema
 from ibe_pubsub.evaluation.memory import PeakMemory
+from ibe_pubsub.evaluation.plotting import pyplot
 from ibe_pubsub.evaluation.synthetic_requests import random_requests
 from ibe_pubsub.pipelines.inputs import BATCH_ROWS
 from ibe_pubsub.pipelines.layout import Summary
@@ -48,10 +49,7 @@ def _load() -> list[float]:
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = ["one Python process", f"Spark {report['spark']['master']}"]
     rates = [report["python"]["rows_per_s"], report["spark"]["rows_per_s"]]

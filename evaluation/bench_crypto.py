@@ -26,6 +26,7 @@ from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.groups import G2, PairingGroup
 from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.evaluation.plotting import pyplot
 
 BATCHES = 5
 ALGORITHMS = ("keygen_publisher", "keygen_subscriber", "encrypt_and_sign", "route_test",
@@ -201,10 +202,7 @@ def run(group: PairingGroup, dims: list[int], bits_list: list[int], min_seconds:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = report["algorithms"]
     bits_list = sorted({r["bits"] for r in rows})

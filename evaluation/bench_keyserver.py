@@ -36,6 +36,7 @@ from ibe_pubsub.evaluation.launcher import (
     stop,
     wait_ready,
 )
+from ibe_pubsub.evaluation.plotting import pyplot
 from ibe_pubsub.keyserver.client import KeyServerClient
 from ibe_pubsub.keyserver.enrolment import plan_subscriber
 from ibe_pubsub.keyserver.issuer import IssuerPool, issue_subscriber
@@ -173,10 +174,7 @@ def measure_http(settings: BenchSettings, data_dir: Path) -> dict[str, Any]:
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.bar(["key generation alone", f"HTTP, {result['http']['clients']} clients"],

@@ -42,6 +42,7 @@ from ibe_pubsub.credentials.groups import PairingGroup
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import Schema, default_schema
 from ibe_pubsub.evaluation.bench_crypto import RawOps, batch_time
+from ibe_pubsub.evaluation.plotting import pyplot
 
 SCENARIOS = ("fresh", "reused", "ticks", "ticks8")
 EPOCH = 1
@@ -160,10 +161,7 @@ def run(group: PairingGroup, seconds: float, progress: Callable[[str], None]) ->
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = report["scenarios"]
     fig, ax = plt.subplots(figsize=(9, 4.5))

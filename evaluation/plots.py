@@ -7,16 +7,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ibe_pubsub.evaluation.plotting import pyplot
+
 
 @contextmanager
 def figure(path: str | Path, title: str, xlabel: str, panels: Sequence[tuple[str, Any]],
            log: bool = False) -> Iterator[list[tuple[Any, Any]]]:
     """Yield ``(axes, tag)`` per panel, side by side, each panel given as ``(ylabel, tag)``;
     on exit label them, add legends and save the figure as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     pairs = [(ax, tag) for ax, (_, tag) in zip(axes[0], panels, strict=True)]

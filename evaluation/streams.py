@@ -21,6 +21,7 @@ from ibe_pubsub.evaluation.delays import (
     build,
     disseminate,
 )
+from ibe_pubsub.evaluation.plotting import pyplot
 
 RATE_FACTOR = 10
 #: The publishers' reuse window, seconds (``publish --stream-window 1s``).
@@ -49,10 +50,7 @@ def run(setting: Setting, peers: int, max_children: int, publishers: int, events
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = report["rows"]
     fig, (delay, cpu) = plt.subplots(1, 2, figsize=(11, 4))

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ibe_pubsub.evaluation.plotting import pyplot
+
 Key = tuple[str, str]
 
 
@@ -79,10 +81,7 @@ def _panel(attribute: str, nodes: dict[Key, dict[str, Any]], index: dict[str, in
 
 def draw_trees(statuses: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
     """Write the panels of :func:`layout` as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.lines import Line2D
 
     panels = layout(statuses)

@@ -30,6 +30,20 @@ def test_version_comes_from_the_installed_package():
     assert (shown.returncode, shown.stdout) == (0, f"ibe-pubsub {version('ibe-pubsub')}\n")
 
 
+def test_without_the_bench_extra_a_benchmark_keeps_its_json_and_says_what_to_install(tmp_path):
+    out = tmp_path / "crypto.json"
+    hidden = ("import sys; sys.modules['matplotlib'] = None\n"
+              "from ibe_pubsub.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", hidden, "bench", "crypto", "--json", str(out),
+                             "--dims", "1", "--bits", "4", "--min-seconds", "0.01"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == ("ibe-pubsub: error: plots need matplotlib: "
+                                              "pip install 'ibe-pubsub[bench]'")
+    assert "Traceback" not in result.stderr
+    assert json.loads(out.read_text())["algorithms"] and not out.with_suffix(".png").exists()
+
+
 def test_bench_crypto_writes_json_and_plot(tmp_path):
     out = tmp_path / "crypto.json"
     result = run("bench", "crypto", "--json", str(out), "--dims", "1", "--bits", "4",
