@@ -66,6 +66,16 @@ def int_list(text: str) -> list[int]:
     return [_parse(int, x, "comma-separated integers") for x in text.split(",") if x.strip()]
 
 
+def positive_int_list(text: str) -> list[int]:
+    """Comma-separated integers of at least 1, e.g. ``40,120``; at least one of them."""
+    values = int_list(text)
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must each be at least 1, got {min(values)}")
+    return values
+
+
 def ca_file(text: str) -> str:
     """A PEM file of CA certificates, loaded once here so a bad one fails before any work."""
     try:

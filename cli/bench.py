@@ -20,6 +20,7 @@ from ibe_pubsub.cli.arguments import (
     non_negative_float,
     positive_duration,
     positive_int,
+    positive_int_list,
     write_json_atomically,
 )
 from ibe_pubsub.credentials.logsafe import notice
@@ -366,9 +367,6 @@ def _choices(allowed: tuple[str, ...], what: str) -> Callable[[str], list[str]]:
 def _run_exactness(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation import exactness
 
-    if not args.subscribers or min(args.seeds, args.events, args.workers,
-                                   *args.subscribers) < 1:
-        raise CommandError("seeds, events, workers and subscribers must be at least 1")
     churn = {"both": (False, True), "on": (True,), "off": (False,)}[args.churn]
     todo = exactness.cases(args.schemas, args.routing, args.subscribers, churn,
                            range(1, args.seeds + 1))
@@ -401,21 +399,21 @@ def _register_exactness(bench: argparse._SubParsersAction) -> None:
         "Writes every run and a summary as JSON; exits non-zero if any run missed or "
         "added a delivery.")
     p.add_argument("--out", default="bench/exactness.json", help="output JSON file")
-    p.add_argument("--seeds", type=int, default=13,
+    p.add_argument("--seeds", type=positive_int, default=13,
                    help="seeds 1..N of every combination (default 13: 208 runs)")
     p.add_argument("--schemas", type=_choices(EXACTNESS_SCHEMAS, "schema(s)"),
                    default=list(EXACTNESS_SCHEMAS),
                    help=f"comma-separated schemas (default {','.join(EXACTNESS_SCHEMAS)})")
     p.add_argument("--routing", type=_choices(("ohf", "mcr"), "routing(s)"), default=["ohf", "mcr"],
                    help="comma-separated routings (default ohf,mcr)")
-    p.add_argument("--subscribers", type=int_list, default=[40, 120],
+    p.add_argument("--subscribers", type=positive_int_list, default=[40, 120],
                    help="comma-separated subscriber counts (default 40,120)")
     p.add_argument("--churn", choices=("both", "on", "off"), default="both",
                    help="runs with churn (a fifth of the subscribers leave or crash and as "
                    "many join while events are published), without, or both (default)")
-    p.add_argument("--events", type=int, default=200,
+    p.add_argument("--events", type=positive_int, default=200,
                    help="events per run, 50 ms apart (default 200)")
-    p.add_argument("--workers", type=int, default=2,
+    p.add_argument("--workers", type=positive_int, default=2,
                    help="simulator processes run in parallel (default 2)")
     p.set_defaults(handler=_run_exactness)
 
