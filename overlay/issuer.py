@@ -24,7 +24,7 @@ from ibe_pubsub.credentials.decompose import decompose, fine_credentials, root_c
 from ibe_pubsub.credentials.predicates import Predicate
 from ibe_pubsub.credentials.schema import Schema
 from ibe_pubsub.credentials.scheme import Event, PublicParams
-from ibe_pubsub.credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
+from ibe_pubsub.credentials.streams import Stream, StreamWindow
 from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from ibe_pubsub.overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
 from ibe_pubsub.overlay.crypto_real import RealCrypto
@@ -73,7 +73,7 @@ class ModeledIssuer:
                 ) -> bytes:
         """The model publishes version-2 events only (``publisher`` and ``now`` serve the
         real issuer's streams)."""
-        return self.crypto.encrypt(event, epoch)
+        return self.crypto.encrypt(epoch, event)
 
 
 #: Expiry of the simulated publishers' session certificates (Unix seconds, far ahead: the
@@ -130,11 +130,11 @@ class RealIssuer:
                 scheme.keygen_publisher(self.pp, self.msk, root_credential(a), epoch)
                 for a in self.schema.attributes]
         if self.stream_window is None:
-            return codec.encode_event(scheme.encrypt_and_sign(self.pp, keys, event))
+            return self.crypto.encrypt(keys, event)
         self._now = now
         stream = self._streams.get((publisher, epoch))
         if stream is None:
             stream = self._streams[(publisher, epoch)] = Stream(
                 self.pp, keys, self.stream_window, CERTIFICATE_EXPIRY, lambda: self._now)
-        return codec.encode_stream_event(stream_encrypt_and_sign(stream, event))
+        return self.crypto.encrypt(stream, event)
 

@@ -123,8 +123,3 @@ def enrol_publisher(client: KeyServerClient, params: ServerParams, advertisement
                                  epoch="next" if next_epoch else None)
     bundle = decode_publisher_bundle(params.pp.group, doc)
     return Publisher(bundle.epoch, bundle.epoch_end, advertisement, bundle.keys)
-
-
-def encrypt(params: ServerParams, publisher: Publisher, event: scheme.Event) -> bytes:
-    """Encrypt and sign one event (raises scheme.NotAuthorized outside the keys)."""
-    return codec.encode_event(scheme.encrypt_and_sign(params.pp, publisher.keys, event))
