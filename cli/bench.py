@@ -445,7 +445,6 @@ def _run_bulk(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _register_bulk(bench: argparse._SubParsersAction) -> None:
     bulk = bench.add_parser(
         "bulk", help="requests/s of the Spark decomposition vs one Python process",
@@ -454,9 +453,9 @@ def _register_bulk(bench: argparse._SubParsersAction) -> None:
         "CPU second), their ratio, peak memory and the load average as JSON and a PNG "
         "plot. Spark's own logs go next to the JSON as .spark.log (-v shows them).")
     bulk.add_argument("--json", default="bench/bulk.json", metavar="FILE",
-                       help="output JSON file (the plot goes next to it as .png)")
+                      help="output JSON file (the plot goes next to it as .png)")
     bulk.add_argument("--requests", type=positive_int, default=1_000_000,
-                       help="number of synthetic requests (default 1000000)")
+                      help="number of synthetic requests (default 1000000)")
     add_schema(bulk)
     bulk.add_argument("--master", default="local[2]",
                       help="Spark master URL, e.g. spark://host:7077 (default local[2])")
