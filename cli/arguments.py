@@ -1,12 +1,15 @@
-"""What every package's commands share: the user-facing error, argument types, `bench`.
+"""What the command groups share: the user-facing error, argument types and the option
+blocks several commands take (the key server's address and credentials, ...).
 
-It imports nothing of the project at module level, so any package's ``cli`` module can
-use it without import cycles through the dispatcher.
+It imports nothing of the project at module level, so that ``ibe-pubsub --help`` stays
+cheap: what reads an option imports what it needs when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import json
 import os
 import ssl
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ibe_pubsub.credentials.schema import Schema
+    from ibe_pubsub.peer.known_servers import KnownServers
 
 
 class CommandError(Exception):
@@ -62,6 +66,16 @@ def int_list(text: str) -> list[int]:
     return [_parse(int, x, "comma-separated integers") for x in text.split(",") if x.strip()]
 
 
+def positive_int_list(text: str) -> list[int]:
+    """Comma-separated integers of at least 1, e.g. ``40,120``; at least one of them."""
+    values = int_list(text)
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must each be at least 1, got {min(values)}")
+    return values
+
+
 def ca_file(text: str) -> str:
     """A PEM file of CA certificates, loaded once here so a bad one fails before any work."""
     try:
@@ -97,22 +111,35 @@ def add_schema(parser: argparse.ArgumentParser, required: bool = False) -> None:
                             metavar="NAME|FILE", help=help_text + " (default: %(default)s)")
 
 
-def add_ca_file(parser: argparse.ArgumentParser) -> None:
-    """``--ca-file``, for every command that talks to the key server."""
+def add_key_server(parser: argparse.ArgumentParser, admin: bool = False) -> None:
+    """The options of every command that talks to the key server: ``--server``, the
+    credential it presents (the admin token with ``admin``, read with :func:`admin_token`;
+    else an identity's token and how the server's signing key is trusted, read with
+    :func:`identity_token`, :func:`server_key` and :func:`known_servers`) and ``--ca-file``."""
+    parser.add_argument("--server", required=True,
+                        help="key server URL, e.g. http://127.0.0.1:8700")
+    if admin:
+        parser.add_argument("--admin-token", metavar="TOKEN",
+                            help="the key server's admin token (better: "
+                            "$IBE_PUBSUB_ADMIN_TOKEN or --admin-token-file than the command "
+                            "line)")
+        parser.add_argument("--admin-token-file", metavar="FILE",
+                            help="read the admin token from this file, e.g. the key server's "
+                            "DATA/admin.token")
+    else:
+        parser.add_argument("--token",
+                            help="the identity's bearer token (better: IBE_PUBSUB_TOKEN)")
+        parser.add_argument("--server-key",
+                            help="pin the key server's Ed25519 signing key (base64); "
+                            "default: trust the key it presents on first contact and refuse "
+                            "another one later (see --known-servers)")
+        parser.add_argument("--known-servers", metavar="FILE",
+                            help="where key servers' keys are recorded on first contact "
+                            "(default: ibe-pubsub/known_servers.json in $XDG_CONFIG_HOME or "
+                            "~/.config)")
     parser.add_argument("--ca-file", type=ca_file, metavar="PEM",
                         help="trust the key server's TLS certificate if this CA signed it "
                         "(default: the system's CAs)")
-
-
-def add_admin_token(parser: argparse.ArgumentParser) -> None:
-    """``--admin-token`` and ``--admin-token-file``, for every admin command (read with
-    :func:`admin_token`)."""
-    parser.add_argument("--admin-token", metavar="TOKEN",
-                        help="the key server's admin token (better: $IBE_PUBSUB_ADMIN_TOKEN "
-                        "or --admin-token-file than the command line)")
-    parser.add_argument("--admin-token-file", metavar="FILE",
-                        help="read the admin token from this file, e.g. the key server's "
-                        "DATA/admin.token")
 
 
 def admin_token(args: argparse.Namespace) -> str:
@@ -133,6 +160,62 @@ def admin_token(args: argparse.Namespace) -> str:
         raise CommandError("the admin token is required: --admin-token-file FILE, "
                            "$IBE_PUBSUB_ADMIN_TOKEN or --admin-token")
     return str(token)
+
+
+def identity_token(args: argparse.Namespace) -> str:
+    """--token (or IBE_PUBSUB_TOKEN), else the token in the --bundle file, if it has one."""
+    if args.token:
+        return str(args.token)
+    if args.bundle is None:
+        raise CommandError("--token (or IBE_PUBSUB_TOKEN) is required")
+    from ibe_pubsub.keyserver.bundles import BundleError
+    from ibe_pubsub.peer.bundle_file import file_token
+
+    try:
+        token = file_token(args.bundle)
+    except BundleError as exc:
+        raise CommandError(str(exc)) from exc
+    if token is None:
+        raise CommandError(f"bundle {args.bundle} carries no token (its identity was not "
+                           "created by bulk issuance): give the identity's token with --token "
+                           "or IBE_PUBSUB_TOKEN")
+    return token
+
+
+def server_key(args: argparse.Namespace) -> bytes | None:
+    """The signing key --server-key pins, or None."""
+    if not args.server_key:
+        return None
+    try:
+        key = base64.b64decode(args.server_key, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise CommandError("--server-key must be base64") from exc
+    if len(key) != 32:
+        raise CommandError("--server-key must be a raw 32-byte Ed25519 key in base64")
+    return key
+
+
+def known_servers(args: argparse.Namespace) -> KnownServers | None:
+    """Where first-use keys are recorded; none is consulted when --server-key pins the key."""
+    from ibe_pubsub.peer.known_servers import KnownServers, default_path
+
+    if args.server_key:
+        return None
+    return KnownServers(Path(args.known_servers) if args.known_servers else default_path())
+
+
+def add_partitions(parser: argparse.ArgumentParser) -> None:
+    """``--partitions``, for every command that runs the decomposition on Spark."""
+    parser.add_argument("--partitions", type=positive_int, default=8,
+                        help="Spark shuffle partitions = parallel decomposition tasks "
+                        "(default 8)")
+
+
+def add_fine_depth(parser: argparse.ArgumentParser) -> None:
+    """``--fine-depth`` of a decomposition of many requests."""
+    parser.add_argument("--fine-depth", type=int, choices=range(0, 5), default=1,
+                        help="split depth of subscribers' fine credentials (0: none; "
+                        "default 1)")
 
 
 def add_insecure_transport(parser: argparse.ArgumentParser) -> None:
@@ -164,15 +247,3 @@ def _parse(kind: type, text: str, expected: str):  # type: ignore[no-untyped-def
         return kind(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from exc
-
-
-def bench_group(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """The shared `bench` command group; each package adds its own benchmark to it."""
-    bench = subparsers.choices.get("bench")
-    if bench is None:
-        bench = subparsers.add_parser(
-            "bench", help="benchmarks that write JSON and a PNG plot",
-            description="Benchmarks; each writes JSON (to bench/ unless told otherwise) and, "
-            "all but transport, a PNG plot.")
-        bench.add_subparsers(dest="bench", metavar="BENCHMARK")
-    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))

@@ -1,5 +1,6 @@
-"""`ibe-pubsub bench overlay` and `bench exactness`: register the evaluation and the exact
-delivery harness in the shared `bench` group."""
+"""``ibe-pubsub bench``: every benchmark, each a subcommand that writes JSON (and, all but
+transport, a PNG plot). The measuring code is in :mod:`ibe_pubsub.evaluation`, imported by
+the handlers only."""
 
 from __future__ import annotations
 
@@ -8,16 +9,191 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ibe_pubsub.cli.arguments import CommandError, bench_group, int_list, positive_int
+from ibe_pubsub.cli.arguments import (
+    CommandError,
+    add_fine_depth,
+    add_partitions,
+    add_schema,
+    int_list,
+    non_negative_float,
+    positive_duration,
+    positive_int,
+    positive_int_list,
+    write_json_atomically,
+)
+from ibe_pubsub.credentials.logsafe import notice
 from ibe_pubsub.evaluation.sizes import DEFAULT_EXPERIMENTS, EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
 
+if TYPE_CHECKING:
+    from ibe_pubsub.evaluation.bench_keyserver import BenchSettings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    group = subparsers.add_parser(
+        "bench", help="benchmarks that write JSON and a PNG plot",
+        description="Benchmarks; each writes JSON (to bench/ unless told otherwise) and, "
+        "all but transport, a PNG plot.")
+    bench = group.add_subparsers(dest="bench", metavar="BENCHMARK")
+    for add in (_register_crypto, _register_streams, _register_keyserver, _register_overlay,
+                _register_exactness, _register_bulk, _register_transport,
+                _register_monitoring):
+        add(bench)
+
+
+# -- bench crypto, bench streams -----------------------------------------------------------
+
+def _run_crypto(args: argparse.Namespace) -> int:
+    from ibe_pubsub.evaluation.bench_crypto import main
+
+    report = main(Path(args.json), args.dims, args.bits, args.min_seconds, args.backend)
+    print(f"{'algorithm':26} {'d':>2} {'bits':>4} {'ms':>9} {'floor ms':>9} {'ratio':>6}")
+    for r in report["algorithms"]:
+        print(f"{r['algorithm']:26} {r['d']:>2} {r['bits']:>4} {r['ms']:9.3f} "
+              f"{r['floor_ms']:9.3f} {r['ratio']:6.2f}")
+    raw = report["raw"]
+    print(f"pairing {raw['pairing_ms']:.3f} ms; multi-pairing of 7 {raw['multi_pairing_7_ms']:.3f}"
+          f" ms vs 7 pairings {raw['seven_pairings_ms']:.3f} ms")
+    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
+    return 0
+
+
+def _run_streams(args: argparse.Namespace) -> int:
+    from ibe_pubsub.evaluation.bench_streams import GOALS, main
+
+    if not args.seconds > 0:
+        raise CommandError("--seconds must be more than 0")
+    report = main(Path(args.json), args.seconds, args.backend)
+    print(f"{'scenario':9} {'publisher/s':>12} {'floor':>9} {'subscriber/s':>13} {'floor':>9}"
+          f" {'goal':>6}")
+    for name, r in report["scenarios"].items():
+        print(f"{name:9} {r['publisher_events_per_s']:12.0f} "
+              f"{r['publisher_floor_events_per_s']:9.0f} {r['subscriber_events_per_s']:13.0f}"
+              f" {r['subscriber_floor_events_per_s']:9.0f} {GOALS.get(name, ''):>6}")
+    print("events/s per core, from CPU time")
+    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
+    return 0
+
+
+def _output_and_backend(parser: argparse.ArgumentParser, default_json: str) -> None:
+    parser.add_argument("--json", default=default_json, metavar="FILE",
+                        help="output JSON file (the plot is written next to it as .png)")
+    parser.add_argument("--backend", choices=["mcl", "charm"], default=None,
+                        help="pairing backend (default: $IBE_PUBSUB_BACKEND or mcl)")
+
+
+def _register_crypto(bench: argparse._SubParsersAction) -> None:
+    crypto = bench.add_parser(
+        "crypto", help="raw pairing operations and every algorithm of docs/scheme.md vs its floor",
+        description="Measure the pairing backend's raw operations and each algorithm of "
+        "docs/scheme.md for several attribute counts and widths; write JSON and a PNG plot.")
+    crypto.add_argument("--dims", type=int_list, default=[1, 2, 4, 8],
+                        help="attribute counts d, comma-separated (default 1,2,4,8)")
+    crypto.add_argument("--bits", type=int_list, default=[8, 16, 32],
+                        help="bits per attribute, comma-separated (default 8,16,32)")
+    crypto.add_argument("--min-seconds", type=float, default=0.3,
+                        help="minimum measuring time per operation (default 0.3)")
+    _output_and_backend(crypto, "bench/crypto.json")
+    crypto.set_defaults(handler=_run_crypto)
+
+
+def _register_streams(bench: argparse._SubParsersAction) -> None:
+    streams = bench.add_parser(
+        "streams", help="a stream's publisher and subscriber events/s per core, four scenarios",
+        description="Measure events per second per core (CPU time) of a stream's publisher "
+        "(encrypt and sign) and subscriber (decode, decrypt, verify) on the stock schema, in "
+        "four scenarios: fresh (no reuse), reused (every entry reused), ticks (fixed symbol, "
+        "price a random walk of cent steps from 150.00, random trade sizes) and ticks8 (the "
+        "same with 8 price and 8 volume bits), each against the floor of its public-key "
+        "operations priced in the same run. Writes JSON and a PNG plot.")
+    streams.add_argument("--seconds", type=float, default=3.0,
+                         help="CPU seconds of publishing per scenario (default 3)")
+    _output_and_backend(streams, "bench/streams.json")
+    streams.set_defaults(handler=_run_streams)
+
+
+# -- bench keyserver -------------------------------------------------------------------------
+
+def _run_keyserver(args: argparse.Namespace) -> int:
+    from ibe_pubsub.evaluation.bench_keyserver import BenchSettings, run_bench
+
+    settings = BenchSettings(clients=args.clients, seconds=args.seconds,
+                             subscription=args.subscription, max_credentials=args.max_credentials,
+                             workers=args.workers)
+    if args.replicas is not None:
+        return _bench_replicas(args, settings)
+    plot = None if args.no_plot else Path(args.plot or Path(args.json).with_suffix(".png"))
+    result = run_bench(settings, Path(args.json), plot)
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {args.json}" + (f" and {plot}" if plot else ""))
+    return 0
+
+
+def _bench_replicas(args: argparse.Namespace, settings: BenchSettings) -> int:
+    from ibe_pubsub.evaluation.bench_replicas import run_replica_bench
+    from ibe_pubsub.evaluation.throwaway_postgres import PostgresUnavailable
+
+    cores = args.cores or list(range(args.replicas))
+    if len(cores) < args.replicas:
+        raise CommandError(f"--cores lists {len(cores)} cores for {args.replicas} replicas")
+    try:
+        result = run_replica_bench(settings, args.replicas, cores, args.postgres_url,
+                                   Path(args.json))
+    except (PostgresUnavailable, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _cores(text: str) -> list[int]:
+    try:
+        cores = [int(c) for c in text.split(",")]
+    except ValueError:
+        cores = []
+    if not cores or min(cores) < 0:
+        raise argparse.ArgumentTypeError(f"expected core numbers like 0,1, got {text!r}")
+    return cores
+
+
+def _register_keyserver(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser(
+        "keyserver", help="credential keys per second over HTTP vs. key generation alone",
+        description="Starts a key server, measures credential keys issued per second by "
+        "key generation alone (the floor, all cores) and over HTTP with concurrent "
+        "clients, and p50/p99 enrolment latency.")
+    p.add_argument("--json", default="bench/keyserver.json", metavar="FILE",
+                   help="output JSON file")
+    p.add_argument("--plot", help="output PNG (default: next to --json)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--clients", type=positive_int, default=32, help="concurrent HTTP clients")
+    p.add_argument("--seconds", type=float, default=20.0, help="duration of each phase")
+    p.add_argument("--workers", type=positive_int, help="issuer processes (default: cores)")
+    p.add_argument("--subscription", default='symbol prefix "IB" and price in [10, 20]',
+                   help="the subscription every client enrols")
+    p.add_argument("--max-credentials", type=positive_int, default=4,
+                   help="credentials per numeric attribute")
+    p.add_argument("--replicas", type=positive_int, metavar="N",
+                   help="instead: 1 replica, then N replicas of one key store on one "
+                   "PostgreSQL database, each pinned to one core (taskset) with one issuer "
+                   "worker; writes keys/s of both and their ratio (no plot)")
+    p.add_argument("--cores", type=_cores, metavar="LIST",
+                   help="with --replicas: the cores to pin them to, e.g. 2,3 (default 0..N-1)")
+    p.add_argument("--postgres-url", metavar="URL",
+                   help="with --replicas: a PostgreSQL server where the benchmark may create "
+                   "databases (default: a throwaway cluster from the local initdb/pg_ctl)")
+    p.set_defaults(handler=_run_keyserver)
+
+
+
+# -- bench overlay ---------------------------------------------------------------------------
 
 def _names(text: str) -> list[str]:
     return _choices(EXPERIMENTS, "experiment(s)")(text)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run_overlay(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation.bench_overlay import Bench
     from ibe_pubsub.overlay.simulator import LatencyModel
 
@@ -97,9 +273,9 @@ def _csv(values: tuple[float, ...]) -> str:
     return ",".join(map(str, values))
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def _register_overlay(bench: argparse._SubParsersAction) -> None:
     d = Sizes()
-    p = bench_group(subparsers).add_parser(
+    p = bench.add_parser(
         "overlay", help="connection and dissemination delays, OHF vs MCR, encryption "
         "operations per event (the report's section 8, and more)",
         description="Run the evaluation: crypto costs measured on real cryptography, then "
@@ -169,9 +345,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-seconds", type=float, default=0.1,
                    help="measuring time per priced operation of the encryption experiment "
                    "(default 0.1)")
-    p.set_defaults(handler=_run)
-    _register_exactness(bench_group(subparsers))
+    p.set_defaults(handler=_run_overlay)
 
+
+
+# -- bench exactness -------------------------------------------------------------------------
 
 def _choices(allowed: tuple[str, ...], what: str) -> Callable[[str], list[str]]:
     """A parser of a comma-separated subset of ``allowed``."""
@@ -189,9 +367,6 @@ def _choices(allowed: tuple[str, ...], what: str) -> Callable[[str], list[str]]:
 def _run_exactness(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation import exactness
 
-    if not args.subscribers or min(args.seeds, args.events, args.workers,
-                                   *args.subscribers) < 1:
-        raise CommandError("seeds, events, workers and subscribers must be at least 1")
     churn = {"both": (False, True), "on": (True,), "off": (False,)}[args.churn]
     todo = exactness.cases(args.schemas, args.routing, args.subscribers, churn,
                            range(1, args.seeds + 1))
@@ -224,20 +399,136 @@ def _register_exactness(bench: argparse._SubParsersAction) -> None:
         "Writes every run and a summary as JSON; exits non-zero if any run missed or "
         "added a delivery.")
     p.add_argument("--out", default="bench/exactness.json", help="output JSON file")
-    p.add_argument("--seeds", type=int, default=13,
+    p.add_argument("--seeds", type=positive_int, default=13,
                    help="seeds 1..N of every combination (default 13: 208 runs)")
     p.add_argument("--schemas", type=_choices(EXACTNESS_SCHEMAS, "schema(s)"),
                    default=list(EXACTNESS_SCHEMAS),
                    help=f"comma-separated schemas (default {','.join(EXACTNESS_SCHEMAS)})")
     p.add_argument("--routing", type=_choices(("ohf", "mcr"), "routing(s)"), default=["ohf", "mcr"],
                    help="comma-separated routings (default ohf,mcr)")
-    p.add_argument("--subscribers", type=int_list, default=[40, 120],
+    p.add_argument("--subscribers", type=positive_int_list, default=[40, 120],
                    help="comma-separated subscriber counts (default 40,120)")
     p.add_argument("--churn", choices=("both", "on", "off"), default="both",
                    help="runs with churn (a fifth of the subscribers leave or crash and as "
                    "many join while events are published), without, or both (default)")
-    p.add_argument("--events", type=int, default=200,
+    p.add_argument("--events", type=positive_int, default=200,
                    help="events per run, 50 ms apart (default 200)")
-    p.add_argument("--workers", type=int, default=2,
+    p.add_argument("--workers", type=positive_int, default=2,
                    help="simulator processes run in parallel (default 2)")
     p.set_defaults(handler=_run_exactness)
+
+
+# -- bench bulk ------------------------------------------------------------------------------
+
+def _run_bulk(args: argparse.Namespace) -> int:
+    from ibe_pubsub.evaluation.bench_bulk import main
+    from ibe_pubsub.pipelines.session import SparkStartError
+
+    json_path = Path(args.json)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    spark_log = None if args.verbose else json_path.with_suffix(".spark.log")
+    try:
+        report = main(json_path, args.schema, args.requests, args.master, args.partitions,
+                      args.fine_depth, spark_log=spark_log)
+    except SparkStartError as exc:
+        raise CommandError(f"cannot start Spark: {exc}") from exc
+    python, spark = report["python"], report["spark"]
+    print(f"one Python process: {python['rows_per_s']:.0f} requests/s "
+          f"({python['seconds']:.1f} s; {python['rows_per_cpu_s']:.0f} per CPU second; "
+          f"peak RSS {python['peak_rss_mb']['driver']:.0f} MB)")
+    memory = ", ".join(f"{group} {mb:.0f} MB" for group, mb in spark["peak_rss_mb"].items())
+    print(f"Spark {spark['master']}: {spark['rows_per_s']:.0f} requests/s "
+          f"({spark['seconds']:.1f} s, plus {spark['startup_seconds']:.1f} s start-up; "
+          f"peak RSS {memory})")
+    print(f"ratio Spark/Python: {report['ratio']:.2f}")
+    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
+    return 0
+
+
+def _register_bulk(bench: argparse._SubParsersAction) -> None:
+    bulk = bench.add_parser(
+        "bulk", help="requests/s of the Spark decomposition vs one Python process",
+        description="Decompose synthetic requests with Spark and with the same function "
+        "in one plain Python process; write requests/s of both (the plain process also per "
+        "CPU second), their ratio, peak memory and the load average as JSON and a PNG "
+        "plot. Spark's own logs go next to the JSON as .spark.log (-v shows them).")
+    bulk.add_argument("--json", default="bench/bulk.json", metavar="FILE",
+                      help="output JSON file (the plot goes next to it as .png)")
+    bulk.add_argument("--requests", type=positive_int, default=1_000_000,
+                      help="number of synthetic requests (default 1000000)")
+    add_schema(bulk)
+    bulk.add_argument("--master", default="local[2]",
+                      help="Spark master URL, e.g. spark://host:7077 (default local[2])")
+    add_partitions(bulk)
+    add_fine_depth(bulk)
+    bulk.set_defaults(handler=_run_bulk)
+
+
+# -- bench transport -------------------------------------------------------------------------
+
+def _run_transport(args: argparse.Namespace) -> int:
+    from ibe_pubsub.evaluation.bench_transport import bench_transport
+
+    result = bench_transport(args.connections)
+    print(f"{result['connections']} connections on loopback: mutual TLS "
+          f"{result['tls_ms']:.2f} ms, plaintext {result['plaintext_ms']:.2f} ms per "
+          f"connection (+{result['tls_overhead_ms']:.2f} ms)", file=sys.stderr)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(args.json, result)
+    print(f"wrote {args.json}")
+    return 0
+
+
+# -- bench monitoring ----------------------------------------------------------------------
+
+def _run_monitoring(args: argparse.Namespace) -> int:
+    from ibe_pubsub.evaluation.bench_monitoring import bench_monitoring, plot
+
+    result = bench_monitoring(args.pairs, args.events, args.interval, args.scrape_interval)
+    notice(f"--http on/off: CPU x{result['window_cpu_ratio_on_off']:.3f} while "
+           f"disseminating (x{result['cpu_ratio_on_off']:.3f} over the processes' lives), "
+           f"mean delay "
+           f"{result['on']['delay_ms_mean']:.1f} vs {result['off']['delay_ms_mean']:.1f} ms "
+           f"({result['scrapes']} scrapes); one scrape costs a peer "
+           f"{1000 * result['cpu_seconds_per_scrape']:.2f} ms CPU, "
+           f"{result['scrape_cpu_share']:.2%} of its CPU at one scrape per interval")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(args.json, result)
+    plot(result, Path(args.json).with_suffix(".png"))
+    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
+    return 0
+
+
+def _register_transport(bench: argparse._SubParsersAction) -> None:
+    transport = bench.add_parser(
+        "transport", help="the cost of opening an authenticated peer link",
+        description="Open --connections fresh peer links on loopback, each one TCP connect, "
+                    "a mutual TLS 1.3 handshake with Ed25519 certificates from a throwaway "
+                    "CA, HELLO both ways and a first frame, then the same in plaintext; "
+                    "prints the mean milliseconds per connection and writes them to --json.")
+    transport.add_argument("--connections", type=positive_int, default=200,
+                           help="connections per mode")
+    transport.add_argument("--json", default="bench/transport.json", metavar="FILE",
+                           help="output JSON file")
+    transport.set_defaults(handler=_run_transport)
+
+
+
+def _register_monitoring(bench: argparse._SubParsersAction) -> None:
+    monitoring = bench.add_parser(
+        "monitoring", help="the cost of a peer's --http endpoint, scraped, in CPU and delay",
+        description="One overlay on loopback with subscribers in pairs of equal "
+                    "subscriptions, one of each pair serving --http and scraped (/metrics and "
+                    "/status) every --scrape-interval, the other not; publishes --events and "
+                    "compares the pairs' CPU seconds (process time) and dissemination delay.")
+    monitoring.add_argument("--pairs", type=positive_int, default=10,
+                            help="subscriber pairs")
+    monitoring.add_argument("--events", type=positive_int, default=300, help="events")
+    monitoring.add_argument("--interval", type=non_negative_float, default=0.05,
+                            help="seconds between events")
+    monitoring.add_argument("--scrape-interval", type=positive_duration, default=15.0,
+                            metavar="DURATION", help="time between scrapes of each peer "
+                            "(default 15s, a usual Prometheus setting)")
+    monitoring.add_argument("--json", default="bench/monitoring.json", metavar="FILE",
+                            help="output JSON file (the PNG goes next to it)")
+    monitoring.set_defaults(handler=_run_monitoring)

@@ -1,4 +1,4 @@
-"""Commands of the pipelines package: `bulk decompose`, `bulk issue` and `bench bulk`.
+"""``ibe-pubsub bulk``: enrol many identities at once (``decompose``, ``issue``).
 
 Spark and pyarrow are imported by the handlers only, so the rest of the CLI works
 without the ``spark`` extra installed.
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from ibe_pubsub.cli.arguments import (
     CommandError,
-    add_admin_token,
-    add_ca_file,
+    add_fine_depth,
+    add_key_server,
+    add_partitions,
     add_schema,
     admin_token,
-    bench_group,
     positive_int,
 )
 
@@ -178,49 +178,6 @@ def _issue(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_bulk import main
-    from ibe_pubsub.pipelines.session import SparkStartError
-
-    json_path = Path(args.json)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    spark_log = None if args.verbose else json_path.with_suffix(".spark.log")
-    try:
-        report = main(json_path, args.schema, args.requests, args.master, args.partitions,
-                      args.fine_depth, spark_log=spark_log)
-    except SparkStartError as exc:
-        raise CommandError(f"cannot start Spark: {exc}") from exc
-    python, spark = report["python"], report["spark"]
-    print(f"one Python process: {python['rows_per_s']:.0f} requests/s "
-          f"({python['seconds']:.1f} s; {python['rows_per_cpu_s']:.0f} per CPU second; "
-          f"peak RSS {python['peak_rss_mb']['driver']:.0f} MB)")
-    memory = ", ".join(f"{group} {mb:.0f} MB" for group, mb in spark["peak_rss_mb"].items())
-    print(f"Spark {spark['master']}: {spark['rows_per_s']:.0f} requests/s "
-          f"({spark['seconds']:.1f} s, plus {spark['startup_seconds']:.1f} s start-up; "
-          f"peak RSS {memory})")
-    print(f"ratio Spark/Python: {report['ratio']:.2f}")
-    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
-    return 0
-
-
-def _spark_options(parser: argparse.ArgumentParser, master: str) -> None:
-    parser.add_argument("--master", default=master,
-                        help=f"Spark master URL, e.g. spark://host:7077 (default {master})")
-    _partitions_option(parser)
-
-
-def _partitions_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--partitions", type=positive_int, default=8,
-                        help="Spark shuffle partitions = parallel decomposition tasks "
-                        "(default 8)")
-
-
-def _decomposition_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fine-depth", type=int, choices=range(0, 5), default=1,
-                        help="split depth of subscribers' fine credentials (0: none; "
-                        "default 1)")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     bulk = subparsers.add_parser(
         "bulk", help="bulk enrolment: decompose requests on Spark, issue keys in chunks",
@@ -255,14 +212,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="run the job through this Spark Connect server, on its "
                            "cluster, instead of starting Spark here (not with --master); "
                            "--input and --output must then be paths the server can reach")
-    _partitions_option(decompose)
+    add_partitions(decompose)
     decompose.add_argument("--driver-memory", default="2g",
                            help="Spark driver memory (default 2g; a Spark Connect server's "
                            "driver has its own)")
     decompose.add_argument("--engine", choices=["spark", "python"], default="spark",
                            help="spark, or python: the same decomposition in this process, "
                            "no Java needed (default spark)")
-    _decomposition_options(decompose)
+    add_fine_depth(decompose)
     decompose.add_argument("--max-credentials", type=positive_int, default=None,
                            help="cap the credentials per numeric attribute by coarsening "
                            "(default: exact cover)")
@@ -283,9 +240,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "holder runs `peer run --bundle` or `publish --bundle` with. Resumable: run the "
         "same command again after an interruption and it issues nothing twice. Each epoch "
         "needs a new run into a new KEYDIR (--next-epoch in the grace window).")
-    issue.add_argument("--server", required=True, help="key server base URL")
-    add_admin_token(issue)
-    add_ca_file(issue)
+    add_key_server(issue, admin=True)
     issue.add_argument("--input", required=True, help="the output DIR of `bulk decompose`")
     issue.add_argument("--output", required=True, help="directory KEYDIR for the bundles")
     issue.add_argument("--chunk-size", type=positive_int, default=50,
@@ -297,18 +252,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     issue.add_argument("--timeout", type=float, default=300.0,
                        help="seconds to wait for one chunk (default 300)")
     issue.set_defaults(handler=_issue)
-
-    bench = bench_group(subparsers).add_parser(
-        "bulk", help="requests/s of the Spark decomposition vs one Python process",
-        description="Decompose synthetic requests with Spark and with the same function "
-        "in one plain Python process; write requests/s of both (the plain process also per "
-        "CPU second), their ratio, peak memory and the load average as JSON and a PNG "
-        "plot. Spark's own logs go next to the JSON as .spark.log (-v shows them).")
-    bench.add_argument("--json", default="bench/bulk.json", metavar="FILE",
-                       help="output JSON file (the plot goes next to it as .png)")
-    bench.add_argument("--requests", type=positive_int, default=1_000_000,
-                       help="number of synthetic requests (default 1000000)")
-    add_schema(bench)
-    _spark_options(bench, "local[2]")
-    _decomposition_options(bench)
-    bench.set_defaults(handler=_bench)

@@ -1,5 +1,5 @@
-"""Commands: ``keyserver init|serve|rotate-admin-token``, ``identity add|list|revoke``,
-``bench keyserver``."""
+"""``ibe-pubsub keyserver``: create, serve and administer the key server's store
+(``init``, ``serve``, ``rotate-admin-token``)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ibe_pubsub.cli.arguments import (
     CommandError,
-    add_admin_token,
-    add_ca_file,
     add_log_format,
     add_schema,
-    admin_token,
-    bench_group,
     non_negative_int,
     positive_int,
     write_json_atomically,
@@ -26,12 +22,6 @@ from ibe_pubsub.cli.arguments import (
 from ibe_pubsub.credentials.logsafe import notice
 from ibe_pubsub.keyserver.epochs import check_lengths, default_grace
 
-if TYPE_CHECKING:
-    from ibe_pubsub.evaluation.bench_keyserver import BenchSettings
-    from ibe_pubsub.keyserver.client import KeyServerClient
-
-
-# -- keyserver init / serve ------------------------------------------------------------------
 
 def cmd_init(args: argparse.Namespace) -> int:
     from ibe_pubsub.keyserver.initialise import initialise
@@ -113,7 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_keyserver(subparsers: Any) -> None:
+def register(subparsers: Any) -> None:
     ks = subparsers.add_parser("keyserver", help="run the key server (the trusted party)",
                                description="Create and serve the key server.")
     sub = ks.add_subparsers(dest="keyserver_command", metavar="COMMAND")
@@ -193,170 +183,3 @@ def _register_keyserver(subparsers: Any) -> None:
         "new one after. Needs no passphrase.")
     rotate.add_argument("--data", required=True, help="data directory made by keyserver init")
     rotate.set_defaults(handler=cmd_rotate_admin_token)
-
-
-# -- identity add / list / revoke --------------------------------------------------------------
-
-def _admin_client(args: argparse.Namespace) -> KeyServerClient:
-    from ibe_pubsub.keyserver.client import KeyServerClient
-
-    return KeyServerClient(args.server, admin_token(args), verify=args.ca_file or True)
-
-
-def _call(args: argparse.Namespace, action: Any) -> Any:
-    from ibe_pubsub.keyserver.client import KeyServerError
-
-    try:
-        with _admin_client(args) as client:
-            return action(client)
-    except KeyServerError as exc:
-        raise CommandError(str(exc)) from exc
-
-
-def cmd_identity_add(args: argparse.Namespace) -> int:
-    created = _call(args, lambda c: c.create_identity(args.name, args.role, args.allow))
-    print(f"identity {created['name']!r} (id {created['id']}, {created['role']}) created; "
-          "its token (shown once):", file=sys.stderr)
-    print(created["token"])
-    return 0
-
-
-def cmd_identity_list(args: argparse.Namespace) -> int:
-    rows = _call(args, lambda c: c.list_identities())
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    print(f"{'id':>5}  {'name':<24} {'role':<10} {'state':<20} policy")
-    for r in rows:
-        state = f"revoked in epoch {r['revoked_epoch']}" if r["revoked_at"] else "active"
-        print(f"{r['id']:>5}  {r['name']:<24} {r['role']:<10} {state:<20} {r['policy'] or '*'}")
-    return 0
-
-
-def cmd_identity_revoke(args: argparse.Namespace) -> int:
-    def revoke(client: KeyServerClient) -> dict[str, Any]:
-        identity_id = args.id
-        if identity_id is None:
-            match = [r for r in client.list_identities() if r["name"] == args.name]
-            if not match:
-                raise CommandError(f"no identity named {args.name!r}")
-            identity_id = match[0]["id"]
-        return client.revoke(identity_id)
-
-    if (args.id is None) == (args.name is None):
-        raise CommandError("give exactly one of --id and --name")
-    done = _call(args, revoke)
-    print(f"identity {done['name']!r} revoked in epoch {done['revoked_epoch']}", file=sys.stderr)
-    return 0
-
-
-def _register_identity(subparsers: Any) -> None:
-    identity = subparsers.add_parser("identity", help="manage identities on a key server",
-                                     description="Admin commands against a running key server.")
-    sub = identity.add_subparsers(dest="identity_command", metavar="COMMAND")
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--server", required=True, help="key server URL, e.g. http://127.0.0.1:8700")
-        add_admin_token(p)
-        add_ca_file(p)
-
-    add = sub.add_parser("add", help="create an identity and print its token",
-                         description="Create an identity; prints its bearer token (once).")
-    common(add)
-    add.add_argument("--name", required=True, help="unique identity name")
-    add.add_argument("--role", required=True, choices=("subscriber", "publisher", "root"),
-                     help="what the token lets it do: subscriber (`peer run --subscribe`), "
-                     "publisher (`publish`) or root (`peer run --root ATTRIBUTE`, the root of "
-                     "an attribute's tree, for every attribute its --allow leaves whole)")
-    add.add_argument("--allow", help="policy predicate bounding what it may subscribe to or "
-                     "advertise (default: anything)")
-    add.set_defaults(handler=cmd_identity_add)
-    lst = sub.add_parser("list", help="list identities", description="List identities.")
-    common(lst)
-    lst.add_argument("--json", action="store_true", help="print JSON")
-    lst.set_defaults(handler=cmd_identity_list)
-    rev = sub.add_parser("revoke", help="revoke an identity",
-                         description="Revoke an identity: no more keys for it.")
-    common(rev)
-    rev.add_argument("--id", type=int, help="identity id")
-    rev.add_argument("--name", help="identity name")
-    rev.set_defaults(handler=cmd_identity_revoke)
-
-
-# -- bench keyserver -----------------------------------------------------------------------------
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_keyserver import BenchSettings, run_bench
-
-    settings = BenchSettings(clients=args.clients, seconds=args.seconds,
-                             subscription=args.subscription, max_credentials=args.max_credentials,
-                             workers=args.workers)
-    if args.replicas is not None:
-        return _bench_replicas(args, settings)
-    plot = None if args.no_plot else Path(args.plot or Path(args.json).with_suffix(".png"))
-    result = run_bench(settings, Path(args.json), plot)
-    print(json.dumps(result["summary"], indent=1))
-    print(f"wrote {args.json}" + (f" and {plot}" if plot else ""))
-    return 0
-
-
-def _bench_replicas(args: argparse.Namespace, settings: BenchSettings) -> int:
-    from ibe_pubsub.evaluation.bench_replicas import run_replica_bench
-    from ibe_pubsub.evaluation.throwaway_postgres import PostgresUnavailable
-
-    cores = args.cores or list(range(args.replicas))
-    if len(cores) < args.replicas:
-        raise CommandError(f"--cores lists {len(cores)} cores for {args.replicas} replicas")
-    try:
-        result = run_replica_bench(settings, args.replicas, cores, args.postgres_url,
-                                   Path(args.json))
-    except (PostgresUnavailable, ValueError) as exc:
-        raise CommandError(str(exc)) from exc
-    print(json.dumps(result["summary"], indent=1))
-    print(f"wrote {args.json}")
-    return 0
-
-
-def _cores(text: str) -> list[int]:
-    try:
-        cores = [int(c) for c in text.split(",")]
-    except ValueError:
-        cores = []
-    if not cores or min(cores) < 0:
-        raise argparse.ArgumentTypeError(f"expected core numbers like 0,1, got {text!r}")
-    return cores
-
-
-def _register_bench(subparsers: Any) -> None:
-    p = bench_group(subparsers).add_parser(
-        "keyserver", help="credential keys per second over HTTP vs. key generation alone",
-        description="Starts a key server, measures credential keys issued per second by "
-        "key generation alone (the floor, all cores) and over HTTP with concurrent "
-        "clients, and p50/p99 enrolment latency.")
-    p.add_argument("--json", default="bench/keyserver.json", metavar="FILE",
-                   help="output JSON file")
-    p.add_argument("--plot", help="output PNG (default: next to --json)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--clients", type=positive_int, default=32, help="concurrent HTTP clients")
-    p.add_argument("--seconds", type=float, default=20.0, help="duration of each phase")
-    p.add_argument("--workers", type=positive_int, help="issuer processes (default: cores)")
-    p.add_argument("--subscription", default='symbol prefix "IB" and price in [10, 20]',
-                   help="the subscription every client enrols")
-    p.add_argument("--max-credentials", type=positive_int, default=4,
-                   help="credentials per numeric attribute")
-    p.add_argument("--replicas", type=positive_int, metavar="N",
-                   help="instead: 1 replica, then N replicas of one key store on one "
-                   "PostgreSQL database, each pinned to one core (taskset) with one issuer "
-                   "worker; writes keys/s of both and their ratio (no plot)")
-    p.add_argument("--cores", type=_cores, metavar="LIST",
-                   help="with --replicas: the cores to pin them to, e.g. 2,3 (default 0..N-1)")
-    p.add_argument("--postgres-url", metavar="URL",
-                   help="with --replicas: a PostgreSQL server where the benchmark may create "
-                   "databases (default: a throwaway cluster from the local initdb/pg_ctl)")
-    p.set_defaults(handler=cmd_bench)
-
-
-def register(subparsers: Any) -> None:
-    _register_keyserver(subparsers)
-    _register_identity(subparsers)
-    _register_bench(subparsers)

@@ -15,14 +15,15 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from ibe_pubsub.cli import bench, bulk, crypto, keyserver, peer
+from ibe_pubsub.cli import bench, bulk, crypto, demo, identity, keyserver, peer, publish
 from ibe_pubsub.cli.arguments import CommandError
 from ibe_pubsub.cli.config import ConfigError, apply_layers, check_tables, load_config_file
 from ibe_pubsub.cli.parser import CommandParser
 from ibe_pubsub.credentials.logsafe import log_formatter, use_log_format
 from ibe_pubsub.evaluation.plotting import PlotsUnavailable
 
-COMMAND_GROUPS = (crypto, keyserver, bench, bulk, peer)
+#: In the order ``ibe-pubsub --help`` lists them.
+COMMAND_GROUPS = (crypto, bench, keyserver, identity, bulk, peer, publish, demo)
 
 
 def _version() -> str:

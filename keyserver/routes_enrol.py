@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -21,8 +22,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ibe_pubsub.credentials.certificates import ED25519_KEY_BYTES, fingerprint
 from ibe_pubsub.credentials.certificates import RootCertificate as SignedRootCertificate
+from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.decompose import root_credential
 from ibe_pubsub.credentials.peer_certificates import PeerBinding, issue_peer_certificate, to_pem
+from ibe_pubsub.credentials.predicates import Predicate
+from ibe_pubsub.credentials.schema import Schema
 from ibe_pubsub.keyserver.api_models import (
     CallerOut,
     PublisherBundle,
@@ -96,28 +100,45 @@ def whoami(caller: AnIdentity) -> dict[str, Any]:
     return {"name": identity.name, "role": identity.role, "bulk_only": identity.bulk_only}
 
 
+def _enrolling(caller: Caller, role: str) -> Identity:
+    """The caller's identity, if it may enrol as ``role`` here (403 otherwise)."""
+    identity = caller.identity
+    assert identity is not None
+    _may_enrol(identity)
+    check_role(identity.role, role)
+    return identity
+
+
+Plan = Callable[[Schema, Predicate, Predicate | None], tuple[list[Credential], list[Credential]]]
+
+
+async def _enrol(state: AppState, caller: Caller, role: str, what: str, text: str,
+                 epoch_wanted: str | None, plan: Plan) -> dict[str, Any]:
+    """The pipeline of both key enrolments: the predicate ``text`` (the ``what``) checked
+    against the identity's policy, its credentials (and fine credentials) planned, charged,
+    issued for the epoch asked for, and audited before the bundle is returned."""
+    identity = _enrolling(caller, role)
+    schema = state.store.schema
+    policy = stored_policy(schema, identity.policy)
+    predicate = within_policy(schema, text, policy, what)
+    epoch = target_epoch(state, epoch_wanted)
+    creds, fine = plan(schema, predicate, policy)
+    charge_keys(state, caller, len(creds) + len(fine))
+    bundle = await issue_bundle(state, caller.name, role, epoch, creds, fine)
+    await _audited(state, caller, f"issue_{role}", epoch.number,
+                   issuance_detail(identity.name, role, bundle) | {what: str(predicate)})
+    return bundle
+
+
 @router.post("/subscriber", response_model=SubscriberBundle,
              responses=error_responses(401, 403, 409, 422))
 async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
                            state: State) -> dict[str, Any]:
     """Keys for a subscription inside the identity's policy (403 names the clause it exceeds);
     every credential lies inside the policy's region, whatever max_credentials asks."""
-    identity = caller.identity
-    assert identity is not None
-    _may_enrol(identity)
-    check_role(identity.role, "subscriber")
-    schema = state.store.schema
-    policy = stored_policy(schema, identity.policy)
-    predicate = within_policy(schema, body.subscription, policy, "subscription")
-    epoch = target_epoch(state, body.epoch)
-    creds, fine = plan_subscriber(schema, predicate, body.max_credentials, body.fine_depth,
-                                  policy)
-    charge_keys(state, caller, len(creds) + len(fine))
-    bundle = await issue_bundle(state, caller.name, "subscriber", epoch, creds, fine)
-    await _audited(state, caller, "issue_subscriber", epoch.number,
-                   issuance_detail(identity.name, "subscriber", bundle)
-                   | {"subscription": str(predicate)})
-    return bundle
+    return await _enrol(state, caller, "subscriber", "subscription", body.subscription,
+                        body.epoch, lambda schema, predicate, policy: plan_subscriber(
+                            schema, predicate, body.max_credentials, body.fine_depth, policy))
 
 
 @router.post("/publisher", response_model=PublisherBundle,
@@ -125,21 +146,9 @@ async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
 async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
                           state: State) -> dict[str, Any]:
     """Publisher keys for an advertisement inside the identity's policy."""
-    identity = caller.identity
-    assert identity is not None
-    _may_enrol(identity)
-    check_role(identity.role, "publisher")
-    schema = state.store.schema
-    policy = stored_policy(schema, identity.policy)
-    predicate = within_policy(schema, body.advertisement, policy, "advertisement")
-    epoch = target_epoch(state, body.epoch)
-    creds = plan_publisher(schema, predicate, body.max_credentials, policy)
-    charge_keys(state, caller, len(creds))
-    bundle = await issue_bundle(state, caller.name, "publisher", epoch, creds, [])
-    await _audited(state, caller, "issue_publisher", epoch.number,
-                   issuance_detail(identity.name, "publisher", bundle)
-                   | {"advertisement": str(predicate)})
-    return bundle
+    return await _enrol(state, caller, "publisher", "advertisement", body.advertisement,
+                        body.epoch, lambda schema, predicate, policy: (plan_publisher(
+                            schema, predicate, body.max_credentials, policy), []))
 
 
 @router.post("/root", response_model=RootCertificate,
@@ -148,10 +157,7 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
                      state: State) -> dict[str, Any]:
     """Certify a root peer's Ed25519 transport key for one attribute tree
     (``credentials.certificates.root_certificate_message`` is what is signed)."""
-    identity = caller.identity
-    assert identity is not None
-    _may_enrol(identity)
-    check_role(identity.role, "root")
+    identity = _enrolling(caller, "root")
     schema = state.store.schema
     if body.attribute not in schema.names:
         raise ApiError(422, f"schema {schema.name!r} has no attribute {body.attribute!r}",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ibe_pubsub.credentials.scheme import Event
-from ibe_pubsub.overlay.wire import Message
+from ibe_pubsub.overlay.wire import Message, Publish
 
 
 @dataclass(frozen=True)
@@ -45,3 +46,10 @@ class Connected:
 
 
 Action = Send | Deliver | Log | Connected
+
+
+def publication(event: bytes, roots: Mapping[str, str]) -> list[Send]:
+    """An encrypted event sent to the root of every attribute tree (``roots``: attribute ->
+    address), where it enters each tree; the publisher is no virtual peer, so it names none."""
+    return [Send(address, Publish("", "", attribute, event))
+            for attribute, address in roots.items()]

@@ -1,7 +1,8 @@
 """What the overlay needs from cryptography, behind one small protocol.
 
 The state machine never touches keys directly: it asks a :class:`CryptoSuite`
-to decode, check, open and test opaque objects. :mod:`overlay.crypto_real`
+to decode, check, open and test opaque objects; a publisher asks the same suite to
+encrypt. :mod:`overlay.crypto_real`
 implements it with the scheme (docs/scheme.md) (credentials.scheme); :mod:`overlay.crypto_model`
 decides by plaintext containment and charges each operation its measured cost,
 so the simulator can run thousands of peers. Both record the time spent per
@@ -145,6 +146,11 @@ class CryptoSuite(Protocol):
         ...
 
     def verify(self, event: Any) -> bool: ...
+
+    def encrypt(self, key: Any, event: Event) -> bytes:
+        """A publisher's encoded, encrypted and signed ``event`` under its ``key`` (raises
+        ``credentials.scheme.NotAuthorized`` if the key does not cover the event's values)."""
+        ...
 
     def decrypt(self, key: Any, event: Any) -> Event | None: ...
 

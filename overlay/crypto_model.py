@@ -161,8 +161,10 @@ class ModeledCrypto:
                               self._mac("root", attribute, epoch, expires_at)],
                              use_bin_type=True)
 
-    def encrypt(self, event: Event, epoch: int) -> bytes:
-        """Seal an event as a modelled publisher would (charges ``encrypt``)."""
+    def encrypt(self, key: int, event: Event) -> bytes:
+        """Seal an event as a modelled publisher would (charges ``encrypt``); its key is
+        just the epoch."""
+        epoch = key
         self.meter.charge("encrypt", self.costs["encrypt"])
         values = self.schema.validate_values(event.values)
         mac = self._mac("ev", event.event_id, epoch, values, event.body)

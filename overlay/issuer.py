@@ -1,8 +1,8 @@
 """Local key issuance for simulations and tests: what the key server would hand out.
 
-:func:`plan_virtual_peers` decides which trees a subscription joins (one virtual
-peer per constrained credential, or the first attribute's root credential when
-it constrains nothing) and the fine credentials of each (MCR).
+Which credentials become virtual peers is :func:`overlay.kits.plan_virtual_peers`'s rule,
+as for a peer with keys from the key server; here fine credentials are made for the
+virtual peers' credentials only.
 :class:`RealIssuer` runs the scheme (docs/scheme.md) with a locally drawn master key;
 :class:`ModeledIssuer` makes the plaintext objects of :class:`ModeledCrypto`.
 Both give :class:`SubscriberKit` and :class:`RootKit` objects and encrypt events.
@@ -20,28 +20,25 @@ from ibe_pubsub.credentials import codec, scheme
 from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.certificates import RootCertificate
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import decompose, fine_split, root_credential
+from ibe_pubsub.credentials.decompose import decompose, fine_credentials, root_credential
 from ibe_pubsub.credentials.predicates import Predicate
 from ibe_pubsub.credentials.schema import Schema
 from ibe_pubsub.credentials.scheme import Event, PublicParams
-from ibe_pubsub.credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
+from ibe_pubsub.credentials.streams import Stream, StreamWindow
 from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from ibe_pubsub.overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
 from ibe_pubsub.overlay.crypto_real import RealCrypto
+from ibe_pubsub.overlay.kits import Plan, plan_virtual_peers, real_kit, virtual_peer_credentials
 
-Plan = list[tuple[Credential, tuple[Credential, ...]]]
 
-
-def plan_virtual_peers(schema: Schema, predicate: Predicate, max_credentials: int | None = 4,
-                       fine_depth: int = 1) -> tuple[dict[str, tuple[Credential, ...]], Plan]:
-    """(all credentials per attribute, [(virtual peer credential, its fine credentials)])."""
-    creds = decompose(schema, predicate, max_credentials)
-    chosen = [c for name in schema.names for c in creds[name] if not c.is_root]
-    if not chosen:
-        chosen = [creds[schema.names[0]][0]]
-    plan = [(c, tuple(f for f in fine_split(schema, c, fine_depth) if f != c)
-             if fine_depth else ()) for c in chosen]
-    return creds, plan
+def _plan(schema: Schema, predicate: Predicate, max_credentials: int | None,
+          fine_depth: int) -> tuple[list[Credential], Plan]:
+    """(every credential of ``predicate``, its virtual peers with their fine credentials)."""
+    creds = [c for cs in decompose(schema, predicate, max_credentials).values() for c in cs]
+    chosen = virtual_peer_credentials(schema, creds)
+    fine = [f for cs in fine_credentials(schema, chosen, fine_depth).values() for f in cs] \
+        if fine_depth else []
+    return creds, plan_virtual_peers(schema, chosen, fine)
 
 
 class ModeledIssuer:
@@ -55,7 +52,7 @@ class ModeledIssuer:
 
     def subscriber_kit(self, predicate: Predicate, epoch: int, expires_at: int,
                        max_credentials: int | None = 4, fine_depth: int = 1) -> SubscriberKit:
-        creds, plan = plan_virtual_peers(self.schema, predicate, max_credentials, fine_depth)
+        creds, plan = _plan(self.schema, predicate, max_credentials, fine_depth)
         c = self.crypto
         virtuals = []
         for cred, fines in plan:
@@ -63,7 +60,7 @@ class ModeledIssuer:
             virtuals.append(VirtualKeys(
                 credential=cred, request=request, sws=sws, token=c.make_token(cred, epoch),
                 fine_tokens=tuple(c.make_token(f, epoch) for f in fines), opener=(cred, epoch)))
-        key = ModelDecryptKey(epoch, tuple(x for cs in creds.values() for x in cs))
+        key = ModelDecryptKey(epoch, tuple(creds))
         return SubscriberKit(epoch, predicate, key, tuple(virtuals))
 
     def root_kit(self, attribute: str, epoch: int, expires_at: int) -> RootKit:
@@ -76,7 +73,7 @@ class ModeledIssuer:
                 ) -> bytes:
         """The model publishes version-2 events only (``publisher`` and ``now`` serve the
         real issuer's streams)."""
-        return self.crypto.encrypt(event, epoch)
+        return self.crypto.encrypt(epoch, event)
 
 
 #: Expiry of the simulated publishers' session certificates (Unix seconds, far ahead: the
@@ -103,23 +100,17 @@ class RealIssuer:
 
     def subscriber_kit(self, predicate: Predicate, epoch: int, expires_at: int,
                        max_credentials: int | None = 4, fine_depth: int = 1) -> SubscriberKit:
-        creds, plan = plan_virtual_peers(self.schema, predicate, max_credentials, fine_depth)
+        creds, plan = _plan(self.schema, predicate, max_credentials, fine_depth)
         pp = self.pp
         key = scheme.prepare_subscriber_key(pp, scheme.keygen_subscriber(
-            pp, self.msk, epoch, [c for cs in creds.values() for c in cs],
-            [f for _, fines in plan for f in fines]))
-        virtuals = []
-        for cred, fines in plan:
-            credkey = next(k for k in key.credentials if k.credential == cred)
+            pp, self.msk, epoch, creds, [f for _, fines in plan for f in fines]))
+
+        def request_of(cred: Credential) -> tuple[bytes, tuple[bytes, ...]]:
             request, sws = scheme.build_connection_request(pp, self.server_key, cred, epoch,
                                                            expires_at)
-            virtuals.append(VirtualKeys(
-                credential=cred, request=codec.encode_request(request), sws=sws,
-                token=codec.encode_blinded_token(credkey.token.blinded()),
-                fine_tokens=tuple(codec.encode_blinded_token(t.blinded()) for t in key.fine_tokens
-                                  if t.credential in fines),
-                opener=credkey.token))
-        return SubscriberKit(epoch, predicate, key, tuple(virtuals))
+            return codec.encode_request(request), sws
+
+        return real_kit(self.schema, epoch, predicate, key, request_of)
 
     def root_kit(self, attribute: str, epoch: int, expires_at: int) -> RootKit:
         transport = Ed25519PrivateKey.generate()
@@ -139,11 +130,11 @@ class RealIssuer:
                 scheme.keygen_publisher(self.pp, self.msk, root_credential(a), epoch)
                 for a in self.schema.attributes]
         if self.stream_window is None:
-            return codec.encode_event(scheme.encrypt_and_sign(self.pp, keys, event))
+            return self.crypto.encrypt(keys, event)
         self._now = now
         stream = self._streams.get((publisher, epoch))
         if stream is None:
             stream = self._streams[(publisher, epoch)] = Stream(
                 self.pp, keys, self.stream_window, CERTIFICATE_EXPIRY, lambda: self._now)
-        return codec.encode_stream_event(stream_encrypt_and_sign(stream, event))
+        return self.crypto.encrypt(stream, event)
 

@@ -1,11 +1,9 @@
 """From key-server answers to the overlay's key material (kits) and the publisher's keys.
 
 The HTTP calls go through :class:`keyserver.client.KeyServerClient`; the decoding and
-signature checks through :mod:`keyserver.bundles`. What is left here is the peer's
-own choice: which credentials become virtual peers (every constrained one, or the
-first attribute's whole-domain credential for a subscription that constrains
-nothing, as :func:`overlay.issuer.plan_virtual_peers` does) and which fine tokens
-each virtual peer hands its parents under multi-credential routing.
+signature checks through :mod:`keyserver.bundles`. Which credentials become virtual
+peers, and which fine tokens each hands its parents, is the overlay's rule
+(:mod:`overlay.kits`), the same as in the simulator.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from ibe_pubsub.credentials import codec, scheme
 from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.certificates import fingerprint
+from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.decompose import root_credential
 from ibe_pubsub.credentials.keys import PublisherKey
 from ibe_pubsub.credentials.predicates import EventFilter, Predicate
@@ -34,8 +33,9 @@ from ibe_pubsub.keyserver.bundles import (
     decode_transport_certificate,
 )
 from ibe_pubsub.keyserver.client import KeyServerClient
-from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit, VirtualKeys
+from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit
 from ibe_pubsub.overlay.crypto_real import RealCrypto
+from ibe_pubsub.overlay.kits import real_kit
 from ibe_pubsub.peer.known_servers import KnownServers
 
 log = logging.getLogger(__name__)
@@ -71,24 +71,15 @@ def real_crypto(params: ServerParams) -> RealCrypto:
 
 def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: EventFilter
                     ) -> SubscriberKit:
-    """One virtual peer per constrained credential, each with the fine tokens it covers."""
-    pp = params.pp
-    key = scheme.prepare_subscriber_key(pp, bundle.key)
-    chosen = [r for r in bundle.requests if not r.credential.is_root]
-    if not chosen:
-        first = pp.schema.names[0]
-        chosen = [r for r in bundle.requests if r.attribute == first][:1]
-    virtuals = []
-    for issued in chosen:
-        cred = issued.credential
-        credkey = next(k for k in key.credentials if k.credential == cred)
-        fines = tuple(codec.encode_blinded_token(t.blinded()) for t in key.fine_tokens
-                      if cred.covers(t.credential) and t.credential != cred)
-        virtuals.append(VirtualKeys(
-            credential=cred, request=codec.encode_request(issued.request),
-            sws=issued.secrets, token=codec.encode_blinded_token(credkey.token.blinded()),
-            fine_tokens=fines, opener=credkey.token))
-    return SubscriberKit(bundle.epoch, predicate, key, tuple(virtuals))
+    """The overlay's kit of a subscriber bundle, its key prepared for decryption."""
+    requests = {r.credential: r for r in bundle.requests}
+
+    def request_of(credential: Credential) -> tuple[bytes, tuple[bytes, ...]]:
+        issued = requests[credential]
+        return codec.encode_request(issued.request), issued.secrets
+
+    return real_kit(params.pp.schema, bundle.epoch, predicate,
+                    scheme.prepare_subscriber_key(params.pp, bundle.key), request_of)
 
 
 def enrol_subscriber(client: KeyServerClient, params: ServerParams, predicate: Predicate,
@@ -132,8 +123,3 @@ def enrol_publisher(client: KeyServerClient, params: ServerParams, advertisement
                                  epoch="next" if next_epoch else None)
     bundle = decode_publisher_bundle(params.pp.group, doc)
     return Publisher(bundle.epoch, bundle.epoch_end, advertisement, bundle.keys)
-
-
-def encrypt(params: ServerParams, publisher: Publisher, event: scheme.Event) -> bytes:
-    """Encrypt and sign one event (raises scheme.NotAuthorized outside the keys)."""
-    return codec.encode_event(scheme.encrypt_and_sign(params.pp, publisher.keys, event))

@@ -1,7 +1,9 @@
 """The publisher side: enrol for an advertisement, encrypt and sign, send to every tree's root.
 
-A publisher does not listen: it dials the roots found in the directory and its
-events enter each attribute tree there (through :meth:`PeerMachine.publish`). Its
+A publisher does not listen and runs no overlay machine: it dials the roots found in the
+directory and its events enter each attribute tree there
+(:func:`overlay.actions.publication`), encrypted by the same crypto suite that peers
+decrypt with. Its
 link key is certified with no address, so roots know it as a publisher that can be
 answered but never dialed. An event outside the advertisement is refused here,
 before anything is sent. With a stream window, events are published as a stream
@@ -15,20 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import time
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials.predicates import EventFilter, parse_predicate
 from ibe_pubsub.credentials.scheme import Event, NotAuthorized
-from ibe_pubsub.credentials.streams import Stream, StreamWindow, stream_encrypt_and_sign
+from ibe_pubsub.credentials.streams import Stream, StreamWindow
 from ibe_pubsub.keyserver.bundles import PublisherBundle, ServerParams
 from ibe_pubsub.keyserver.client import KeyServerClient
-from ibe_pubsub.overlay.actions import Send
-from ibe_pubsub.overlay.config import OverlayConfig
-from ibe_pubsub.overlay.machine import PeerMachine
+from ibe_pubsub.overlay.actions import publication
+from ibe_pubsub.overlay.crypto_real import RealCrypto
 from ibe_pubsub.peer import bundle_file, enrolment
 from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.tls import PeerTLS
@@ -60,7 +58,7 @@ class EventPublisher:
         self.params: ServerParams | None = None
         self.keys: enrolment.Publisher | None = None
         self.roots: dict[str, str] = {}
-        self.machine: PeerMachine | None = None
+        self.crypto: RealCrypto | None = None
         self.stream_window = stream_window
         self.stream: Stream | None = None
         self.sent = 0
@@ -95,12 +93,11 @@ class EventPublisher:
                               f"{self.client.base_url}")
             announcer.tick()
             await asyncio.sleep(0.5)
-        self.machine = PeerMachine("", enrolment.real_crypto(self.params), OverlayConfig(),
-                                   random.Random())
 
     def _enrol(self) -> None:
         params = self.params = enrolment.fetch_params(self.client, self.server_key,
                                                       self.known_servers)
+        self.crypto = enrolment.real_crypto(params)
         if self.bundle is not None:
             bundle = bundle_file.open_bundle(self.bundle, params, "publisher", self.client)
             assert isinstance(bundle.keys, PublisherBundle)
@@ -131,18 +128,16 @@ class EventPublisher:
 
     def publish(self, event: Event) -> None:
         """Encrypt, sign and queue ``event`` for every root (sent by the event loop)."""
-        assert self.params is not None and self.keys is not None and self.machine is not None
+        assert self.crypto is not None and self.keys is not None
         if not self.advertisement.matches(event.values):
             raise PublishRefused(f"event {event.event_id!r} lies outside the advertisement")
         try:
-            ciphertext = (enrolment.encrypt(self.params, self.keys, event) if self.stream is None
-                          else codec.encode_stream_event(stream_encrypt_and_sign(self.stream,
-                                                                                 event)))
+            ciphertext = self.crypto.encrypt(
+                self.keys.keys if self.stream is None else self.stream, event)
         except NotAuthorized as exc:
             raise PublishRefused(f"event {event.event_id!r}: {exc}") from exc
-        for action in self.machine.publish(ciphertext, self.roots, time.time()):
-            if isinstance(action, Send):
-                self.transport.send(action.to, action.message.to_bytes())
+        for send in publication(ciphertext, self.roots):
+            self.transport.send(send.to, send.message.to_bytes())
         self.sent += 1
 
     async def close(self, flush_timeout: float = 10.0) -> bool:

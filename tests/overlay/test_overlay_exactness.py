@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from overlay_sims import settled
 
-from ibe_pubsub.cli.arguments import CommandError
 from ibe_pubsub.cli.bench import register
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.evaluation.exactness import SCHEMAS, Timing, cases, run_case
@@ -60,8 +59,10 @@ def test_the_bench_command_writes_every_run_and_a_summary(tmp_path: Path, capsys
 
 
 def test_bad_bench_options_are_refused_before_running(tmp_path: Path, capsys) -> None:
-    with pytest.raises(CommandError, match="at least 1"):
-        bench("--out", str(tmp_path / "x.json"), "--seeds", "0")
+    for option, value in (("--seeds", "0"), ("--subscribers", "40,0"), ("--workers", "-1")):
+        with pytest.raises(SystemExit) as exc:
+            bench("--out", str(tmp_path / "x.json"), option, value)
+        assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         bench("--schemas", "stocks,nope")
     assert exc.value.code == 2 and "unknown schema(s) nope" in capsys.readouterr().err
