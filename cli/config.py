@@ -106,10 +106,13 @@ def _coerce(action: argparse.Action, raw: Any, origin: str) -> Any:
         if text in {"0", "false", "no", "off"}:
             return False
         raise ConfigError(f"{origin}: expected a boolean, got {raw!r}")
-    if action.type is None or not isinstance(raw, str):
+    if action.type is None:
         return raw
+    # A TOML number or list is checked by the option's type like the same text on the command
+    # line (a list as its comma-separated form), so the file cannot pass a value it refuses.
+    text = ",".join(map(str, raw)) if isinstance(raw, list) else str(raw)
     try:
-        return action.type(raw)
+        return action.type(text)
     except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
         raise ConfigError(f"{origin}: {exc}") from exc
 

@@ -219,6 +219,25 @@ def test_stream_options_are_checked_from_flags_and_the_configuration_file(tmp_pa
     config.write_text('[publish]\nstream_window = "250ms"\nstream_max_events = 0\n')
     layered = run("--config", str(config), *base)
     assert layered.returncode == 2
+    # the file's number meets the option's own type, as the same flag would
     assert layered.stderr.strip().splitlines() == [
-        "ibe-pubsub: error: --stream-window/--stream-max-events: a stream window must allow "
-        "at least one event"]
+        "ibe-pubsub: error: [publish] stream_max_events: must be at least 1, got 0"]
+
+
+def test_a_toml_number_or_list_is_checked_like_the_same_flag(tmp_path, capsys):
+    from ibe_pubsub.cli.main import main
+
+    config = tmp_path / "conf.toml"
+    config.write_text("[bench.exactness]\nseeds = 0\n")
+    assert main(["--config", str(config), "bench", "exactness", "--help"]) == 2
+    assert "seeds" in capsys.readouterr().err
+    config.write_text("[bench.exactness]\nsubscribers = [40, 0]\n")
+    assert main(["--config", str(config), "bench", "exactness", "--help"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+    # Control: valid numbers and lists from the file are taken, typed.
+    from ibe_pubsub.cli.config import apply_layers
+    from ibe_pubsub.cli.main import _leaf, build_parser
+
+    leaf, path = _leaf(build_parser(), ["bench", "exactness"])
+    apply_layers(leaf, path, {"bench": {"exactness": {"seeds": 3, "subscribers": [40, 7]}}})
+    assert (leaf.get_default("seeds"), leaf.get_default("subscribers")) == (3, [40, 7])
