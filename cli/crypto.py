@@ -38,7 +38,7 @@ def _run_vectors(args: argparse.Namespace) -> int:
     import json
 
     from ibe_pubsub.credentials.schema import SchemaError
-    from ibe_pubsub.credentials.vectors import write_vectors
+    from ibe_pubsub.credentials.vectors import VECTORS_FILE, build_vectors, vectors_json
 
     values = None
     if args.values is not None:
@@ -49,9 +49,13 @@ def _run_vectors(args: argparse.Namespace) -> int:
         if not isinstance(values, dict):
             raise CommandError("--values must be a JSON object of attribute values")
     try:
-        path = write_vectors(Path(args.out), args.seed, values)
+        text = vectors_json(build_vectors(args.seed, values))
     except (SchemaError, ValueError) as exc:  # bad values, or a seed beyond 64 bits
         raise CommandError(str(exc)) from exc
+    path = Path(args.out) / VECTORS_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text)
     except OSError as exc:
         raise CommandError(f"cannot write the vectors to {args.out}: {exc}") from exc
     print(f"wrote {path}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -371,12 +370,3 @@ def build_vectors(seed: int = 0, values: Mapping[str, Any] | None = None) -> dic
 def vectors_json(vectors: Mapping[str, Any]) -> bytes:
     """Stable text (fixed key order and indentation): equal vectors give equal bytes."""
     return (json.dumps(vectors, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
-
-
-def write_vectors(out_dir: Path, seed: int = 0, values: Mapping[str, Any] | None = None
-                  ) -> Path:
-    """Build the vectors and write them as ``out_dir/vectors.json``; returns the path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / VECTORS_FILE
-    path.write_bytes(vectors_json(build_vectors(seed, values)))
-    return path
