@@ -45,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- bench crypto, bench streams -----------------------------------------------------------
 
 def _run_crypto(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_crypto import main
+    from ibe_pubsub.evaluation.bench_crypto import run_crypto_bench
 
-    report = main(Path(args.json), args.dims, args.bits, args.min_seconds, args.backend)
+    report = run_crypto_bench(Path(args.json), args.dims, args.bits, args.min_seconds, args.backend)
     print(f"{'algorithm':26} {'d':>2} {'bits':>4} {'ms':>9} {'floor ms':>9} {'ratio':>6}")
     for r in report["algorithms"]:
         print(f"{r['algorithm']:26} {r['d']:>2} {r['bits']:>4} {r['ms']:9.3f} "
@@ -60,11 +60,11 @@ def _run_crypto(args: argparse.Namespace) -> int:
 
 
 def _run_streams(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_streams import GOALS, main
+    from ibe_pubsub.evaluation.bench_streams import GOALS, run_streams_bench
 
     if not args.seconds > 0:
         raise CommandError("--seconds must be more than 0")
-    report = main(Path(args.json), args.seconds, args.backend)
+    report = run_streams_bench(Path(args.json), args.seconds, args.backend)
     print(f"{'scenario':9} {'publisher/s':>12} {'floor':>9} {'subscriber/s':>13} {'floor':>9}"
           f" {'goal':>6}")
     for name, r in report["scenarios"].items():
@@ -421,14 +421,14 @@ def _register_exactness(bench: argparse._SubParsersAction) -> None:
 # -- bench bulk ------------------------------------------------------------------------------
 
 def _run_bulk(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_bulk import main
+    from ibe_pubsub.evaluation.bench_bulk import run_bulk_bench
     from ibe_pubsub.pipelines.session import SparkStartError
 
     json_path = Path(args.json)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     spark_log = None if args.verbose else json_path.with_suffix(".spark.log")
     try:
-        report = main(json_path, args.schema, args.requests, args.master, args.partitions,
+        report = run_bulk_bench(json_path, args.schema, args.requests, args.master, args.partitions,
                       args.fine_depth, spark_log=spark_log)
     except SparkStartError as exc:
         raise CommandError(f"cannot start Spark: {exc}") from exc
@@ -467,9 +467,9 @@ def _register_bulk(bench: argparse._SubParsersAction) -> None:
 # -- bench transport -------------------------------------------------------------------------
 
 def _run_transport(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_transport import bench_transport
+    from ibe_pubsub.evaluation.bench_transport import run_transport_bench
 
-    result = bench_transport(args.connections)
+    result = run_transport_bench(args.connections)
     print(f"{result['connections']} connections on loopback: mutual TLS "
           f"{result['tls_ms']:.2f} ms, plaintext {result['plaintext_ms']:.2f} ms per "
           f"connection (+{result['tls_overhead_ms']:.2f} ms)", file=sys.stderr)
@@ -482,9 +482,9 @@ def _run_transport(args: argparse.Namespace) -> int:
 # -- bench monitoring ----------------------------------------------------------------------
 
 def _run_monitoring(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_monitoring import bench_monitoring, plot
+    from ibe_pubsub.evaluation.bench_monitoring import plot_monitoring, run_monitoring_bench
 
-    result = bench_monitoring(args.pairs, args.events, args.interval, args.scrape_interval)
+    result = run_monitoring_bench(args.pairs, args.events, args.interval, args.scrape_interval)
     notice(f"--http on/off: CPU x{result['window_cpu_ratio_on_off']:.3f} while "
            f"disseminating (x{result['cpu_ratio_on_off']:.3f} over the processes' lives), "
            f"mean delay "
@@ -494,7 +494,7 @@ def _run_monitoring(args: argparse.Namespace) -> int:
            f"{result['scrape_cpu_share']:.2%} of its CPU at one scrape per interval")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     write_json_atomically(args.json, result)
-    plot(result, Path(args.json).with_suffix(".png"))
+    plot_monitoring(result, Path(args.json).with_suffix(".png"))
     print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
     return 0
 

@@ -64,7 +64,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(json_path: Path, schema: Schema, requests: int, master: str, partitions: int,
+def run_bulk_bench(json_path: Path, schema: Schema, requests: int, master: str, partitions: int,
          fine_depth: int, seed: int = 0, spark_log: Path | None = None,
          batch_rows: int = BATCH_ROWS) -> dict[str, Any]:
     """Run both drivers once on ``requests`` synthetic requests; write JSON and a PNG.

@@ -235,7 +235,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(json_path: Path, dims: list[int], bits_list: list[int], min_seconds: float,
+def run_crypto_bench(json_path: Path, dims: list[int], bits_list: list[int], min_seconds: float,
          backend: str | None) -> dict[str, Any]:
     from ibe_pubsub.credentials.backends import load_group
 

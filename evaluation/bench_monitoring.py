@@ -76,7 +76,7 @@ def _group(cluster: Cluster, names: list[str], sent: dict[str, float],
             "delay_ms_median": 1000 * statistics.median(delays) if delays else None}
 
 
-def bench_monitoring(pairs: int, events: int, interval: float, scrape_interval: float,
+def run_monitoring_bench(pairs: int, events: int, interval: float, scrape_interval: float,
                      seed: int = 5) -> dict[str, Any]:
     """Run the experiment; the report has both groups and the ratios on/off."""
     rng = random.Random(seed)
@@ -150,7 +150,7 @@ def bench_monitoring(pairs: int, events: int, interval: float, scrape_interval: 
                          "window (/proc), and over its life (process_time at exit)"}
 
 
-def plot(report: dict[str, Any], path: str | Path) -> None:
+def plot_monitoring(report: dict[str, Any], path: str | Path) -> None:
     from ibe_pubsub.evaluation.plots import figure
 
     panels = [("CPU seconds while disseminating", "cpu"), ("mean delay (ms)", "delay")]

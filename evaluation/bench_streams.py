@@ -185,7 +185,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(json_path: Path, seconds: float, backend: str | None) -> dict[str, Any]:
+def run_streams_bench(json_path: Path, seconds: float, backend: str | None) -> dict[str, Any]:
     from ibe_pubsub.credentials.backends import load_group
 
     report = run(load_group(backend), seconds,

@@ -26,7 +26,7 @@ from ibe_pubsub.peer.tls import PeerTLS
 from ibe_pubsub.peer.transport import Transport
 
 
-def bench_transport(connections: int = 200) -> dict[str, float]:
+def run_transport_bench(connections: int = 200) -> dict[str, float]:
     """Mean milliseconds per connection with TLS and in plaintext, and their difference."""
     if connections < 1:
         raise ValueError("connections must be at least 1")

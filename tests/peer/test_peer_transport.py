@@ -17,7 +17,7 @@ from tls_certificates import PeerCA
 
 from ibe_pubsub.credentials.logsafe import EscapingFormatter, escape
 from ibe_pubsub.credentials.peer_certificates import PeerCertificateError
-from ibe_pubsub.evaluation.bench_transport import bench_transport
+from ibe_pubsub.evaluation.bench_transport import run_transport_bench
 from ibe_pubsub.peer import frames
 from ibe_pubsub.peer.transport import Backoff, Transport, TransportError, split_address
 
@@ -304,7 +304,7 @@ def test_a_message_to_itself_is_handed_back_without_a_socket():
 
 
 def test_bench_transport_times_both_modes():
-    result = bench_transport(connections=5)
+    result = run_transport_bench(connections=5)
     assert result["connections"] == 5
     assert result["tls_ms"] > 0 and result["plaintext_ms"] > 0
     assert result["tls_overhead_ms"] == pytest.approx(result["tls_ms"] - result["plaintext_ms"],
