@@ -197,11 +197,11 @@ def server_key(args: argparse.Namespace) -> bytes | None:
 
 def known_servers(args: argparse.Namespace) -> KnownServers | None:
     """Where first-use keys are recorded; none is consulted when --server-key pins the key."""
-    from ibe_pubsub.peer.known_servers import KnownServers, default_path
+    from ibe_pubsub.peer.known_servers import KnownServers, default_known_servers_path
 
     if args.server_key:
         return None
-    return KnownServers(Path(args.known_servers) if args.known_servers else default_path())
+    return KnownServers(Path(args.known_servers) if args.known_servers else default_known_servers_path())
 
 
 def add_partitions(parser: argparse.ArgumentParser) -> None:

@@ -127,9 +127,9 @@ async def _publish(args: argparse.Namespace) -> int:
 
 def _published_ids(args: argparse.Namespace) -> tuple[PublishedIds, str]:
     """The record of ids sent before, and the name of this publisher in it."""
-    from ibe_pubsub.peer.published_ids import PublishedIds, default_path, token_publisher
+    from ibe_pubsub.peer.published_ids import PublishedIds, default_published_ids_path, token_publisher
 
-    path = Path(args.published_ids) if args.published_ids else default_path()
+    path = Path(args.published_ids) if args.published_ids else default_published_ids_path()
     return PublishedIds(path), token_publisher(args.token)
 
 

@@ -22,7 +22,7 @@ from ibe_pubsub.credentials.certificates import fingerprint
 from ibe_pubsub.keyserver.bundles import BundleError
 
 
-def default_path() -> Path:
+def default_known_servers_path() -> Path:
     """``$XDG_CONFIG_HOME/ibe-pubsub/known_servers.json`` (``~/.config`` without it)."""
     config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(config_home) / "ibe-pubsub" / "known_servers.json"

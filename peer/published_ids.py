@@ -32,7 +32,7 @@ class PublishedIdsError(Exception):
     """The record cannot be read or written (publishing goes on without it)."""
 
 
-def default_path() -> Path:
+def default_published_ids_path() -> Path:
     """``$XDG_STATE_HOME/ibe-pubsub/published_ids.json`` (``~/.local/state`` without it)."""
     state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state_home) / "ibe-pubsub" / "published_ids.json"
