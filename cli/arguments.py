@@ -16,12 +16,14 @@ import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ibe_pubsub.cli.exceptions import CliError
+
 if TYPE_CHECKING:
-    from ibe_pubsub.credentials.schema import Schema
-    from ibe_pubsub.peer.known_servers import KnownServers
+    from ibe_pubsub.credentials import Schema
+    from ibe_pubsub.peer import KnownServers
 
 
-class CommandError(Exception):
+class CommandError(CliError):
     """A user-facing failure: the dispatcher prints it as one line and exits with status 2."""
 
 
@@ -90,7 +92,7 @@ def schema_argument(text: str) -> Schema:
     """``--schema``: a built-in schema name (``stocks``) or a schema TOML file, loaded and
     checked while parsing, so a wrong one fails with argparse's usage and error line
     before any work."""
-    from ibe_pubsub.credentials.schema import SchemaError, resolve_schema
+    from ibe_pubsub.credentials import SchemaError, resolve_schema
 
     try:
         return resolve_schema(text)
@@ -100,7 +102,7 @@ def schema_argument(text: str) -> Schema:
 
 def add_schema(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``--schema``, for every command that needs the event space (default: ``stocks``)."""
-    from ibe_pubsub.credentials.schema import BUILTIN_SCHEMAS
+    from ibe_pubsub.credentials import BUILTIN_SCHEMAS
 
     help_text = f"built-in schema ({', '.join(BUILTIN_SCHEMAS)}) or schema TOML file"
     if required:
@@ -168,8 +170,8 @@ def identity_token(args: argparse.Namespace) -> str:
         return str(args.token)
     if args.bundle is None:
         raise CommandError("--token (or IBE_PUBSUB_TOKEN) is required")
-    from ibe_pubsub.keyserver.bundles import BundleError
-    from ibe_pubsub.peer.bundle_file import file_token
+    from ibe_pubsub.keyserver import BundleError
+    from ibe_pubsub.peer import file_token
 
     try:
         token = file_token(args.bundle)
@@ -197,11 +199,12 @@ def server_key(args: argparse.Namespace) -> bytes | None:
 
 def known_servers(args: argparse.Namespace) -> KnownServers | None:
     """Where first-use keys are recorded; none is consulted when --server-key pins the key."""
-    from ibe_pubsub.peer.known_servers import KnownServers, default_known_servers_path
+    from ibe_pubsub.peer import KnownServers, default_known_servers_path
 
     if args.server_key:
         return None
-    return KnownServers(Path(args.known_servers) if args.known_servers else default_known_servers_path())
+    return KnownServers(Path(args.known_servers) if args.known_servers
+                        else default_known_servers_path())
 
 
 def add_partitions(parser: argparse.ArgumentParser) -> None:

@@ -23,11 +23,11 @@ from ibe_pubsub.cli.arguments import (
     positive_int_list,
     write_json_atomically,
 )
-from ibe_pubsub.credentials.logsafe import notice
-from ibe_pubsub.evaluation.sizes import DEFAULT_EXPERIMENTS, EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
+from ibe_pubsub.credentials import notice
+from ibe_pubsub.evaluation import DEFAULT_EXPERIMENTS, EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
 
 if TYPE_CHECKING:
-    from ibe_pubsub.evaluation.bench_keyserver import BenchSettings
+    from ibe_pubsub.evaluation import BenchSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- bench crypto, bench streams -----------------------------------------------------------
 
 def _run_crypto(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_crypto import run_crypto_bench
+    from ibe_pubsub.evaluation import run_crypto_bench
 
     report = run_crypto_bench(Path(args.json), args.dims, args.bits, args.min_seconds, args.backend)
     print(f"{'algorithm':26} {'d':>2} {'bits':>4} {'ms':>9} {'floor ms':>9} {'ratio':>6}")
@@ -60,7 +60,7 @@ def _run_crypto(args: argparse.Namespace) -> int:
 
 
 def _run_streams(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_streams import GOALS, run_streams_bench
+    from ibe_pubsub.evaluation import GOALS, run_streams_bench
 
     if not args.seconds > 0:
         raise CommandError("--seconds must be more than 0")
@@ -116,7 +116,7 @@ def _register_streams(bench: argparse._SubParsersAction) -> None:
 # -- bench keyserver -------------------------------------------------------------------------
 
 def _run_keyserver(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_keyserver import BenchSettings, run_bench
+    from ibe_pubsub.evaluation import BenchSettings, run_bench
 
     settings = BenchSettings(clients=args.clients, seconds=args.seconds,
                              subscription=args.subscription, max_credentials=args.max_credentials,
@@ -131,8 +131,7 @@ def _run_keyserver(args: argparse.Namespace) -> int:
 
 
 def _bench_replicas(args: argparse.Namespace, settings: BenchSettings) -> int:
-    from ibe_pubsub.evaluation.bench_replicas import run_replica_bench
-    from ibe_pubsub.evaluation.throwaway_postgres import PostgresUnavailable
+    from ibe_pubsub.evaluation import PostgresUnavailable, run_replica_bench
 
     cores = args.cores or list(range(args.replicas))
     if len(cores) < args.replicas:
@@ -194,8 +193,8 @@ def _names(text: str) -> list[str]:
 
 
 def _run_overlay(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_overlay import Bench
-    from ibe_pubsub.overlay.simulator import LatencyModel
+    from ibe_pubsub.evaluation import Bench
+    from ibe_pubsub.overlay import LatencyModel
 
     try:
         sizes = Sizes(
@@ -245,11 +244,9 @@ def _run_overlay(args: argparse.Namespace) -> int:
 
 
 def _graph(args: argparse.Namespace) -> None:
-    from ibe_pubsub.credentials.schema import default_schema
-    from ibe_pubsub.evaluation.delays import Setting
-    from ibe_pubsub.evaluation.trees import draw_run
-    from ibe_pubsub.overlay.crypto_model import CostTable
-    from ibe_pubsub.overlay.simulator import LatencyModel
+    from ibe_pubsub.credentials import default_schema
+    from ibe_pubsub.evaluation import Setting, draw_run
+    from ibe_pubsub.overlay import CostTable, LatencyModel
 
     setting = Setting(default_schema(), CostTable.default(),
                       LatencyModel(args.latency_median_ms / 1e3, args.latency_sigma), args.seed)
@@ -421,8 +418,8 @@ def _register_exactness(bench: argparse._SubParsersAction) -> None:
 # -- bench bulk ------------------------------------------------------------------------------
 
 def _run_bulk(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_bulk import run_bulk_bench
-    from ibe_pubsub.pipelines.session import SparkStartError
+    from ibe_pubsub.evaluation import run_bulk_bench
+    from ibe_pubsub.pipelines import SparkStartError
 
     json_path = Path(args.json)
     json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -467,7 +464,7 @@ def _register_bulk(bench: argparse._SubParsersAction) -> None:
 # -- bench transport -------------------------------------------------------------------------
 
 def _run_transport(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_transport import run_transport_bench
+    from ibe_pubsub.evaluation import run_transport_bench
 
     result = run_transport_bench(args.connections)
     print(f"{result['connections']} connections on loopback: mutual TLS "
@@ -482,7 +479,7 @@ def _run_transport(args: argparse.Namespace) -> int:
 # -- bench monitoring ----------------------------------------------------------------------
 
 def _run_monitoring(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.bench_monitoring import plot_monitoring, run_monitoring_bench
+    from ibe_pubsub.evaluation import plot_monitoring, run_monitoring_bench
 
     result = run_monitoring_bench(args.pairs, args.events, args.interval, args.scrape_interval)
     notice(f"--http on/off: CPU x{result['window_cpu_ratio_on_off']:.3f} while "

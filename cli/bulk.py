@@ -24,8 +24,7 @@ from ibe_pubsub.cli.arguments import (
 )
 
 if TYPE_CHECKING:
-    from ibe_pubsub.pipelines.layout import Summary
-    from ibe_pubsub.pipelines.requests import Settings
+    from ibe_pubsub.pipelines import Settings, Summary
 
 MAX_CHUNK_SIZE = 2000  # the key server's limit of items per bulk request
 DEFAULT_MASTER = "local[*]"  # of `bulk decompose`
@@ -44,10 +43,7 @@ def _spark_extra() -> Iterator[None]:
 
 def _decompose(args: argparse.Namespace) -> int:
     with _spark_extra():
-        from ibe_pubsub.pipelines.layout import LayoutError
-        from ibe_pubsub.pipelines.local_job import run_local
-        from ibe_pubsub.pipelines.rejections import write_csv
-        from ibe_pubsub.pipelines.requests import Settings
+        from ibe_pubsub.pipelines import LayoutError, Settings, run_local, write_csv
 
     settings = Settings(args.schema, args.fine_depth, args.max_credentials)
     source, out = Path(args.input), Path(args.output)
@@ -76,7 +72,7 @@ def _decompose(args: argparse.Namespace) -> int:
 def _decompose_status(summary: Summary, out: Path, rejected_csv: Path | None,
                       allow_rejects: bool) -> int:
     """0 if every request was accepted, or some were and --allow-rejects accepts the rest."""
-    from ibe_pubsub.pipelines.rejections import first
+    from ibe_pubsub.pipelines import first
 
     counted = ""
     if summary.rejected:
@@ -105,11 +101,16 @@ def _decompose_spark(args: argparse.Namespace, settings: Settings, source: Path,
     with _spark_extra():
         from pyspark.errors import PySparkException
 
-        from ibe_pubsub.pipelines.inputs import request_files
-        from ibe_pubsub.pipelines.layout import SPARK_LOG, prepare_output
-        from ibe_pubsub.pipelines.session import SparkStartError, connect_session, spark_session
-        from ibe_pubsub.pipelines.spark_job import run_spark
-        from ibe_pubsub.pipelines.stage_progress import StageProgress
+        from ibe_pubsub.pipelines import (
+            SPARK_LOG,
+            SparkStartError,
+            StageProgress,
+            connect_session,
+            prepare_output,
+            request_files,
+            run_spark,
+            spark_session,
+        )
     request_files(source)  # input and output problems show before the JVM's slow start
     prepare_output(out, args.overwrite)
     log = None if args.verbose or remote else out / SPARK_LOG
@@ -150,11 +151,15 @@ def _where(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _issue(args: argparse.Namespace) -> int:
-    from ibe_pubsub.keyserver.client import KeyServerClient
+    from ibe_pubsub.keyserver import KeyServerClient
     with _spark_extra():
-        from ibe_pubsub.pipelines.issue import IssueError, IssueOptions, issue_bulk
-        from ibe_pubsub.pipelines.keydir import KeyDirError
-        from ibe_pubsub.pipelines.layout import LayoutError
+        from ibe_pubsub.pipelines import (
+            IssueError,
+            IssueOptions,
+            KeyDirError,
+            LayoutError,
+            issue_bulk,
+        )
 
     token = admin_token(args)
     if args.chunk_size > MAX_CHUNK_SIZE:

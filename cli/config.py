@@ -18,13 +18,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from ibe_pubsub.cli.exceptions import CliError
 from ibe_pubsub.cli.parser import GLOBAL_DESTS
 
 ENV_PREFIX = "IBE_PUBSUB_"
 DEFAULT_CONFIG_FILE = "ibe-pubsub.toml"
 
 
-class ConfigError(Exception):
+class ConfigError(CliError):
     """The configuration file or an environment value cannot be used."""
 
 

@@ -37,8 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run_vectors(args: argparse.Namespace) -> int:
     import json
 
-    from ibe_pubsub.credentials.schema import SchemaError
-    from ibe_pubsub.credentials.vectors import VECTORS_FILE, build_vectors, vectors_json
+    from ibe_pubsub.credentials import VECTORS_FILE, SchemaError, build_vectors, vectors_json
 
     values = None
     if args.values is not None:

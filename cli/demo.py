@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation.demo import DemoError, run_demo
+    from ibe_pubsub.evaluation import DemoError, run_demo
 
     try:
         report = run_demo(peers=args.peers, routing=args.routing, events=args.events,

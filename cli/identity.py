@@ -11,22 +11,22 @@ from typing import TYPE_CHECKING, Any
 from ibe_pubsub.cli.arguments import CommandError, add_key_server, admin_token
 
 if TYPE_CHECKING:
-    from ibe_pubsub.keyserver.client import KeyServerClient
+    from ibe_pubsub.keyserver import KeyServerClient
 
 
 def _admin_client(args: argparse.Namespace) -> KeyServerClient:
-    from ibe_pubsub.keyserver.client import KeyServerClient
+    from ibe_pubsub.keyserver import KeyServerClient
 
     return KeyServerClient(args.server, admin_token(args), verify=args.ca_file or True)
 
 
 def _call(args: argparse.Namespace, action: Any) -> Any:
-    from ibe_pubsub.keyserver.client import KeyServerError
+    from ibe_pubsub.keyserver import KeyServerRequestError
 
     try:
         with _admin_client(args) as client:
             return action(client)
-    except KeyServerError as exc:
+    except KeyServerRequestError as exc:
         raise CommandError(str(exc)) from exc
 
 

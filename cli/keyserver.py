@@ -19,13 +19,12 @@ from ibe_pubsub.cli.arguments import (
     positive_int,
     write_json_atomically,
 )
-from ibe_pubsub.credentials.logsafe import notice
-from ibe_pubsub.keyserver.epochs import check_lengths, default_grace
+from ibe_pubsub.credentials import notice
+from ibe_pubsub.keyserver import check_lengths, default_grace
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from ibe_pubsub.keyserver.initialise import initialise
-    from ibe_pubsub.keyserver.keystore import KeyStoreError
+    from ibe_pubsub.keyserver import KeyStoreError, initialise
 
     try:
         if args.grace_seconds is None:
@@ -45,8 +44,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 def _print_server_key(data_dir: Path) -> None:
     """What peers trusting on first use will show (stderr), and the key alone on stdout, so
     a script can capture it to pin it (--server-key)."""
-    from ibe_pubsub.credentials.certificates import fingerprint
-    from ibe_pubsub.keyserver.keystore import PUBLIC_FILE
+    from ibe_pubsub.credentials import fingerprint
+    from ibe_pubsub.keyserver import PUBLIC_FILE
 
     key = json.loads((data_dir / PUBLIC_FILE).read_text())["server_key"]
     print(f"signing key {fingerprint(base64.b64decode(key))}; peers pin it with "
@@ -55,7 +54,7 @@ def _print_server_key(data_dir: Path) -> None:
 
 
 def cmd_rotate_admin_token(args: argparse.Namespace) -> int:
-    from ibe_pubsub.keyserver.keystore import KeyStoreError, rotate_admin_token
+    from ibe_pubsub.keyserver import KeyStoreError, rotate_admin_token
 
     try:
         path = rotate_admin_token(Path(args.data))
@@ -67,9 +66,13 @@ def cmd_rotate_admin_token(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ibe_pubsub.keyserver.keystore import KeyStoreError
-    from ibe_pubsub.keyserver.server import check_listen_address, check_tls_files, serve
-    from ibe_pubsub.keyserver.state import ServerConfig
+    from ibe_pubsub.keyserver import (
+        KeyStoreError,
+        ServerConfig,
+        check_listen_address,
+        check_tls_files,
+        serve,
+    )
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise CommandError("--tls-cert and --tls-key go together")

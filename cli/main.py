@@ -19,8 +19,8 @@ from ibe_pubsub.cli import bench, bulk, crypto, demo, identity, keyserver, peer,
 from ibe_pubsub.cli.arguments import CommandError
 from ibe_pubsub.cli.config import ConfigError, apply_layers, check_tables, load_config_file
 from ibe_pubsub.cli.parser import CommandParser
-from ibe_pubsub.credentials.logsafe import log_formatter, use_log_format
-from ibe_pubsub.evaluation.plotting import PlotsUnavailable
+from ibe_pubsub.credentials import log_formatter, use_log_format
+from ibe_pubsub.evaluation import PlotsUnavailable
 
 #: In the order ``ibe-pubsub --help`` lists them.
 COMMAND_GROUPS = (crypto, bench, keyserver, identity, bulk, peer, publish, demo)

@@ -22,11 +22,11 @@ from ibe_pubsub.cli.arguments import (
     server_key,
     write_json_atomically,
 )
-from ibe_pubsub.credentials.logsafe import notice
-from ibe_pubsub.peer.waiting import WaitAnnouncer
+from ibe_pubsub.credentials import notice
+from ibe_pubsub.peer import WaitAnnouncer
 
 if TYPE_CHECKING:
-    from ibe_pubsub.peer.node import PeerNode
+    from ibe_pubsub.peer import PeerNode
 
 
 def _stop_on_signals(stop: asyncio.Event) -> list[signal.Signals]:
@@ -62,13 +62,10 @@ async def _start_unless_stopped(node: PeerNode, stop: asyncio.Event) -> bool:
 # -- peer run ------------------------------------------------------------------------------
 
 async def _run_peer(args: argparse.Namespace) -> int:
-    from ibe_pubsub.credentials.predicates import PredicateError
-    from ibe_pubsub.keyserver.bundles import BundleError
-    from ibe_pubsub.keyserver.client import KeyServerError
-    from ibe_pubsub.overlay.config import OverlayConfig
-    from ibe_pubsub.peer.events_io import EventWriter
-    from ibe_pubsub.peer.node import NodeError, NodeOptions, PeerNode
-    from ibe_pubsub.peer.transport import TransportError
+    from ibe_pubsub.credentials import PredicateError
+    from ibe_pubsub.keyserver import BundleError, KeyServerRequestError
+    from ibe_pubsub.overlay import OverlayConfig
+    from ibe_pubsub.peer import EventWriter, NodeError, NodeOptions, PeerNode, TransportError
 
     options = NodeOptions(
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
@@ -92,7 +89,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
     received = _stop_on_signals(stop)
     try:
         started = await _start_unless_stopped(node, stop)
-    except (NodeError, KeyServerError, BundleError, PredicateError, TransportError) as exc:
+    except (NodeError, KeyServerRequestError, BundleError, PredicateError, TransportError) as exc:
         raise CommandError(f"peer could not start: {exc}") from exc
     if not started:
         if writer is not None:
@@ -146,7 +143,7 @@ def cmd_peer_run(args: argparse.Namespace) -> int:
 def _check_listen(listen: str) -> None:
     """Refuse 0.0.0.0 and [::]: the address is certified and listed in the directory for
     other peers to dial, and nobody can dial "every interface"."""
-    from ibe_pubsub.credentials.peer_certificates import is_unspecified
+    from ibe_pubsub.credentials import is_unspecified
 
     host = listen.rpartition(":")[0]
     if is_unspecified(host):
@@ -156,7 +153,7 @@ def _check_listen(listen: str) -> None:
 
 def http_address(text: str) -> tuple[str, int]:
     """``--http``: PORT or HOST:PORT (host: 127.0.0.1)."""
-    from ibe_pubsub.peer.monitor import parse_http
+    from ibe_pubsub.peer import parse_http
 
     try:
         return parse_http(text)

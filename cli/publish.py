@@ -22,10 +22,10 @@ from ibe_pubsub.cli.arguments import (
     positive_int,
     server_key,
 )
-from ibe_pubsub.credentials.logsafe import notice
+from ibe_pubsub.credentials import notice
 
 if TYPE_CHECKING:
-    from ibe_pubsub.peer.published_ids import PublishedIds
+    from ibe_pubsub.peer import PublishedIds
 
 
 def register(subparsers: Any) -> None:
@@ -72,12 +72,9 @@ def register(subparsers: Any) -> None:
 
 
 async def _publish(args: argparse.Namespace) -> int:
-    from ibe_pubsub.credentials.predicates import PredicateError
-    from ibe_pubsub.credentials.streams import StreamWindow
-    from ibe_pubsub.keyserver.bundles import BundleError
-    from ibe_pubsub.keyserver.client import KeyServerError
-    from ibe_pubsub.peer.events_io import EventFileError, read_events
-    from ibe_pubsub.peer.publisher import EventPublisher, PublishRefused
+    from ibe_pubsub.credentials import PredicateError, StreamWindow
+    from ibe_pubsub.keyserver import BundleError, KeyServerRequestError
+    from ibe_pubsub.peer import EventFileError, EventPublisher, PublishRefused, read_events
 
     if args.stream_max_events is not None and args.stream_window is None:
         raise CommandError("--stream-max-events needs --stream-window")
@@ -97,7 +94,8 @@ async def _publish(args: argparse.Namespace) -> int:
         events = read_events(args.events, publisher.params.pp.schema, publisher.advertisement)
         _warn_repeated_ids(args, [e.event_id for e in events])
         await publisher.find_roots(args.root_timeout)
-    except (PredicateError, EventFileError, KeyServerError, BundleError, PublishRefused) as exc:
+    except (PredicateError, EventFileError, KeyServerRequestError, BundleError,
+            PublishRefused) as exc:
         await publisher.close(0)
         raise CommandError(str(exc)) from exc
     sent_log = open(args.sent_out, "a", encoding="utf-8") if args.sent_out else None  # noqa: SIM115
@@ -127,7 +125,7 @@ async def _publish(args: argparse.Namespace) -> int:
 
 def _published_ids(args: argparse.Namespace) -> tuple[PublishedIds, str]:
     """The record of ids sent before, and the name of this publisher in it."""
-    from ibe_pubsub.peer.published_ids import PublishedIds, default_published_ids_path, token_publisher
+    from ibe_pubsub.peer import PublishedIds, default_published_ids_path, token_publisher
 
     path = Path(args.published_ids) if args.published_ids else default_published_ids_path()
     return PublishedIds(path), token_publisher(args.token)
@@ -135,7 +133,7 @@ def _published_ids(args: argparse.Namespace) -> tuple[PublishedIds, str]:
 
 def _warn_repeated_ids(args: argparse.Namespace, ids: list[str]) -> None:
     """One line if this publisher sent some of ``ids`` to this key server before."""
-    from ibe_pubsub.peer.published_ids import PublishedIdsError
+    from ibe_pubsub.peer import PublishedIdsError
 
     record, publisher = _published_ids(args)
     try:
@@ -152,7 +150,7 @@ def _warn_repeated_ids(args: argparse.Namespace, ids: list[str]) -> None:
 
 
 def _record_ids(args: argparse.Namespace, ids: list[str]) -> None:
-    from ibe_pubsub.peer.published_ids import PublishedIdsError
+    from ibe_pubsub.peer import PublishedIdsError
 
     record, publisher = _published_ids(args)
     try:

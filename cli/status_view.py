@@ -7,12 +7,13 @@ from typing import Any
 
 import httpx
 
-from ibe_pubsub.credentials.logsafe import escape
+from ibe_pubsub.cli.exceptions import CliError
+from ibe_pubsub.credentials import escape
 
 TIMEOUT = 5.0
 
 
-class StatusError(Exception):
+class StatusError(CliError):
     """The URL cannot be reached or is not a peer's status endpoint."""
 
 

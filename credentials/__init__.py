@@ -3,3 +3,54 @@
 A pure library, the lowest layer: it imports nothing else of this project, uses no network
 and writes no file (it reads a schema file when asked to load one).
 """
+
+from ibe_pubsub.credentials.faces import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "backends": ("load_group",),
+    "certificates": (
+        "ED25519_KEY_BYTES", "RootCertificate", "bundle_message", "fingerprint", "peer_ca_message",
+        "schema_message", "verify_bundle", "verify_peer_ca", "verify_schema",
+    ),
+    "codec": (
+        "CodecError", "codec", "decode_mpk", "decode_msk", "decode_publisher_key",
+        "decode_request", "decode_routing_token", "decode_subscriber_key", "encode_mpk",
+        "encode_msk", "encode_publisher_key", "encode_request", "encode_routing_token",
+        "encode_subscriber_key",
+    ),
+    "credential": ("Credential",),
+    "decomposition": (
+        "covering_credential", "decompose", "enclosing_path", "fine_credentials", "fine_split",
+        "root_credential",
+    ),
+    "exceptions": ("CredentialsError",),
+    "faces": ("lazy_exports",),
+    "groups": ("G2", "PairingGroup"),
+    "keys": (
+        "MasterPublicKey", "MasterSecretKey", "PublisherKey", "RoutingToken", "SCHEME_VERSION",
+        "SubscriberKey",
+    ),
+    "logsafe": ("escape", "log_formatter", "notice", "use_log_format"),
+    "messages": ("ConnectionRequest", "RequestOpening", "StreamEvent"),
+    "numeric_batch": ("numeric_batch",),
+    "peer_certificates": (
+        "MAX_ADDRESSES", "PeerBinding", "PeerCertificate", "PeerCertificateError",
+        "ca_certificate", "ca_key_from_seed", "canonical_address", "is_unspecified",
+        "issue_peer_certificate", "read_peer_certificate", "read_peer_certificate_der", "to_pem",
+    ),
+    "policy_regions": ("OutsidePolicy", "clause_text", "first_outside"),
+    "predicates": (
+        "EventFilter", "Predicate", "PredicateError", "check_within", "parse_predicate", "quote",
+    ),
+    "schema": (
+        "Attribute", "BUILTIN_SCHEMAS", "Schema", "SchemaError", "default_schema",
+        "resolve_schema",
+    ),
+    "scheme": (
+        "AnyEvent", "Event", "NotAuthorized", "PublicParams", "build_connection_request",
+        "keygen_publisher", "keygen_routing_token", "keygen_subscriber", "scheme", "setup",
+    ),
+    "streams": ("Stream", "StreamWindow", "streams"),
+    "strings": ("strings",),
+    "vectors": ("VECTORS_FILE", "build_vectors", "vectors_json"),
+})

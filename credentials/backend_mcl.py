@@ -24,6 +24,7 @@ from typing import Any
 
 import pymcl
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.groups import G1, G2, GT, GroupKind, PairingGroup
 
 PYMCL_VERSION = "1.0.2"
@@ -59,7 +60,7 @@ G2_GENERATOR = ("93e02b6052719f607dacd3a088274f65596bd0d09920b61ab5da61bbdc7f504
                 "c6e47ad4fa403b02b4510b647ae3d1770bac0326a805bbefd48056c8c121bdb8")
 
 
-class NativeUnavailable(RuntimeError):
+class NativeUnavailable(CredentialsError, RuntimeError):
     """The bundled library does not offer the C API this backend needs."""
 
 

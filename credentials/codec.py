@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.groups import G1, G2, GT, Element, GroupError, GroupKind, PairingGroup
 from ibe_pubsub.credentials.keys import (
     SCHEME_VERSION,
@@ -49,7 +50,7 @@ MAX_BLOB = 16 * 1024 * 1024
 T = TypeVar("T")
 
 
-class CodecError(ValueError):
+class CodecError(CredentialsError, ValueError):
     """Bytes that do not decode to the expected object."""
 
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
+
 #: Exponents up to this size (batch-verification weights) are counted as short exponentiations.
 SHORT_EXPONENT_BITS = 128
 
@@ -35,7 +37,7 @@ G2 = GroupKind.G2
 GT = GroupKind.GT
 
 
-class GroupError(ValueError):
+class GroupError(CredentialsError, ValueError):
     """Bytes that are not a valid, canonical element of the expected group."""
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.schema import Attribute
 
 Number = int | float
@@ -223,7 +224,7 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-class OutsideCells(ValueError):
+class OutsideCells(CredentialsError, ValueError):
     """No cover of a range stays inside the allowed cells (see ``range_cover``).
 
     ``needed``: the fewest blocks a cover inside takes (None: no cell of it is left).

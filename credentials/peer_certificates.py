@@ -33,6 +33,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID, ObjectIdentifier
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
+
 #: A UUID-based OID (ITU-T X.667, arc 2.25) naming this project's peer-binding extension.
 PEER_EXTENSION = ObjectIdentifier("2.25.113840910988005767357125380419690456792")
 EXTENSION_VERSION = 1
@@ -53,7 +55,7 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _NUMERIC_LABEL = re.compile(r"^(?:0x[0-9a-f]*|[0-9]+)$")
 
 
-class PeerCertificateError(ValueError):
+class PeerCertificateError(CredentialsError, ValueError):
     """A certificate that is not a peer certificate of this project, or an address that
     cannot be certified."""
 

@@ -21,11 +21,12 @@ from collections.abc import Iterable
 
 from ibe_pubsub.credentials import numeric
 from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.predicates import Constraint, NumericRange, Predicate, StringConstraint
 from ibe_pubsub.credentials.schema import Attribute, Schema
 
 
-class OutsidePolicy(ValueError):
+class OutsidePolicy(CredentialsError, ValueError):
     """No credential inside the policy can serve the request on ``attribute``.
 
     ``clause`` is the policy's canonical clause text on that attribute, ``reason``

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.numeric import int_bounds
 from ibe_pubsub.credentials.schema import Attribute, Schema, SchemaError
 
@@ -34,7 +35,7 @@ KEYWORDS = ("and", "in", "prefix")
 COMPARISONS = ("<", "<=", ">", ">=", "=")
 
 
-class PredicateError(ValueError):
+class PredicateError(CredentialsError, ValueError):
     """A predicate does not parse or selects nothing; carries the character position."""
 
     def __init__(self, message: str, text: str, position: int) -> None:

@@ -19,6 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
+
 AttrType = Literal["string", "int", "float"]
 TYPES: tuple[str, ...] = ("string", "int", "float")
 # The predicate language uses these words; an attribute named like them would be ambiguous.
@@ -29,7 +31,7 @@ MAX_BITS = 32
 OTHER_CHAR = "\ufffd"
 
 
-class SchemaError(ValueError):
+class SchemaError(CredentialsError, ValueError):
     """A schema or an event does not conform; the message says which attribute and why."""
 
 

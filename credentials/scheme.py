@@ -20,7 +20,7 @@ credential encrypts and signs an event; only a subscriber whose credentials matc
 decrypts it::
 
     >>> from ibe_pubsub.credentials.backends import load_group
-    >>> from ibe_pubsub.credentials.decompose import decompose
+    >>> from ibe_pubsub.credentials.decomposition import decompose
     >>> from ibe_pubsub.credentials.predicates import parse_predicate
     >>> from ibe_pubsub.credentials.schema import default_schema
     >>> group, schema, epoch = load_group(), default_schema(), 1
@@ -66,7 +66,8 @@ from ibe_pubsub.credentials.codec import (
     write_attribute,
 )
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import enclosing_path, value_credential
+from ibe_pubsub.credentials.decomposition import enclosing_path, value_credential
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.groups import G1, G2, Element, GroupError, PairingGroup, PreparedG2
 from ibe_pubsub.credentials.keys import (
     BlindedToken,
@@ -118,7 +119,7 @@ AnyEvent = EncryptedEvent | StreamEvent
 PositionKeys = LRU[tuple[bytes, bytes], Element]
 
 
-class SchemeError(ValueError):
+class SchemeError(CredentialsError, ValueError):
     """Base of every refusal by the scheme."""
 
 

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.groups import Element
 
 NONCE_BYTES = 12
@@ -18,7 +19,7 @@ NONCE_BYTES = 12
 KDF_PREFIX = b"IBE-PUBSUB-V2/"
 
 
-class AuthenticationFailed(ValueError):
+class AuthenticationFailed(CredentialsError, ValueError):
     """AEAD opening failed: wrong key or tampered bytes."""
 
 

@@ -25,7 +25,8 @@ from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials.backend_mcl import MclNativeGroup
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import enclosing_path
+from ibe_pubsub.credentials.decomposition import enclosing_path
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.groups import G1, Element, PairingGroup
 from ibe_pubsub.credentials.keys import MasterSecretKey, PublisherKey, SubscriberKey
 from ibe_pubsub.credentials.messages import ConnectionRequest, EncryptedEvent
@@ -60,7 +61,7 @@ BODIES = {ONE: b"one-attribute event body", THREE: b"three-attribute event body"
 SEED_BYTES = 8
 
 
-class VectorError(RuntimeError):
+class VectorError(CredentialsError, RuntimeError):
     """The generated vectors contradict the scheme's own algorithms (a bug, not bad input)."""
 
 

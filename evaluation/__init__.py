@@ -2,3 +2,24 @@
 start key servers and peers, drive the simulator and write JSON and PNG reports.
 
 Plots need matplotlib, from the ``bench`` extra (``pip install 'ibe-pubsub[bench]'``)."""
+
+from ibe_pubsub.credentials import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "bench_bulk": ("run_bulk_bench",),
+    "bench_crypto": ("run_crypto_bench",),
+    "bench_keyserver": ("BenchSettings", "run_bench"),
+    "bench_monitoring": ("plot_monitoring", "run_monitoring_bench"),
+    "bench_overlay": ("Bench",),
+    "bench_replicas": ("run_replica_bench",),
+    "bench_streams": ("GOALS", "run_streams_bench"),
+    "bench_transport": ("run_transport_bench",),
+    "delays": ("Setting",),
+    "demo": ("DemoError", "run_demo"),
+    "exactness": ("exactness",),
+    "exceptions": ("EvaluationError",),
+    "plotting": ("PlotsUnavailable",),
+    "postgres": ("PostgresUnavailable",),
+    "sizes": ("DEFAULT_EXPERIMENTS", "EXACTNESS_SCHEMAS", "EXPERIMENTS", "Sizes"),
+    "trees": ("draw_run",),
+})

@@ -20,14 +20,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials import Schema
 from ibe_pubsub.evaluation.memory import PeakMemory
 from ibe_pubsub.evaluation.plotting import pyplot
 from ibe_pubsub.evaluation.synthetic_requests import random_requests
-from ibe_pubsub.pipelines.inputs import BATCH_ROWS
-from ibe_pubsub.pipelines.layout import Summary
-from ibe_pubsub.pipelines.local_job import run_local
-from ibe_pubsub.pipelines.requests import Settings
+from ibe_pubsub.pipelines import BATCH_ROWS, Settings, Summary, run_local
 
 ARROW_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
@@ -70,9 +67,7 @@ def run_bulk_bench(json_path: Path, schema: Schema, requests: int, master: str, 
     """Run both drivers once on ``requests`` synthetic requests; write JSON and a PNG.
 
     Spark's own console output goes to ``spark_log`` (None: to this process's)."""
-    from ibe_pubsub.pipelines.session import spark_session
-    from ibe_pubsub.pipelines.spark_job import run_spark
-    from ibe_pubsub.pipelines.stage_progress import StageProgress
+    from ibe_pubsub.pipelines import StageProgress, run_spark, spark_session
 
     settings = Settings(schema, fine_depth)
     with tempfile.TemporaryDirectory(prefix="ibe-bench-bulk-") as tmp:

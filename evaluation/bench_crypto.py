@@ -21,11 +21,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials import codec
+from ibe_pubsub.credentials import G2, Credential, PairingGroup, Schema, codec
 from ibe_pubsub.credentials import scheme as S
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.groups import G2, PairingGroup
-from ibe_pubsub.credentials.schema import Schema
 from ibe_pubsub.evaluation.plotting import pyplot
 
 BATCHES = 5
@@ -237,7 +234,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def run_crypto_bench(json_path: Path, dims: list[int], bits_list: list[int], min_seconds: float,
          backend: str | None) -> dict[str, Any]:
-    from ibe_pubsub.credentials.backends import load_group
+    from ibe_pubsub.credentials import load_group
 
     group = load_group(backend)
     report = run(group, dims, bits_list, min_seconds,

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials import default_schema
 from ibe_pubsub.evaluation.launcher import (
     free_port,
     init_keyserver,
@@ -37,10 +37,13 @@ from ibe_pubsub.evaluation.launcher import (
     wait_ready,
 )
 from ibe_pubsub.evaluation.plotting import pyplot
-from ibe_pubsub.keyserver.client import KeyServerClient
-from ibe_pubsub.keyserver.enrolment import plan_subscriber
-from ibe_pubsub.keyserver.issuer import IssuerPool, issue_subscriber
-from ibe_pubsub.keyserver.keystore import create_keystore
+from ibe_pubsub.keyserver import (
+    IssuerPool,
+    KeyServerClient,
+    create_keystore,
+    issue_subscriber,
+    plan_subscriber,
+)
 
 PASSPHRASE = "benchmark passphrase (throwaway key store)"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -77,7 +80,7 @@ def progress(message: str) -> None:
 
 def open_floor_pool(settings: BenchSettings, data_dir: Path) -> tuple[IssuerPool, tuple, tuple]:
     """An issuer pool over a throwaway key store, and the credentials of one enrolment."""
-    from ibe_pubsub.credentials.predicates import parse_predicate
+    from ibe_pubsub.credentials import parse_predicate
 
     store, _ = create_keystore(data_dir, default_schema(), PASSPHRASE)
     creds, fine = plan_subscriber(store.schema, parse_predicate(

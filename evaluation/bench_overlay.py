@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials import load_group
 from ibe_pubsub.evaluation import droppers, encryption, loopback, plots, streams, trees
 from ibe_pubsub.evaluation.cluster import ClusterError
 from ibe_pubsub.evaluation.costs import calibrate
@@ -37,8 +37,7 @@ from ibe_pubsub.evaluation.delays import (
     tree_schema,
 )
 from ibe_pubsub.evaluation.sizes import DEFAULT_EXPERIMENTS, Sizes
-from ibe_pubsub.overlay.crypto_model import CostTable
-from ibe_pubsub.overlay.simulator import LatencyModel
+from ibe_pubsub.overlay import CostTable, LatencyModel
 
 #: Experiments on the simulator, which need the measured crypto costs.
 SIMULATED = ("connection", "degree", "dissemination", "routing", "trees")

@@ -39,7 +39,7 @@ from ibe_pubsub.evaluation.launcher import (
     stop,
     wait_ready,
 )
-from ibe_pubsub.evaluation.throwaway_postgres import fresh_database, throwaway_postgres
+from ibe_pubsub.evaluation.postgres import fresh_database, throwaway_postgres
 
 UNLIMITED = ("--rate", "1e9", "--burst", "1000000000", "--address-rate", "1e9",
              "--address-burst", "1000000000", "--key-rate", "1e9", "--key-burst", "1000000000")

@@ -34,13 +34,16 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials import codec
+from ibe_pubsub.credentials import (
+    PairingGroup,
+    Schema,
+    codec,
+    decompose,
+    default_schema,
+    parse_predicate,
+)
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import streams as T
-from ibe_pubsub.credentials.decompose import decompose
-from ibe_pubsub.credentials.groups import PairingGroup
-from ibe_pubsub.credentials.predicates import parse_predicate
-from ibe_pubsub.credentials.schema import Schema, default_schema
 from ibe_pubsub.evaluation.bench_crypto import RawOps, batch_time
 from ibe_pubsub.evaluation.plotting import pyplot
 
@@ -186,7 +189,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def run_streams_bench(json_path: Path, seconds: float, backend: str | None) -> dict[str, Any]:
-    from ibe_pubsub.credentials.backends import load_group
+    from ibe_pubsub.credentials import load_group
 
     report = run(load_group(backend), seconds,
                  lambda msg: print(f"[bench streams] {msg}", file=sys.stderr, flush=True))

@@ -16,14 +16,8 @@ from collections.abc import Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials.peer_certificates import (
-    PeerBinding,
-    ca_certificate,
-    issue_peer_certificate,
-    to_pem,
-)
-from ibe_pubsub.peer.tls import PeerTLS
-from ibe_pubsub.peer.transport import Transport
+from ibe_pubsub.credentials import PeerBinding, ca_certificate, issue_peer_certificate, to_pem
+from ibe_pubsub.peer import PeerTLS, Transport
 
 
 def run_transport_bench(connections: int = 200) -> dict[str, float]:

@@ -20,18 +20,18 @@ from typing import Any
 
 import httpx
 
-from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials import Event
+from ibe_pubsub.evaluation.exceptions import EvaluationError
 from ibe_pubsub.evaluation.launcher import child_env, cli_command
-from ibe_pubsub.keyserver.client import KeyServerClient
-from ibe_pubsub.peer.events_io import event_line, read_deliveries
-from ibe_pubsub.peer.waiting import WaitAnnouncer
+from ibe_pubsub.keyserver import KeyServerClient
+from ibe_pubsub.peer import WaitAnnouncer, event_line, read_deliveries
 
 
 def _option(name: str, value: object) -> list[str]:
     return [] if value is None else [name, str(value)]
 
 
-class ClusterError(RuntimeError):
+class ClusterError(EvaluationError, RuntimeError):
     """A peer process did not start or finish as expected (its log is quoted)."""
 
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ibe_pubsub.evaluation.delays import Progress, Setting, build, disseminate, dissemination_run
-from ibe_pubsub.overlay.crypto_model import DEFAULT_COSTS, CostTable
-from ibe_pubsub.overlay.simulator import Simulator
+from ibe_pubsub.overlay import DEFAULT_COSTS, CostTable, Simulator
 
 
 def measured_costs(sim: Simulator) -> tuple[dict[str, float], list[str]]:

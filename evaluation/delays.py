@@ -18,14 +18,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.credentials.streams import StreamWindow
+from ibe_pubsub.credentials import Schema, StreamWindow
 from ibe_pubsub.evaluation.random_workload import Workload
-from ibe_pubsub.overlay.actions import Action, Connected
-from ibe_pubsub.overlay.config import OverlayConfig, Routing
-from ibe_pubsub.overlay.crypto import CostMeter
-from ibe_pubsub.overlay.crypto_model import CostTable
-from ibe_pubsub.overlay.simulator import LatencyModel, Mode, Simulator, summary
+from ibe_pubsub.overlay import (
+    Action,
+    Connected,
+    CostMeter,
+    CostTable,
+    LatencyModel,
+    Mode,
+    OverlayConfig,
+    Routing,
+    Simulator,
+    summary,
+)
 
 #: Seconds between two peers starting to join.
 JOIN_SPACING = 0.02

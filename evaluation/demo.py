@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.credentials.predicates import parse_predicate
-from ibe_pubsub.credentials.schema import default_schema
-from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials import Event, default_schema, parse_predicate
 from ibe_pubsub.evaluation.cluster import Cluster, ClusterError
+from ibe_pubsub.evaluation.exceptions import EvaluationError
 from ibe_pubsub.evaluation.launcher import (
     free_port,
     init_keyserver,
@@ -48,7 +47,7 @@ TEMPLATES = (
 )
 
 
-class DemoError(RuntimeError):
+class DemoError(EvaluationError, RuntimeError):
     """The demo could not set itself up (not: a delivery mismatch, which is a result)."""
 
 

@@ -16,12 +16,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials import default_schema
 from ibe_pubsub.evaluation.delays import Runner
 from ibe_pubsub.evaluation.plots import figure
 from ibe_pubsub.evaluation.random_workload import Workload
-from ibe_pubsub.overlay.config import OverlayConfig, Routing
-from ibe_pubsub.overlay.simulator import LatencyModel, Simulator, summary
+from ibe_pubsub.overlay import LatencyModel, OverlayConfig, Routing, Simulator, summary
 
 JOIN_SPACING = 0.05
 SETTLE = 40.0

@@ -39,9 +39,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ibe_pubsub.credentials import Credential, PairingGroup
 from ibe_pubsub.credentials import scheme as S
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.groups import PairingGroup
 from ibe_pubsub.evaluation.bench_crypto import time_per_call
 from ibe_pubsub.evaluation.stock_workload import Workload, make_workload
 

@@ -28,12 +28,17 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ibe_pubsub.credentials.schema import Schema, default_schema
+from ibe_pubsub.credentials import Schema, default_schema
 from ibe_pubsub.evaluation.random_workload import Workload
 from ibe_pubsub.evaluation.sizes import EXACTNESS_SCHEMAS
-from ibe_pubsub.overlay.checks import rooted_subscribers, subscribers_below
-from ibe_pubsub.overlay.config import OverlayConfig, Routing
-from ibe_pubsub.overlay.simulator import LatencyModel, Simulator
+from ibe_pubsub.overlay import (
+    LatencyModel,
+    OverlayConfig,
+    Routing,
+    Simulator,
+    rooted_subscribers,
+    subscribers_below,
+)
 
 #: Uneven links (a few 25 times the median), but none slower than the failure detector.
 LATENCY = LatencyModel(median=0.04, sigma=1.5, cap=1.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from ibe_pubsub.peer.waiting import WaitAnnouncer
+from ibe_pubsub.peer import WaitAnnouncer
 
 
 def free_port() -> int:

@@ -20,9 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.credentials.predicates import parse_predicate
-from ibe_pubsub.credentials.schema import default_schema
-from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials import Event, default_schema, parse_predicate
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.evaluation.delays import JOIN_SPACING, JoinRecorder, Progress
 from ibe_pubsub.evaluation.launcher import (
@@ -34,8 +32,7 @@ from ibe_pubsub.evaluation.launcher import (
 )
 from ibe_pubsub.evaluation.sizes import MAX_LOOPBACK_PEERS as MAX_PEERS
 from ibe_pubsub.evaluation.stock_workload import event_values, subscription_text
-from ibe_pubsub.overlay.config import OverlayConfig
-from ibe_pubsub.overlay.simulator import LatencyModel, summary
+from ibe_pubsub.overlay import LatencyModel, OverlayConfig, summary
 
 #: One-way delay of a loopback hop with asyncio framing, seconds.
 LOOPBACK = LatencyModel(median=0.0003, sigma=0.0, jitter=0.5)

@@ -14,8 +14,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from ibe_pubsub.credentials.predicates import Predicate, parse_predicate, quote
-from ibe_pubsub.credentials.schema import Attribute, Schema
+from ibe_pubsub.credentials import Attribute, Predicate, Schema, parse_predicate, quote
 
 
 class Workload:

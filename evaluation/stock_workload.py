@@ -14,8 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ibe_pubsub.credentials.predicates import Predicate, parse_predicate
-from ibe_pubsub.credentials.schema import Schema, default_schema
+from ibe_pubsub.credentials import Predicate, Schema, default_schema, parse_predicate
 
 SYMBOLS = ("AAPL", "AMZN", "GOOG", "IBM", "INTC", "MSFT", "NVDA", "ORCL", "SAP", "TSLA")
 PRICE_STEP = 50

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.credentials.streams import StreamWindow
+from ibe_pubsub.credentials import StreamWindow
 from ibe_pubsub.evaluation.delays import (
     PUBLISH_WINDOW,
     Runner,

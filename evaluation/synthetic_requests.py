@@ -11,8 +11,7 @@ import string
 
 import pyarrow as pa
 
-from ibe_pubsub.credentials.predicates import quote
-from ibe_pubsub.credentials.schema import Attribute, Schema
+from ibe_pubsub.credentials import Attribute, Schema, quote
 
 
 def _number(attr: Attribute, rng: random.Random) -> str:

@@ -16,14 +16,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials import default_schema
 from ibe_pubsub.evaluation.delays import JoinRecorder, Setting
 from ibe_pubsub.evaluation.plots import figure
 from ibe_pubsub.evaluation.random_workload import Workload
 from ibe_pubsub.evaluation.tree_plot import draw_trees
-from ibe_pubsub.overlay.checks import delivery_errors
-from ibe_pubsub.overlay.simulator import summary
-from ibe_pubsub.overlay.snapshot import tree_status
+from ibe_pubsub.overlay import delivery_errors, summary, tree_status
 
 #: One subscriber joins every this many seconds (a burst: 100 per second).
 ARRIVAL = 0.01

@@ -1,1 +1,22 @@
 """The key server: the one trusted party that issues credential keys over HTTP."""
+
+from ibe_pubsub.credentials import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "bundles": (
+        "BulkBundle", "BundleError", "PublisherBundle", "ServerParams", "SubscriberBundle",
+        "TransportCertificate", "decode_bulk_bundle", "decode_params", "decode_publisher_bundle",
+        "decode_root_certificate", "decode_root_token", "decode_subscriber_bundle",
+        "decode_transport_certificate",
+    ),
+    "client": ("KeyServerClient", "KeyServerRequestError"),
+    "creation": ("initialise",),
+    "db": ("Base",),
+    "enrolment": ("plan_subscriber",),
+    "epochs": ("check_lengths", "default_grace"),
+    "exceptions": ("KeyServerError",),
+    "issuer": ("IssuerPool", "issue_subscriber"),
+    "keystore": ("KeyStoreError", "PUBLIC_FILE", "create_keystore", "rotate_admin_token"),
+    "server": ("check_listen_address", "check_tls_files", "serve"),
+    "state": ("ServerConfig",),
+})

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from ibe_pubsub.credentials.peer_certificates import MAX_ADDRESSES
+from ibe_pubsub.credentials import MAX_ADDRESSES
 
 MAX_PREDICATE = 4096
 #: Neighbours one directory registration may vouch for.

@@ -22,7 +22,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from ibe_pubsub.credentials.certificates import fingerprint
+from ibe_pubsub.credentials import fingerprint
 from ibe_pubsub.keyserver.db import AuditEntry, make_engine, make_sessions
 from ibe_pubsub.keyserver.keystore import DATABASE_FILE, KeyStoreError
 from ibe_pubsub.keyserver.repository import EPOCH_SETTING, get_setting, put_setting

@@ -18,34 +18,33 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ibe_pubsub.credentials.certificates import (
+from ibe_pubsub.credentials import (
+    ConnectionRequest,
+    Credential,
+    PairingGroup,
+    PeerCertificate,
+    PeerCertificateError,
+    PublicParams,
+    PublisherKey,
     RootCertificate,
-    fingerprint,
-    verify_bundle,
-    verify_peer_ca,
-    verify_schema,
-)
-from ibe_pubsub.credentials.codec import (
+    RoutingToken,
+    Schema,
+    SubscriberKey,
     decode_mpk,
     decode_publisher_key,
     decode_request,
     decode_routing_token,
     decode_subscriber_key,
-)
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.groups import PairingGroup
-from ibe_pubsub.credentials.keys import PublisherKey, RoutingToken, SubscriberKey
-from ibe_pubsub.credentials.messages import ConnectionRequest
-from ibe_pubsub.credentials.peer_certificates import (
-    PeerCertificate,
-    PeerCertificateError,
+    fingerprint,
     read_peer_certificate,
+    verify_bundle,
+    verify_peer_ca,
+    verify_schema,
 )
-from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.credentials.scheme import PublicParams
+from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 
-class BundleError(ValueError):
+class BundleError(KeyServerError, ValueError):
     """A response does not decode, or a signature in it does not verify."""
 
 

@@ -1,7 +1,7 @@
 """HTTP client of the key server, used by peers, the CLI and the bulk tools.
 
 Retries (with exponential back-off) only on connection errors and 5xx answers; every
-4xx raises :class:`KeyServerError` at once with the server's error body. The
+4xx raises :class:`KeyServerRequestError` at once with the server's error body. The
 ``*_bundle`` helpers in :mod:`keyserver.bundles` turn responses into library objects.
 """
 
@@ -17,10 +17,12 @@ from urllib.parse import quote
 
 import httpx
 
+from ibe_pubsub.keyserver.exceptions import KeyServerError
+
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 
 
-class KeyServerError(Exception):
+class KeyServerRequestError(KeyServerError):
     """The key server refused a request (4xx) or kept failing (5xx, unreachable)."""
 
     def __init__(self, status: int, body: Any) -> None:
@@ -83,15 +85,16 @@ class KeyServerClient:
             except httpx.TransportError as exc:
                 refusal = _certificate_refusal(exc)
                 if refusal is not None or last:  # retrying cannot change the certificate
-                    raise KeyServerError(0, f"cannot reach the key server at {self.base_url}: "
-                                         f"{refusal or _unreachable(exc)}") from exc
+                    raise KeyServerRequestError(
+                        0, f"cannot reach the key server at {self.base_url}: "
+                        f"{refusal or _unreachable(exc)}") from exc
             else:
                 if response.status_code < 400:
                     if response.headers.get("content-type", "").startswith("application/json"):
                         return response.json()
                     return response.text
                 if response.status_code not in RETRY_STATUSES or last:
-                    raise KeyServerError(response.status_code, _body(response))
+                    raise KeyServerRequestError(response.status_code, _body(response))
             time.sleep(self.backoff * 2 ** attempt)
         raise AssertionError("unreachable")
 

@@ -10,16 +10,20 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import decompose, fine_credentials
-from ibe_pubsub.credentials.policy_regions import OutsidePolicy, clause_text, first_outside
-from ibe_pubsub.credentials.predicates import (
+from ibe_pubsub.credentials import (
+    Credential,
+    OutsidePolicy,
     Predicate,
     PredicateError,
+    Schema,
+    SchemaError,
     check_within,
+    clause_text,
+    decompose,
+    fine_credentials,
+    first_outside,
     parse_predicate,
 )
-from ibe_pubsub.credentials.schema import Schema, SchemaError
 from ibe_pubsub.keyserver.api_models import BulkCredential
 from ibe_pubsub.keyserver.epochs import Epoch
 from ibe_pubsub.keyserver.errors import ApiError

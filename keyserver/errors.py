@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ibe_pubsub.keyserver.api_models import ErrorOut
+from ibe_pubsub.keyserver.exceptions import KeyServerError
 from ibe_pubsub.keyserver.refusals import audit_refusal
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_f
           500: "internal_error", 503: "unavailable"}
 
 
-class ApiError(Exception):
+class ApiError(KeyServerError):
     """Raised by handlers; rendered as the error shape with ``status``."""
 
     def __init__(self, status: int, message: str, code: str | None = None,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials import Credential
 from ibe_pubsub.keyserver.actors import ADMIN
 from ibe_pubsub.keyserver.issuer import (
     IssuerPool,

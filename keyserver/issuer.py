@@ -25,8 +25,12 @@ from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials.backends import load_group
-from ibe_pubsub.credentials.codec import (
+from ibe_pubsub.credentials import (
+    Credential,
+    MasterSecretKey,
+    PublicParams,
+    Schema,
+    build_connection_request,
     decode_mpk,
     decode_msk,
     encode_mpk,
@@ -34,16 +38,10 @@ from ibe_pubsub.credentials.codec import (
     encode_request,
     encode_routing_token,
     encode_subscriber_key,
-)
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.keys import MasterSecretKey
-from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.credentials.scheme import (
-    PublicParams,
-    build_connection_request,
     keygen_publisher,
     keygen_routing_token,
     keygen_subscriber,
+    load_group,
 )
 from ibe_pubsub.keyserver.keystore import KeyStore, b64
 

@@ -34,14 +34,27 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ibe_pubsub.credentials.backends import load_group
-from ibe_pubsub.credentials.certificates import fingerprint, peer_ca_message, schema_message
-from ibe_pubsub.credentials.codec import CodecError, decode_mpk, decode_msk, encode_mpk, encode_msk
-from ibe_pubsub.credentials.groups import PairingGroup
-from ibe_pubsub.credentials.keys import SCHEME_VERSION, MasterPublicKey, MasterSecretKey
-from ibe_pubsub.credentials.peer_certificates import ca_certificate, ca_key_from_seed, to_pem
-from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.credentials.scheme import setup
+from ibe_pubsub.credentials import (
+    SCHEME_VERSION,
+    CodecError,
+    MasterPublicKey,
+    MasterSecretKey,
+    PairingGroup,
+    Schema,
+    ca_certificate,
+    ca_key_from_seed,
+    decode_mpk,
+    decode_msk,
+    encode_mpk,
+    encode_msk,
+    fingerprint,
+    load_group,
+    peer_ca_message,
+    schema_message,
+    setup,
+    to_pem,
+)
+from ibe_pubsub.keyserver.exceptions import KeyServerError
 from ibe_pubsub.keyserver.sealing import (
     UnsealError,
     WrongPassphraseError,
@@ -58,7 +71,7 @@ MIN_ADMIN_TOKEN_LENGTH = 16
 PEER_CA_PURPOSE = b"peer-link-ca"
 
 
-class KeyStoreError(Exception):
+class KeyStoreError(KeyServerError):
     """The key store cannot be created or opened; the message says why and what to do."""
 
 

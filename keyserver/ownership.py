@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from ibe_pubsub.credentials.peer_certificates import PeerCertificateError, canonical_address
+from ibe_pubsub.credentials import PeerCertificateError, canonical_address
 from ibe_pubsub.keyserver.db import Identity, PeerAddress
 from ibe_pubsub.keyserver.errors import ApiError
 

@@ -31,8 +31,7 @@ from fastapi import APIRouter
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
-from ibe_pubsub.credentials.certificates import bundle_message
-from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials import Credential, bundle_message
 from ibe_pubsub.keyserver.actors import ADMIN
 from ibe_pubsub.keyserver.api_models import BulkIn, BulkItem, BulkOut
 from ibe_pubsub.keyserver.auth import Admin, Caller, State, check_names

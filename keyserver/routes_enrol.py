@@ -20,13 +20,18 @@ from fastapi import APIRouter
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
-from ibe_pubsub.credentials.certificates import ED25519_KEY_BYTES, fingerprint
-from ibe_pubsub.credentials.certificates import RootCertificate as SignedRootCertificate
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import root_credential
-from ibe_pubsub.credentials.peer_certificates import PeerBinding, issue_peer_certificate, to_pem
-from ibe_pubsub.credentials.predicates import Predicate
-from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials import (
+    ED25519_KEY_BYTES,
+    Credential,
+    PeerBinding,
+    Predicate,
+    Schema,
+    fingerprint,
+    issue_peer_certificate,
+    root_credential,
+    to_pem,
+)
+from ibe_pubsub.credentials import RootCertificate as SignedRootCertificate
 from ibe_pubsub.keyserver.api_models import (
     CallerOut,
     PublisherBundle,

@@ -18,6 +18,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from ibe_pubsub.keyserver.exceptions import KeyServerError
+
 FORMAT = "ibe-pubsub-sealed-v1"
 ASSOCIATED_DATA = b"ibe-pubsub/v1/master-secret"
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**15, 8, 1
@@ -26,7 +28,7 @@ MAX_SCRYPT_MEMORY = 256 * 1024 * 1024
 MAX_SCRYPT_P = 16
 
 
-class UnsealError(ValueError):
+class UnsealError(KeyServerError, ValueError):
     """The sealed secret does not open: wrong passphrase or damaged file."""
 
 

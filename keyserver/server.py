@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ibe_pubsub.keyserver.binding import check_owner, check_record, write_record
+from ibe_pubsub.keyserver.creation import database_errors
 from ibe_pubsub.keyserver.db import check_url
-from ibe_pubsub.keyserver.initialise import database_errors
 from ibe_pubsub.keyserver.keystore import load_keystore, passphrase_from_env
 from ibe_pubsub.keyserver.permissions import require_private, unsafe_entries, use_private_umask
 from ibe_pubsub.keyserver.state import ServerConfig, build_state

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials import Event
 from ibe_pubsub.overlay.wire import Message, Publish
 
 

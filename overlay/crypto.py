@@ -18,13 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.messages import RequestOpening
-from ibe_pubsub.credentials.predicates import EventFilter
-from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials import Credential, Event, EventFilter, RequestOpening
+from ibe_pubsub.overlay.exceptions import OverlayError
 
 
-class CryptoRejected(ValueError):
+class CryptoRejected(OverlayError, ValueError):
     """A request, token, event or proof that does not decode or does not check."""
 
 

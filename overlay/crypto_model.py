@@ -21,11 +21,14 @@ from typing import Any
 
 import msgpack
 
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import enclosing_path
-from ibe_pubsub.credentials.messages import RequestOpening
-from ibe_pubsub.credentials.schema import Schema, SchemaError
-from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials import (
+    Credential,
+    Event,
+    RequestOpening,
+    Schema,
+    SchemaError,
+    enclosing_path,
+)
 from ibe_pubsub.overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 #: Size of every MAC and tag of the model.

@@ -14,11 +14,19 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ibe_pubsub.credentials import codec, scheme, streams
-from ibe_pubsub.credentials.certificates import RootCertificate
-from ibe_pubsub.credentials.keys import PublisherKey
-from ibe_pubsub.credentials.messages import ConnectionRequest, RequestOpening, StreamEvent
-from ibe_pubsub.credentials.scheme import AnyEvent, Event, PublicParams
+from ibe_pubsub.credentials import (
+    AnyEvent,
+    ConnectionRequest,
+    Event,
+    PublicParams,
+    PublisherKey,
+    RequestOpening,
+    RootCertificate,
+    StreamEvent,
+    codec,
+    scheme,
+    streams,
+)
 from ibe_pubsub.overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 

@@ -16,15 +16,22 @@ from collections.abc import Sequence
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from ibe_pubsub.credentials import codec, scheme
-from ibe_pubsub.credentials.backends import load_group
-from ibe_pubsub.credentials.certificates import RootCertificate
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import decompose, fine_credentials, root_credential
-from ibe_pubsub.credentials.predicates import Predicate
-from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.credentials.scheme import Event, PublicParams
-from ibe_pubsub.credentials.streams import Stream, StreamWindow
+from ibe_pubsub.credentials import (
+    Credential,
+    Event,
+    Predicate,
+    PublicParams,
+    RootCertificate,
+    Schema,
+    Stream,
+    StreamWindow,
+    codec,
+    decompose,
+    fine_credentials,
+    load_group,
+    root_credential,
+    scheme,
+)
 from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from ibe_pubsub.overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
 from ibe_pubsub.overlay.crypto_real import RealCrypto

@@ -14,11 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ibe_pubsub.credentials import codec
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.keys import SubscriberKey
-from ibe_pubsub.credentials.predicates import EventFilter
-from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials import Credential, EventFilter, Schema, SubscriberKey, codec
 from ibe_pubsub.overlay.crypto import SubscriberKit, VirtualKeys
 
 #: [(a virtual peer's credential, the fine credentials it covers)]

@@ -31,10 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ibe_pubsub.credentials.predicates import Predicate
-from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.credentials.scheme import Event
-from ibe_pubsub.credentials.streams import StreamWindow
+from ibe_pubsub.credentials import Event, Predicate, Schema, StreamWindow
 from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send
 from ibe_pubsub.overlay.config import OverlayConfig
 from ibe_pubsub.overlay.crypto_model import CostTable

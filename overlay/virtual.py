@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials import Credential
 from ibe_pubsub.overlay.crypto import RootKit, VirtualKeys
 
 Node = tuple[str, str]

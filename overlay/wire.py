@@ -18,12 +18,14 @@ from typing import ClassVar
 
 import msgpack
 
+from ibe_pubsub.overlay.exceptions import OverlayError
+
 MAX_FRAME = 4 * 1024 * 1024
 MAX_TEXT = 256
 MAX_TOKENS = 256
 
 
-class WireError(ValueError):
+class WireError(OverlayError, ValueError):
     """Bytes that are not a well-formed overlay message."""
 
 

@@ -1,1 +1,19 @@
-"""The running peer process and the `ibe-pubsub` command line."""
+"""The running peer: transport, enrolment and key refresh, the node, the publisher, monitoring."""
+
+from ibe_pubsub.credentials import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "bundle_file": ("file_token",),
+    "events_io": ("EventFileError", "EventWriter", "event_line", "read_deliveries", "read_events"),
+    "exceptions": ("PeerError",),
+    "known_servers": ("KnownServers", "default_known_servers_path"),
+    "monitor": ("parse_http",),
+    "node": ("NodeError", "NodeOptions", "PeerNode"),
+    "published_ids": (
+        "PublishedIds", "PublishedIdsError", "default_published_ids_path", "token_publisher",
+    ),
+    "publisher": ("EventPublisher", "PublishRefused"),
+    "tls": ("PeerTLS",),
+    "transport": ("Transport", "TransportError"),
+    "waiting": ("WaitAnnouncer",),
+})

@@ -22,17 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import (
+from ibe_pubsub.credentials import (
+    Credential,
+    EventFilter,
+    Schema,
     covering_credential,
     decompose,
     enclosing_path,
     fine_split,
+    parse_predicate,
 )
-from ibe_pubsub.credentials.predicates import EventFilter, parse_predicate
-from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.keyserver.bundles import BulkBundle, BundleError, ServerParams, decode_bulk_bundle
-from ibe_pubsub.keyserver.client import KeyServerClient
+from ibe_pubsub.keyserver import (
+    BulkBundle,
+    BundleError,
+    KeyServerClient,
+    ServerParams,
+    decode_bulk_bundle,
+)
 
 COMMANDS = {"subscriber": "peer run --bundle", "publisher": "publish --bundle"}
 Stamp = tuple[int, int, int]

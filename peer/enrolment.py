@@ -14,14 +14,19 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ibe_pubsub.credentials import codec, scheme
-from ibe_pubsub.credentials.backends import load_group
-from ibe_pubsub.credentials.certificates import fingerprint
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import root_credential
-from ibe_pubsub.credentials.keys import PublisherKey
-from ibe_pubsub.credentials.predicates import EventFilter, Predicate
-from ibe_pubsub.keyserver.bundles import (
+from ibe_pubsub.credentials import (
+    Credential,
+    EventFilter,
+    Predicate,
+    PublisherKey,
+    codec,
+    fingerprint,
+    load_group,
+    root_credential,
+    scheme,
+)
+from ibe_pubsub.keyserver import (
+    KeyServerClient,
     ServerParams,
     SubscriberBundle,
     TransportCertificate,
@@ -32,10 +37,7 @@ from ibe_pubsub.keyserver.bundles import (
     decode_subscriber_bundle,
     decode_transport_certificate,
 )
-from ibe_pubsub.keyserver.client import KeyServerClient
-from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit
-from ibe_pubsub.overlay.crypto_real import RealCrypto
-from ibe_pubsub.overlay.kits import real_kit
+from ibe_pubsub.overlay import RealCrypto, RootKit, SubscriberKit, real_kit
 from ibe_pubsub.peer.known_servers import KnownServers
 
 log = logging.getLogger(__name__)

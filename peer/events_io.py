@@ -18,14 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ibe_pubsub.credentials.predicates import EventFilter
-from ibe_pubsub.credentials.schema import Schema, SchemaError
-from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.credentials import Event, EventFilter, Schema, SchemaError
+from ibe_pubsub.peer.exceptions import PeerError
 
 MAX_ID = 200
 
 
-class EventFileError(ValueError):
+class EventFileError(PeerError, ValueError):
     """A line of an events file is not a valid event (the message names the line)."""
 
 

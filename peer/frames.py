@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from ibe_pubsub.peer.exceptions import PeerError
+
 PROTOCOL_VERSION = 1
 HELLO = 0
 DATA = 1
@@ -30,7 +32,7 @@ MAX_ADDRESS = 300
 _DISCARD_CHUNK = 64 * 1024
 
 
-class FrameError(ValueError):
+class FrameError(PeerError, ValueError):
     """Bytes that are not a frame of this protocol; the frame is dropped."""
 
 

@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ibe_pubsub.credentials.certificates import fingerprint
-from ibe_pubsub.keyserver.bundles import BundleError
+from ibe_pubsub.credentials import fingerprint
+from ibe_pubsub.keyserver import BundleError
+from ibe_pubsub.peer.exceptions import PeerError
 
 
 def default_known_servers_path() -> Path:
@@ -35,7 +36,7 @@ def normalise_url(url: str) -> str:
     return f"{scheme.lower()}{sep}{host.lower()}{slash}{path}".rstrip("/")
 
 
-class ServerKeyChanged(BundleError):
+class ServerKeyChanged(PeerError, BundleError):
     """The key server presents another key than the one recorded for its URL (a BundleError,
     so every caller that refuses a bad answer of the key server refuses this too)."""
 

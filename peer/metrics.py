@@ -19,8 +19,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ibe_pubsub.overlay.actions import Connected
-from ibe_pubsub.overlay.wire import Handover, Message, SwapHandover
+from ibe_pubsub.overlay import Connected, Handover, Message, SwapHandover
 
 if TYPE_CHECKING:
     from ibe_pubsub.peer.node import PeerNode

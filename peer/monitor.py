@@ -30,7 +30,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ibe_pubsub.credentials.peer_certificates import is_unspecified
+from ibe_pubsub.credentials import is_unspecified
+from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.log_limits import RateLimit
 from ibe_pubsub.peer.transport import TransportError, join_address, split_address
 
@@ -45,7 +46,7 @@ REQUEST_TIMEOUT = 5.0
 Handler = Callable[[], tuple[int, str, bytes]]
 
 
-class MonitorError(Exception):
+class MonitorError(PeerError):
     """The endpoint cannot listen where asked."""
 
 

@@ -36,24 +36,40 @@ from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials.peer_certificates import PeerCertificateError, canonical_address
-from ibe_pubsub.credentials.predicates import Predicate, parse_predicate
-from ibe_pubsub.credentials.scheme import Event
-from ibe_pubsub.keyserver.bundles import (
+from ibe_pubsub.credentials import (
+    Event,
+    PeerCertificateError,
+    Predicate,
+    canonical_address,
+    parse_predicate,
+)
+from ibe_pubsub.keyserver import (
     BulkBundle,
     BundleError,
+    KeyServerClient,
+    KeyServerRequestError,
     ServerParams,
     SubscriberBundle,
     TransportCertificate,
 )
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
-from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send
-from ibe_pubsub.overlay.config import OverlayConfig
-from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit
-from ibe_pubsub.overlay.machine import PeerMachine
-from ibe_pubsub.overlay.snapshot import tree_status
-from ibe_pubsub.overlay.wire import Message, Publish, WireError, decode
+from ibe_pubsub.overlay import (
+    Action,
+    Connected,
+    Deliver,
+    Log,
+    Message,
+    OverlayConfig,
+    PeerMachine,
+    Publish,
+    RootKit,
+    Send,
+    SubscriberKit,
+    WireError,
+    decode,
+    tree_status,
+)
 from ibe_pubsub.peer import bundle_file, enrolment
+from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.log_limits import RateLimit, limit_accept_errors
 from ibe_pubsub.peer.retry import Backoff
@@ -115,7 +131,7 @@ class NodeOptions:
     http_allowed_hosts: tuple[str, ...] = ()
 
 
-class NodeError(Exception):
+class NodeError(PeerError):
     """The peer cannot start (bad options, refused enrolment, no root to join)."""
 
 
@@ -330,7 +346,7 @@ class PeerNode:
         if self.ready.is_set():
             try:  # leave the directory at once rather than when the lease runs out
                 await asyncio.to_thread(self.client.deregister, self.address, LEAVE_TIMEOUT)
-            except KeyServerError as exc:
+            except KeyServerRequestError as exc:
                 log.info("could not leave the directory: %s", exc)
         self.client.close()
         if self.monitor is not None:
@@ -486,7 +502,8 @@ class PeerNode:
             seen = None if self.options.bundle is None else bundle_file.stamp(self.options.bundle)
             try:
                 end, kit, roots, certificate = await asyncio.to_thread(self._rekey)
-            except (KeyServerError, BundleError) as exc:  # refused or unreachable: retry later
+            # refused or unreachable: retry later
+            except (KeyServerRequestError, BundleError) as exc:
                 if self._bundle is None:
                     log.warning("fetching next-epoch keys failed: %s", exc)
                     self._refresh_at = now + 2.0
@@ -510,7 +527,7 @@ class PeerNode:
             try:
                 await asyncio.to_thread(self._register)
                 contacts = await asyncio.to_thread(self._lookup)
-            except KeyServerError as exc:
+            except KeyServerRequestError as exc:
                 self._register_at = now + self._renewals.failed(now, exc)
             else:
                 self._renewals.succeeded()

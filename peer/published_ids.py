@@ -21,14 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay import OverlayConfig
+from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.known_servers import normalise_url
 
 MAX_IDS = OverlayConfig().dedup_capacity
 MAX_ENTRIES = 64
 
 
-class PublishedIdsError(Exception):
+class PublishedIdsError(PeerError):
     """The record cannot be read or written (publishing goes on without it)."""
 
 

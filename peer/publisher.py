@@ -20,14 +20,18 @@ import logging
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials.predicates import EventFilter, parse_predicate
-from ibe_pubsub.credentials.scheme import Event, NotAuthorized
-from ibe_pubsub.credentials.streams import Stream, StreamWindow
-from ibe_pubsub.keyserver.bundles import PublisherBundle, ServerParams
-from ibe_pubsub.keyserver.client import KeyServerClient
-from ibe_pubsub.overlay.actions import publication
-from ibe_pubsub.overlay.crypto_real import RealCrypto
+from ibe_pubsub.credentials import (
+    Event,
+    EventFilter,
+    NotAuthorized,
+    Stream,
+    StreamWindow,
+    parse_predicate,
+)
+from ibe_pubsub.keyserver import KeyServerClient, PublisherBundle, ServerParams
+from ibe_pubsub.overlay import RealCrypto, publication
 from ibe_pubsub.peer import bundle_file, enrolment
+from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.tls import PeerTLS
 from ibe_pubsub.peer.transport import Transport
@@ -36,7 +40,7 @@ from ibe_pubsub.peer.waiting import WaitAnnouncer, in_daemon_thread
 log = logging.getLogger(__name__)
 
 
-class PublishRefused(Exception):
+class PublishRefused(PeerError):
     """The event was not sent: outside the advertisement, or the keys do not cover it."""
 
 
@@ -69,12 +73,12 @@ class EventPublisher:
         return self.keys.advertisement
 
     async def start(self, root_timeout: float = 30.0) -> None:
-        """Enrol (KeyServerError if refused) and find the root of every tree."""
+        """Enrol (KeyServerRequestError if refused) and find the root of every tree."""
         await self.enrol()
         await self.find_roots(root_timeout)
 
     async def enrol(self) -> None:
-        """Publisher keys of the current epoch (KeyServerError if refused)."""
+        """Publisher keys of the current epoch (KeyServerRequestError if refused)."""
         await WaitAnnouncer(f"publisher keys from the key server at {self.client.base_url}"
                             ).wait(in_daemon_thread(self._enrol))
 

@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ibe_pubsub.credentials.peer_certificates import (
+from ibe_pubsub.credentials import (
     PeerCertificate,
     PeerCertificateError,
     read_peer_certificate,

@@ -39,9 +39,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibe_pubsub.credentials.logsafe import escape
-from ibe_pubsub.credentials.peer_certificates import PeerCertificate, PeerCertificateError
+from ibe_pubsub.credentials import PeerCertificate, PeerCertificateError, escape
 from ibe_pubsub.peer import frames
+from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.tls import PeerTLS, peer_certificate
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ _FINAL = frozenset({"no_certificate", "foreign_ca", "expired", "bad_certificate"
                     "address_mismatch"})
 
 
-class TransportError(Exception):
+class TransportError(PeerError):
     """The transport cannot do what was asked (bad address, cannot listen)."""
 
 

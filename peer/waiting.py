@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ibe_pubsub.credentials.logsafe import notice
+from ibe_pubsub.credentials import notice
 
 T = TypeVar("T")
 

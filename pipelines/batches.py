@@ -16,9 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ibe_pubsub.credentials import numeric_batch, strings
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.schema import Attribute, Schema
+from ibe_pubsub.credentials import Attribute, Credential, Schema, numeric_batch, strings
 from ibe_pubsub.pipelines.inputs import REQUEST_COLUMNS
 from ibe_pubsub.pipelines.predicate_columns import EQUALS, Cells, Column, parse_column
 from ibe_pubsub.pipelines.requests import (

@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver import KeyServerClient, KeyServerRequestError
 from ibe_pubsub.pipelines.chunks import Chunk, chunked, input_fingerprint, read_items
+from ibe_pubsub.pipelines.exceptions import PipelinesError
 from ibe_pubsub.pipelines.keydir import ChunkRecord, KeyDir, KeyDirError
 from ibe_pubsub.pipelines.layout import Summary
 from ibe_pubsub.pipelines.progress import Progress
 
 
-class IssueError(RuntimeError):
+class IssueError(PipelinesError, RuntimeError):
     """The key server refused a chunk, or answered something that does not fit it."""
 
 
@@ -61,7 +62,7 @@ def _send(client: KeyServerClient, chunk: Chunk, chunk_id: str,
           epoch: str | None) -> dict[str, Any]:
     try:
         answer = client.bulk(chunk_id, list(chunk.items), epoch)
-    except KeyServerError as exc:
+    except KeyServerRequestError as exc:
         raise IssueError(f"chunk {chunk.index} ({chunk_id}): {exc}; chunks before it are "
                          "saved, run the same command again to resume") from exc
     names = [b.get("identity") for b in answer.get("bundles", [])]
@@ -90,7 +91,7 @@ def issue_bulk(client: KeyServerClient, directory: Path, output: Path,
     summary = Summary.read(directory)
     try:
         params = client.params()
-    except KeyServerError as exc:
+    except KeyServerRequestError as exc:
         raise IssueError(str(exc)) from exc
     server_schema = params["schema_id"]
     if server_schema != summary.schema_id:

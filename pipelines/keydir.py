@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ibe_pubsub.pipelines.exceptions import PipelinesError
+
 STATE_DIR = ".bulk-issue"
 MANIFEST = "manifest.json"
 CHUNK_LOG = "chunks.jsonl"
 ERRORS = "errors.jsonl"
 
 
-class KeyDirError(ValueError):
+class KeyDirError(PipelinesError, ValueError):
     """KEYDIR belongs to a different run, or its state files are damaged."""
 
 

@@ -12,6 +12,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ibe_pubsub.pipelines.exceptions import PipelinesError
+
 FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
            ".parquet": "parquet"}
 CREDENTIALS = "credentials"
@@ -20,7 +22,7 @@ SUMMARY = "summary.json"
 SPARK_LOG = "spark.log"
 
 
-class LayoutError(ValueError):
+class LayoutError(PipelinesError, ValueError):
     """An input or output path that a bulk job cannot use."""
 
 

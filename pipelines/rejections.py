@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ibe_pubsub.credentials.logsafe import escape
+from ibe_pubsub.credentials import escape
 from ibe_pubsub.pipelines.inputs import REQUEST_COLUMNS
 from ibe_pubsub.pipelines.layout import REJECTED
 

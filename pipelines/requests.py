@@ -12,10 +12,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import decompose, fine_credentials
-from ibe_pubsub.credentials.predicates import PredicateError, parse_predicate
-from ibe_pubsub.credentials.schema import Schema, SchemaError
+from ibe_pubsub.credentials import (
+    Credential,
+    PredicateError,
+    Schema,
+    SchemaError,
+    decompose,
+    fine_credentials,
+    parse_predicate,
+)
+from ibe_pubsub.pipelines.exceptions import PipelinesError
 
 ROLES = ("subscriber", "publisher")
 # The key server's identity names (keyserver.api_models.Name); checked here so a bad
@@ -25,7 +31,7 @@ IDENTITY_PATTERN = re.compile(r"[A-Za-z0-9_.@:+-]{1,200}")
 MAX_ROWS_PER_IDENTITY = 512
 
 
-class Rejected(ValueError):
+class Rejected(PipelinesError, ValueError):
     """A request that cannot be enrolled; the message is the operator-facing reason."""
 
 

@@ -25,6 +25,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
+from ibe_pubsub.pipelines.exceptions import PipelinesError
 from ibe_pubsub.pipelines.shipping import package_archive
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ JAVA_NEEDED = "Spark needs Java 17 or newer"
 CONNECT_PORT = 15002  # Spark Connect's default
 
 
-class SparkStartError(RuntimeError):
+class SparkStartError(PipelinesError, RuntimeError):
     """Spark could not start; the message says why, in one line."""
 
 

@@ -31,7 +31,7 @@ from ibe_pubsub.evaluation.launcher import (
     stop,
     wait_ready,
 )
-from ibe_pubsub.evaluation.throwaway_postgres import PostgresUnavailable, throwaway_postgres
+from ibe_pubsub.evaluation.postgres import PostgresUnavailable, throwaway_postgres
 
 PASSPHRASE = "correct horse battery staple (tests)"
 

@@ -17,7 +17,7 @@ from repository import REPO_ROOT
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.evaluation.launcher import child_env, cli_command, free_port
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 from ibe_pubsub.peer.waiting import WaitAnnouncer
 
 
@@ -72,7 +72,7 @@ def test_unreachable_key_server_errors_name_the_url(keyserver):
            "connection refused" in peer.stderr
 
     def refusal(url: str, **options: float) -> str:
-        with pytest.raises(KeyServerError) as info, KeyServerClient(
+        with pytest.raises(KeyServerRequestError) as info, KeyServerClient(
                 url, retries=0, **options) as client:
             client.health()
         assert info.value.status == 0

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ibe_pubsub.credentials import numeric, strings
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import (
+from ibe_pubsub.credentials.decomposition import (
     covering_credential,
     decompose,
     enclosing_path,

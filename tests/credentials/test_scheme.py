@@ -15,7 +15,7 @@ from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import decompose, enclosing_path
+from ibe_pubsub.credentials.decomposition import decompose, enclosing_path
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import Schema
 

@@ -21,7 +21,7 @@ from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import decompose, enclosing_path, value_credential
+from ibe_pubsub.credentials.decomposition import decompose, enclosing_path, value_credential
 from ibe_pubsub.credentials.groups import G1, G2, Element, GroupError
 from ibe_pubsub.credentials.messages import EncryptedEvent
 from ibe_pubsub.credentials.predicates import parse_predicate

@@ -31,7 +31,7 @@ from ibe_pubsub.keyserver.bundles import (
     decode_root_certificate,
     decode_subscriber_bundle,
 )
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 
 SUBSCRIPTION = 'symbol prefix "IB" and price in [10, 20]'
 _names = itertools.count()
@@ -46,8 +46,8 @@ def _identity(ks, role: str, policy: str | None = None) -> tuple[KeyServerClient
     return KeyServerClient(ks.base_url, created["token"], retries=0), created
 
 
-def _status(call) -> KeyServerError:
-    with pytest.raises(KeyServerError) as info:
+def _status(call) -> KeyServerRequestError:
+    with pytest.raises(KeyServerRequestError) as info:
         call()
     body = info.value.body
     assert set(body) == {"error"} and body["error"]["status"] == info.value.status
@@ -345,7 +345,7 @@ def _count(metrics: str, line_prefix: str) -> int:
 
 def test_client_retries_connection_errors_but_not_4xx(keyserver):
     down = KeyServerClient(f"http://127.0.0.1:{free_port()}", retries=2, backoff=0.01)
-    with pytest.raises(KeyServerError) as info:
+    with pytest.raises(KeyServerRequestError) as info:
         down.health()
     assert info.value.status == 0
     assert str(info.value) == f"cannot reach the key server at {down.base_url}: connection refused"
@@ -353,7 +353,7 @@ def test_client_retries_connection_errors_but_not_4xx(keyserver):
     prefix = ('ibe_keyserver_requests_total{method="GET",route="/v1/admin/identities",'
               'status="401"}')
     before = _count(public.metrics(), prefix)
-    with pytest.raises(KeyServerError):
+    with pytest.raises(KeyServerRequestError):
         KeyServerClient(keyserver.base_url, "wrong", retries=3).list_identities()
     assert _count(public.metrics(), prefix) == before + 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from keyserver_fixtures import PASSPHRASE, KeyServers
 
 from ibe_pubsub.evaluation.launcher import child_env, cli_command, free_port, serve_expecting_exit
-from ibe_pubsub.evaluation.throwaway_postgres import fresh_database
+from ibe_pubsub.evaluation.postgres import fresh_database
 from ibe_pubsub.keyserver.client import KeyServerClient
 
 URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
@@ -110,7 +110,7 @@ def test_two_inits_racing_for_one_database_have_one_winner(tmp_path, monkeypatch
     second, which leaves nothing behind (the control is the winner, which serves)."""
     import threading
 
-    import ibe_pubsub.keyserver.initialise as creation
+    import ibe_pubsub.keyserver.creation as creation
     from ibe_pubsub.credentials.schema import builtin_schema
     from ibe_pubsub.keyserver.keystore import KeyStoreError
 

@@ -15,7 +15,7 @@ from tls_certificates import self_signed
 
 from ibe_pubsub.cli.main import main
 from ibe_pubsub.evaluation.launcher import child_env, cli_command, free_port, start_keyserver, stop
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 
 
 def _run(*args: str, passphrase: str | None = PASSPHRASE) -> subprocess.CompletedProcess[str]:
@@ -87,7 +87,7 @@ def _enrol_now_and_next_in_one_grace_window(public, client, attempts: int = 3):
         issued += 1
         try:
             next_keys = client.enrol_subscriber("price < 5", fine_depth=0, epoch="next")
-        except KeyServerError as error:
+        except KeyServerRequestError as error:
             assert error.status == 409 and public.epoch()["epoch"] > current["epoch"], error
             continue
         issued += 1
@@ -111,7 +111,7 @@ def test_epochs_roll_over_with_grace_and_revocation_stops_issuance(keyserver_fac
 
     admin.revoke(created["id"])
     _wait_until(lambda: public.epoch()["epoch"] > current["epoch"], 10)
-    with pytest.raises(KeyServerError) as info:
+    with pytest.raises(KeyServerRequestError) as info:
         client.enrol_subscriber("price < 5", fine_depth=0)
     assert info.value.status == 403
     issued = [e["epoch"] for e in admin.audit(limit=1000) if e["action"] == "issue_subscriber"]
@@ -140,7 +140,7 @@ def test_identity_cli_adds_lists_and_revokes(keyserver):
     listed = _run("identity", "list", *common)
     assert "cli-user" in listed.stdout and "price < 50.0" in listed.stdout
     assert _run("identity", "revoke", *common, "--name", "cli-user").returncode == 0
-    with pytest.raises(KeyServerError):
+    with pytest.raises(KeyServerRequestError):
         KeyServerClient(keyserver.base_url, token, retries=0).enrol_subscriber("price < 10")
     dup = _run("identity", "add", *common, "--name", "cli-user", "--role", "subscriber")
     assert dup.returncode == 2 and "409" in dup.stderr
@@ -172,10 +172,10 @@ def test_serves_tls_when_given_a_certificate(tmp_path):
             try:
                 assert KeyServerClient(url, verify=cert, retries=0).health()["status"] == "ok"
                 break
-            except KeyServerError:
+            except KeyServerRequestError:
                 assert process.poll() is None and time.monotonic() < deadline
                 time.sleep(0.2)
-        with pytest.raises(KeyServerError):  # an unverified certificate is refused
+        with pytest.raises(KeyServerRequestError):  # an unverified certificate is refused
             KeyServerClient(url, retries=0).health()
     finally:
         stop(process)

@@ -12,7 +12,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 
-from ibe_pubsub.evaluation.throwaway_postgres import fresh_database
+from ibe_pubsub.evaluation.postgres import fresh_database
 from ibe_pubsub.keyserver.client import KeyServerClient
 from ibe_pubsub.keyserver.db import Base
 from ibe_pubsub.keyserver.migrate import downgrade, upgrade

@@ -29,7 +29,7 @@ from ibe_pubsub.credentials.peer_certificates import (
     to_pem,
 )
 from ibe_pubsub.keyserver.bundles import BundleError, decode_params, decode_transport_certificate
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 
 _count = iter(range(10**6))
 DATA_FILES = {"admin.token", "database.json", "keyserver.db", "keyserver.db-shm",
@@ -49,8 +49,8 @@ def _key() -> tuple[Ed25519PrivateKey, bytes, str]:
     return private, raw, base64.b64encode(raw).decode()
 
 
-def _refused(call) -> KeyServerError:
-    with pytest.raises(KeyServerError) as info:
+def _refused(call) -> KeyServerRequestError:
+    with pytest.raises(KeyServerRequestError) as info:
         call()
     assert info.value.body["error"]["status"] == info.value.status
     return info.value

@@ -39,8 +39,8 @@ from ibe_pubsub.evaluation.launcher import (
     stop,
     wait_ready,
 )
-from ibe_pubsub.evaluation.throwaway_postgres import fresh_database
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.evaluation.postgres import fresh_database
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 from ibe_pubsub.keyserver.db import make_engine, make_sessions
 from ibe_pubsub.keyserver.keystore import ADMIN_TOKEN_FILE, PUBLIC_FILE, SEALED_FILE
 from ibe_pubsub.keyserver.locks import AdvisoryLock, holding
@@ -98,11 +98,11 @@ def replicas(postgres_url: str, tmp_path_factory: pytest.TempPathFactory
 
 
 def _concurrently(calls: list[Callable[[], Any]]) -> list[Any]:
-    """Run the calls at once; each one's result, or the KeyServerError it raised."""
+    """Run the calls at once; each one's result, or the KeyServerRequestError it raised."""
     def attempt(call: Callable[[], Any]) -> Any:
         try:
             return call()
-        except KeyServerError as error:
+        except KeyServerRequestError as error:
             return error
 
     with ThreadPoolExecutor(len(calls)) as pool:
@@ -132,7 +132,7 @@ def test_identities_and_enrolments_through_both_are_consistent(replicas):
                              for n in names for c in admins])
     by_name = Counter(r["name"] for r in created if isinstance(r, dict))
     assert by_name == Counter(names)  # one identity per name, whichever replica won
-    assert all(r.status == 409 for r in created if isinstance(r, KeyServerError))
+    assert all(r.status == 409 for r in created if isinstance(r, KeyServerRequestError))
     assert admins[0].list_identities() == admins[1].list_identities()
 
     tokens = [r["token"] for r in created if isinstance(r, dict)]
@@ -152,7 +152,7 @@ def test_a_revocation_on_one_replica_is_refused_on_the_other_within_a_second(rep
     enrol_on_b()  # the control: B serves it before the revocation
     admin.revoke(created["id"])
     revoked = time.monotonic()
-    with pytest.raises(KeyServerError) as refused:
+    with pytest.raises(KeyServerRequestError) as refused:
         enrol_on_b()
     assert refused.value.status == 403 and refused.value.code == "revoked"
     assert time.monotonic() - revoked < 1.0
@@ -358,7 +358,7 @@ def test_a_replica_killed_mid_burst_loses_nothing_it_answered(replicas):
                 attempted[name] += 1
             try:
                 _enrol(replica, tokens[name])()
-            except KeyServerError:
+            except KeyServerRequestError:
                 continue
             with lock:
                 answered[name] += 1
@@ -371,7 +371,7 @@ def test_a_replica_killed_mid_burst_loses_nothing_it_answered(replicas):
                 with replica.admin() as admin:
                     created.append(admin.create_identity(f"burst-new-{tag}-{i}",
                                                          "subscriber")["name"])
-            except KeyServerError:
+            except KeyServerRequestError:
                 pass
 
     threads = [threading.Thread(target=enrol_loop, args=(n, r))

@@ -22,7 +22,7 @@ from keyserver_fixtures import KeyServer, KeyServers
 from ibe_pubsub.credentials.scheme import Event
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.evaluation.launcher import child_env, cli_command
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 from ibe_pubsub.peer.events_io import event_line
 from ibe_pubsub.pipelines.issue import IssueError, IssueOptions, issue_bulk
 
@@ -115,7 +115,7 @@ def test_a_bulk_created_token_cannot_enrol_but_an_added_one_can(issued):
     assert "token" not in json.loads(issued.bundle("e-sub").read_text())
     with KeyServerClient(issued.server.base_url, bulk_token, retries=0) as bulk:
         assert bulk.whoami() == {"name": "b-sub", "role": "subscriber", "bulk_only": True}
-        with pytest.raises(KeyServerError) as refused:
+        with pytest.raises(KeyServerRequestError) as refused:
             bulk.enrol_subscriber('symbol prefix "IB"')
         assert (refused.value.status, refused.value.code) == (403, "bulk_only")
         assert "--bundle" in str(refused.value)

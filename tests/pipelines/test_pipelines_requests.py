@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import decompose, fine_credentials
+from ibe_pubsub.credentials.decomposition import decompose, fine_credentials
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.evaluation.launcher import child_env, cli_command

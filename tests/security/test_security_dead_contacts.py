@@ -15,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.evaluation.cluster import Cluster
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,7 +52,7 @@ def test_dead_addresses_do_not_slow_a_newcomers_join(keyserver_factory, tmp_path
             for address in dead_addresses(DEAD):
                 try:
                     mallory.enrol_transport(base64.b64encode(raw).decode(), [address])
-                except KeyServerError as exc:  # beyond the cap: refused, nothing evicted
+                except KeyServerRequestError as exc:  # beyond the cap: refused, nothing evicted
                     assert (exc.status, exc.code) == (409, "too_many_addresses"), exc.body
                     refused += 1
                     continue

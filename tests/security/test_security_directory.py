@@ -34,8 +34,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from keyserver_fixtures import KeyServer, KeyServers, bearer_client
 
 from ibe_pubsub.credentials.peer_certificates import read_peer_certificate
-from ibe_pubsub.evaluation.throwaway_postgres import fresh_database
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.evaluation.postgres import fresh_database
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 
 UNLIMITED = ("--rate", "1e6", "--burst", "1000000", "--address-rate", "1e6",
              "--address-burst", "1000000", "--key-rate", "1e6", "--key-burst", "1000000")
@@ -93,8 +93,8 @@ def _dead_address() -> str:
     return f"192.0.2.{n % 254 + 1}:{9000 + n // 254}"
 
 
-def _refused(call: Callable[[], Any]) -> KeyServerError:
-    with pytest.raises(KeyServerError) as info:
+def _refused(call: Callable[[], Any]) -> KeyServerRequestError:
+    with pytest.raises(KeyServerRequestError) as info:
         call()
     assert info.value.body["error"]["status"] == info.value.status
     return info.value
@@ -172,7 +172,7 @@ def test_one_identity_with_80_dead_addresses_is_refused_beyond_the_cap(
     for i, address in enumerate(dead):
         try:
             issued.append(attacker.certify(address))
-        except KeyServerError as err:
+        except KeyServerRequestError as err:
             refusals[(err.status, err.code)] += 1
             # its earliest address frees up first (no certificate of it was renewed)
             assert err.body["error"]["detail"] == {"held": CAP, "cap": CAP,
@@ -359,7 +359,7 @@ def test_concurrent_claims_of_one_address_have_one_winner(racing_server: KeyServ
         def claim(peer: Peer) -> Peer | None:
             try:
                 peer.certify(address)
-            except KeyServerError as exc:
+            except KeyServerRequestError as exc:
                 assert (exc.status, exc.code) == (409, "address_taken"), exc.body
                 return None
             return peer
@@ -390,7 +390,7 @@ def test_concurrent_claims_of_one_identity_stay_within_its_cap(
     def claim(address: str) -> str | None:
         try:
             peer.certify(address)
-        except KeyServerError as exc:
+        except KeyServerRequestError as exc:
             assert (exc.status, exc.code) == (409, "too_many_addresses"), exc.body
             return None
         return address

@@ -32,7 +32,7 @@ from ibe_pubsub.keyserver.bundles import (
     decode_publisher_bundle,
     decode_subscriber_bundle,
 )
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerError
+from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 
 CELL = 1000 / 2**16  # width of a price cell in the default schema
 OTHERS = {"symbol": "IBM", "volume": 500}
@@ -86,7 +86,7 @@ def _enrol(call) -> dict | None:
     """The bundle, or None after checking the refusal is a clear 403 outside_policy."""
     try:
         return call()
-    except KeyServerError as exc:
+    except KeyServerRequestError as exc:
         error = exc.body["error"]
         assert (exc.status, error["code"]) == (403, "outside_policy"), exc.body
         assert error["message"] and error["detail"]["clause"], exc.body
@@ -121,7 +121,7 @@ def test_subscriber_cap_cannot_widen_the_policy(probe):
     print(f"price in [100, 200] by max_credentials: {outcomes}")
     assert outcomes[1] == "403" and outcomes[None] == "served"
     # the 403 says why
-    with pytest.raises(KeyServerError) as info:
+    with pytest.raises(KeyServerRequestError) as info:
         subscriber.enrol_subscriber("price in [100, 200]", max_credentials=1)
     assert "max_credentials" in info.value.body["error"]["message"]
     assert info.value.body["error"]["detail"]["attribute"] == "price"

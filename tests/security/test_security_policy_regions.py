@@ -21,7 +21,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decompose import covering_credential, decompose, enclosing_path
+from ibe_pubsub.credentials.decomposition import covering_credential, decompose, enclosing_path
 from ibe_pubsub.credentials.numeric import path_cells
 from ibe_pubsub.credentials.policy_regions import inner_cells
 from ibe_pubsub.credentials.predicates import (

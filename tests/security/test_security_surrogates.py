@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from ibe_pubsub.evaluation.launcher import child_env, cli_command
-from ibe_pubsub.evaluation.throwaway_postgres import fresh_database
+from ibe_pubsub.evaluation.postgres import fresh_database
 
 LONE = "\ud800"
 LONE_ESCAPE = "\\ud800"  # the predicate language's escape, as typed

@@ -21,10 +21,11 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
+from ibe_pubsub.evaluation.exceptions import EvaluationError
 from ibe_pubsub.evaluation.launcher import free_port
 
 
-class PostgresUnavailable(Exception):
+class PostgresUnavailable(EvaluationError):
     """No cluster can be started here; the message says why."""
 
 

@@ -11,7 +11,7 @@ from alembic.util import CommandError as MigrationError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials import Schema
 from ibe_pubsub.keyserver.binding import RECORD_FILE, bind, check_unclaimed, shown_url, write_record
 from ibe_pubsub.keyserver.db import check_url
 from ibe_pubsub.keyserver.epochs import EpochClock

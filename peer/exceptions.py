@@ -1,0 +1,6 @@
+"""The error base of a running peer and the publisher: every error this package raises is a
+:class:`PeerError`, so a caller can catch them all in one clause."""
+
+
+class PeerError(Exception):
+    """Base class of this package's errors."""
