@@ -134,6 +134,7 @@ class Joining:
         return self.send_join(vp, now, target, retry)
 
     def wanted_links(self, vp: VirtualPeer) -> int:
+        """Parents ``vp`` looks for: one, or under MCR one per fine token."""
         if vp.is_top:
             return 0
         if vp.relay or self.config.routing == "ohf":
@@ -143,6 +144,8 @@ class Joining:
 
     def send_join(self, vp: VirtualPeer, now: float, target: Node | None = None,
                    split: bool = False) -> list[Action]:
+        """Send a join to ``target`` or else to a directory contact, preferring those that
+        have not left a join unanswered lately."""
         keys = vp.keys.get(self.family.epoch)
         if keys is None:
             return [Log("warning", f"{vp.vp}: no keys for epoch {self.family.epoch}, cannot join")]
@@ -165,6 +168,7 @@ class Joining:
                                      depth_of(vp)))]
 
     def lose_parent(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
+        """Drop a parent link; the last one makes ``vp`` JOINING, with a join due now."""
         vp.parents.pop(parent, None)
         vp.assignment.pop(parent, None)
         vp.link_attempts = 0
