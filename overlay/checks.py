@@ -106,7 +106,7 @@ def subscribers_below(sim: Simulator, address: str) -> set[str]:
 def _holds(sim: Simulator, parent: tuple[str, str], child: tuple[str, str]) -> bool:
     machine = sim.machines[parent[0]]
     vp = machine.vpeers.get(parent[1])
-    return vp is not None and machine.link_holder(vp, child) is not None
+    return vp is not None and machine.family.link_holder(vp, child) is not None
 
 
 def late_timers(sim: Simulator) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from ibe_pubsub.credentials import Credential
 from ibe_pubsub.overlay.crypto import RootKit, VirtualKeys
+from ibe_pubsub.overlay.lifecycle import Lifecycle
 
 Node = tuple[str, str]
 K = TypeVar("K")
@@ -192,8 +193,15 @@ class VirtualPeer:
         return self.is_root and not self.relay
 
     @property
+    def state(self) -> Lifecycle:
+        """Read off the links, so it cannot disagree with them (see :mod:`overlay.lifecycle`)."""
+        if self.is_top or self.parents:
+            return Lifecycle.ATTACHED
+        return Lifecycle.DETACHED if self.join_started is None else Lifecycle.JOINING
+
+    @property
     def attached(self) -> bool:
-        return self.is_top or bool(self.parents)
+        return self.state is Lifecycle.ATTACHED
 
     @property
     def depth(self) -> int | None:

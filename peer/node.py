@@ -31,7 +31,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -516,9 +516,8 @@ class PeerNode:
                 self._bundle_seen = None
                 # Keys of the ending epoch stay valid until its end plus the server's grace.
                 now = time.time()
-                self.machine.config = replace(self.machine.config, grace=max(
-                    0.0, self.epoch_end + self.params.grace - now))
-                self._perform(self.machine.rekey(now, kit=kit, roots=roots))
+                grace = max(0.0, self.epoch_end + self.params.grace - now)
+                self._perform(self.machine.rekey(now, kit=kit, roots=roots, grace=grace))
                 self._install_link_certificate(certificate)
                 self.epoch_end = end
                 self._refresh_at = self._refresh_time()
@@ -531,8 +530,7 @@ class PeerNode:
                 self._register_at = now + self._renewals.failed(now, exc)
             else:
                 self._renewals.succeeded()
-                self.machine.contacts = {a: [c for c in cs if c != self.address]
-                                         for a, cs in contacts.items() if cs}
+                self.machine.set_contacts({a: cs for a, cs in contacts.items() if cs})
 
     # -- driving the machine ------------------------------------------------------------------
 

@@ -99,9 +99,10 @@ def fingerprint(machine: PeerMachine) -> object:
                     sorted(vp.backups), sorted(vp.watchers), sorted(vp.watch_asks),
                     sum(len(b.pulled) for b in vp.backups.values())))
     stats = dataclasses.replace(machine.stats, dropped=0)
-    sizes = [len(b) for b in (machine._seen_joins, machine._opened, machine._seen_events,
-                              machine._processed, machine._delivered, machine._verified,
-                              machine._searches)]
+    joining, events = machine.joining, machine.dissemination
+    sizes = [len(b) for b in (joining._seen_joins, joining._opened, events._seen,
+                              events._processed, events._delivered, events._verified,
+                              joining._searches)]
     return vps, stats, sizes
 
 

@@ -91,14 +91,14 @@ def watched(sim: Simulator) -> tuple[str, VirtualPeer, tuple[str, str]]:
     listed events that it did not pull (it had them from its parents)."""
     return next((a, vp, node) for a, m in sim.machines.items() if a not in sim.droppers
                 for vp in m.vpeers.values() for node, link in vp.watchers.items()
-                if any(d in link.offered for d in m._raw))
+                if any(d in link.offered for d in m.dissemination.raw))
 
 
 def test_a_backup_serves_each_listed_event_once_and_only_to_its_watcher(repaired):
     sim, _ = repaired
     address, vp, watcher = watched(sim)
     machine, link = sim.machines[address], vp.watchers[watcher]
-    offered = [d for d in machine._raw if d in link.offered]
+    offered = [d for d in machine.dissemination.raw if d in link.offered]
     stranger = ("stranger:1", "x")
 
     def served(frm: tuple[str, str], ids: tuple[bytes, ...]) -> list[Send]:
@@ -123,7 +123,7 @@ def test_only_pulled_events_come_from_a_backup_and_only_backups_list(repaired):
     def fresh(machine, vp, inside: bool) -> tuple[bytes, bytes, bytes] | None:
         """A new event (values of the run's) in, or out of, vp's credential: ciphertext,
         id, digest entry."""
-        token = machine._own_token(vp, sim.epoch)
+        token = machine.dissemination.own_token(vp, sim.epoch)
         for v in values:
             data = sim.issuer.encrypt(Event(f"fresh-{inside}", v, b""), sim.epoch)
             event = machine.crypto.decode_event(data)

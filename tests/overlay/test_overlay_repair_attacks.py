@@ -60,7 +60,7 @@ def fresh(sim: Simulator, machine: PeerMachine, vp: VirtualPeer, tag: str
           ) -> tuple[bytes, bytes, bytes] | None:
     """A new event inside vp's credential, if one of VALUES is: ciphertext, id, vp's
     digest entry."""
-    token = machine._own_token(vp, sim.epoch)
+    token = machine.dissemination.own_token(vp, sim.epoch)
     for k, values in enumerate(VALUES):
         data = sim.issuer.encrypt(Event(f"{tag}-{k}", values, b""), sim.epoch)
         event = machine.crypto.decode_event(data)
@@ -169,7 +169,7 @@ def test_a_backups_digests_are_rate_limited_and_cost_one_test_per_entry(sim):
 @pytest.mark.parametrize("fields", [[1, 0, 2**40, bytes(16)], [1, 0, b"x", bytes(16)]])
 def test_a_hostile_digest_entry_is_rejected_not_allocated(sim, fields):
     machine, vp = watcher(sim, 0)
-    token = machine._own_token(vp, sim.epoch)
+    token = machine.dissemination.own_token(vp, sim.epoch)
     _, _, entry = fresh(sim, machine, vp, "fuzz")
     assert machine.crypto.route_entry(token, entry)  # control: a real entry passes
     with pytest.raises(CryptoRejected):

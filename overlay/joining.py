@@ -1,0 +1,556 @@
+"""How a virtual peer finds its parents and how a full peer takes newcomers (report 7.2,
+Algorithm 2): joins climb to the nearest covering peer and search down its subtree; a
+full peer splits off a relay; recruits and swaps deepen trees that joins in arrival
+order leave flat; under MCR the fine tokens are dealt over the parents.
+
+Every step admits a peer only by opening its connection request
+(:mod:`overlay.admission`), and links only go down the order of
+:func:`~overlay.virtual.comes_first`, so no stale view of the tree can close a cycle.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from ibe_pubsub.overlay.actions import Action, Connected, Log, Send
+from ibe_pubsub.overlay.admission import (
+    Admission,
+    check_request,
+    context,
+    open_request,
+    prove,
+    proven,
+)
+from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay.crypto import CryptoSuite
+from ibe_pubsub.overlay.family import Family
+from ibe_pubsub.overlay.lifecycle import Lifecycle
+from ibe_pubsub.overlay.repair import Repair
+from ibe_pubsub.overlay.timers import Timer
+from ibe_pubsub.overlay.virtual import (
+    Bounded,
+    ChildLink,
+    Node,
+    ParentLink,
+    PendingJoin,
+    SwapOffered,
+    VirtualPeer,
+    comes_first,
+)
+from ibe_pubsub.overlay.wire import (
+    Accept,
+    Detach,
+    Handover,
+    Join,
+    JoinMiss,
+    JoinSplit,
+    Recruit,
+    SwapAccept,
+    SwapHandover,
+    SwapOffer,
+    Tokens,
+)
+
+
+@dataclass
+class _Opened:
+    """A request this peer opened (kept so a swap handover can accept the newcomer)."""
+
+    vp: str
+    newcomer: Node
+    admission: Admission
+
+
+@dataclass
+class _Search:
+    """A first join this full peer passed down to the children that may cover its newcomer.
+    When every one of them answers :class:`JoinMiss`, the search has failed below this
+    peer: it reports the miss to ``upstream`` (the parent that passed the join down to it)
+    or, at the top of the search, has the deepest peer that may split take the newcomer."""
+
+    join: Join
+    waiting: set[Node]
+    upstream: Node | None
+    started: float
+    admission: Admission
+    #: The deepest peer below that may split for the newcomer, with its depth.
+    splitter: tuple[int, Node] | None = None
+
+
+class Joining:
+    """Joins, splits, swaps and token deals of one physical peer's virtual peers."""
+
+    def __init__(self, crypto: CryptoSuite, config: OverlayConfig, rng: random.Random,
+                 family: Family, repair: Repair, due: Callable[[float], None]) -> None:
+        self.crypto = crypto
+        self.config = config
+        self.rng = rng
+        self.family = family
+        self.address = family.address
+        self.repair = repair
+        #: Tells the machine a timer may fall due then (see ``PeerMachine.next_tick_at``).
+        self.due = due
+        #: Directory contacts per attribute tree (never this peer itself).
+        self.contacts: dict[str, list[str]] = {}
+        #: Contacts whose join went unanswered -> until when others are tried first.
+        self._silent: dict[str, float] = {}
+        cap = config.dedup_capacity
+        self._seen_joins: Bounded[tuple[str, bytes], None] = Bounded(cap)
+        self._opened: Bounded[bytes, _Opened] = Bounded(cap)
+        self._searches: Bounded[tuple[str, bytes], _Search] = Bounded(cap)
+
+    def set_contacts(self, contacts: Mapping[str, Sequence[str]]) -> None:
+        """Where joins go: addresses of peers of each tree, this peer's own left out."""
+        self.contacts = {a: [c for c in cs if c != self.address] for a, cs in contacts.items()}
+
+    def join_timers(self, vp: VirtualPeer) -> Iterator[Timer]:
+        """A contact that left a join unanswered is passed over for a while; old joins are
+        forgotten; a virtual peer short of parents retries its join."""
+        cfg = self.config
+        for join_id, pending in list(vp.joins.items()):
+            if pending.contact and not pending.answered:
+                yield pending.sent_at, cfg.join_timeout, False, self._silence, (pending,)
+            yield pending.sent_at, 2 * cfg.join_timeout, True, _forget_join, (vp, join_id)
+        if vp.parents and vp.link_attempts >= cfg.mcr_link_attempts:
+            return  # MCR: shares a parent rather than search on
+        if vp.state is not Lifecycle.DETACHED and len(vp.parents) < self.wanted_links(vp):
+            yield vp.next_join_at, 0.0, False, self._retry, (vp,)
+
+    def _silence(self, pending: PendingJoin, now: float) -> list[Action]:
+        self._silent[pending.contact] = now + self.config.silent_contact_period
+        pending.contact = ""  # once per join
+        return []
+
+    def _retry(self, vp: VirtualPeer, now: float) -> list[Action]:
+        """A retry asks the full peer where its search ends to split; one that keeps
+        failing asks the full peer a swap offer named to split right away."""
+        hint, vp.split_hint = vp.split_hint, None
+        retry = any(p.sent_at < now for p in vp.joins.values())
+        stuck = (vp.join_started is not None
+                 and now - vp.join_started > 2 * self.config.join_timeout)
+        target = hint[1] if hint and stuck and vp.state is Lifecycle.JOINING else None
+        return self.send_join(vp, now, target, retry)
+
+    def wanted_links(self, vp: VirtualPeer) -> int:
+        """Parents ``vp`` looks for: one, or under MCR one per fine token."""
+        if vp.is_top:
+            return 0
+        if vp.relay or self.config.routing == "ohf":
+            return 1
+        keys = vp.keys.get(self.family.epoch)
+        return max(1, len(keys.fine_tokens)) if keys else 1
+
+    def send_join(self, vp: VirtualPeer, now: float, target: Node | None = None,
+                   split: bool = False) -> list[Action]:
+        """Send a join to ``target`` or else to a directory contact, preferring those that
+        have not left a join unanswered lately."""
+        keys = vp.keys.get(self.family.epoch)
+        if keys is None:
+            return [Log("warning", f"{vp.vp}: no keys for epoch {self.family.epoch}, cannot join")]
+        contact = ""
+        if target is None:
+            candidates = self.contacts.get(vp.attribute, [])
+            if not candidates:
+                return [Log("warning", f"{vp.vp}: no contact for tree {vp.attribute!r}")]
+            answering = [c for c in candidates if self._silent.get(c, 0.0) <= now]
+            contact = self.rng.choice(answering or candidates)
+            target = (contact, "")
+        join_id = self.rng.randbytes(16)
+        vp.joins[join_id] = PendingJoin(now, self.family.epoch, contact=contact)
+        vp.next_join_at = now + self.config.join_timeout
+        self.due(vp.next_join_at)
+        if vp.parents:
+            vp.link_attempts += 1
+        return [Send(target[0], Join(vp.vp, target[1], vp.attribute, join_id, self.address,
+                                     vp.vp, self.config.hop_limit, keys.request, split,
+                                     depth_of(vp)))]
+
+    def lose_parent(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
+        """Drop a parent link; the last one makes ``vp`` JOINING, with a join due now."""
+        vp.parents.pop(parent, None)
+        vp.assignment.pop(parent, None)
+        vp.link_attempts = 0
+        if vp.state is Lifecycle.ATTACHED:  # MCR: other parents remain
+            return self.assign_tokens(vp)
+        vp.join_started = now  # now JOINING
+        vp.next_join_at = now
+        self.due(now)
+        return []
+
+    def on_join(self, vp: VirtualPeer, frm: Node, m: Join, now: float) -> list[Action]:
+        if (vp.vp, m.join_id) in self._seen_joins:
+            return []
+        if m.origin == self.address:
+            # A peer never joins below its own virtual peers: end the search here at once.
+            return self._miss(vp, frm, m)
+        if m.hops <= 0 or m.attribute != vp.attribute:
+            return [Log("debug", f"{vp.vp}: join {m.join_id.hex()[:8]} out of hops or tree")]
+        request, error = check_request(self.crypto, m.request, vp.attribute, now,
+                                       self.family.epochs)
+        if error is not None:
+            return [Log("warning", f"join from {frm[0]} dropped: {error}")]
+        self._seen_joins.put((vp.vp, m.join_id), None)
+        newcomer = (m.origin, m.origin_vp)
+        admission = open_request(self.crypto, vp, request)
+        if admission is None:
+            if frm not in vp.parents:
+                return self._forward(vp, m, list(vp.parents), [])
+            # From the parent (a full peer that covers the newcomer): offer a swap, which
+            # only a newcomer that covers this peer (on its first join) can take; on a retry
+            # the offer also tells the newcomer where a split may take it (the parent). This
+            # peer cannot tell whether the newcomer is coarser: only an opener learns the
+            # requester's position, so the newcomer decides by opening this peer's request.
+            epoch = self.crypto.request_epoch(request)
+            keys = vp.keys.get(epoch)
+            if keys is None or m.depth >= 0:
+                return self._miss(vp, frm, m)
+            vp.swaps[m.join_id] = SwapOffered(frm, newcomer, epoch)
+            return [Send(m.origin, SwapOffer(vp.vp, m.origin_vp, m.join_id, keys.request, *frm,
+                                             depth_of(vp))),
+                    *self._miss(vp, frm, m)]
+        position = admission.position
+        self._opened.put(m.join_id, _Opened(vp.vp, newcomer, admission))
+        ups = [p for p in vp.parents if p != frm]
+        if not vp.attached or not vp.precedes(position, m.origin_vp):
+            # Nobody below this peer may take it either.
+            return self._forward(vp, m, ups, []) + self._miss(vp, frm, m)
+        fresh = not self._linked(vp, newcomer)
+        taken = self._take(vp, newcomer, m.join_id, admission, now) if fresh else None
+        if taken is not None:
+            return taken
+        # Full: search the children that may cover the newcomer and precede it (coarser, or
+        # as fine with a smaller id); on a first join ask the finer ones for a swap.
+        downs, others = [], []
+        for child, link in vp.children.items():
+            if child != frm and child[0] != m.origin:
+                first = comes_first(link.position, child[1], position, m.origin_vp)
+                (downs if first else others).append(child)
+        # A retry splits where its search ends, right here if the newcomer was sent here by
+        # a swap offer's hint, or at the first full covering peer it climbs to; where no
+        # relay may be split off, it climbs on from the peer the relays copy.
+        climbed = frm in vp.children and not vp.is_root
+        if fresh and m.depth < 0 and (climbed or not downs or (
+                m.split and frm == newcomer and m.dst_vp == vp.vp)):
+            return self._split_or_climb(vp, m, admission, now)
+        # The search stays below the first peer that may take the newcomer, so it costs
+        # the covering part of that subtree, not of the whole tree.
+        out = self._forward(vp, m, downs, others if m.depth < 0 else [])
+        if not downs or m.hops <= 1:
+            return out + self._miss(vp, frm, m)
+        if fresh and m.depth < 0:
+            upstream = frm if frm in vp.parents else None
+            self._searches.put((vp.vp, m.join_id),
+                               _Search(m, set(downs), upstream, now, admission))
+        return out
+
+    def _take(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, admission: Admission,
+              now: float) -> list[Action] | None:
+        """Adopt a newcomer not linked to them yet (see :meth:`_linked`) into a free slot of
+        ``vp`` or of one of its relays; None when all are full."""
+        free = next((r for r in (vp, *self.family.relays(self.family.creator(vp)))
+                     if len(r.children) < self.config.max_children), None)
+        return None if free is None else self._adopt(free, newcomer, join_id, admission, now)
+
+    def _linked(self, vp: VirtualPeer, node: Node) -> bool:
+        """Is ``node`` a parent of ``vp``, or a child of it or of one of its relays?"""
+        relays = self.family.relays(self.family.creator(vp))
+        return node in vp.parents or any(node in r.children for r in (vp, *relays))
+
+    def _split_or_climb(self, vp: VirtualPeer, m: Join, admission: Admission, now: float
+                        ) -> list[Action]:
+        """Take the newcomer by a split; where no relay may be split off, pass the join on
+        from the peer the relays copy."""
+        creator = self.family.creator(vp)
+        return (self._split(vp, (m.origin, m.origin_vp), m.join_id, admission, now)
+                or self._forward(creator, m, list(creator.parents), []))
+
+    def _miss(self, vp: VirtualPeer, frm: Node, m: Join) -> list[Action]:
+        """Tell the parent that passed a join down that it ends here (a swap probe, sent
+        with a single hop, is not waited for and gets no answer)."""
+        if m.hops <= 1 or frm not in vp.parents:
+            return []
+        return [Send(frm[0], JoinMiss(vp.vp, frm[1], m.join_id, "", "", -1))]
+
+    def on_join_miss(self, vp: VirtualPeer, frm: Node, m: JoinMiss, now: float
+                      ) -> list[Action]:
+        search = self._searches.get((vp.vp, m.join_id))
+        if search is None or frm not in search.waiting:
+            return [Log("debug", f"{vp.vp}: join miss from {frm[0]} for no search, ignored")]
+        search.waiting.discard(frm)
+        if m.depth >= 0 and (search.splitter is None or m.depth > search.splitter[0]):
+            search.splitter = (m.depth, (m.splitter, m.splitter_vp))
+        if search.waiting:
+            return []
+        self._searches.pop((vp.vp, m.join_id))
+        if now - search.started > self.config.join_timeout:
+            return []  # the newcomer has retried by now
+        join = search.join
+        newcomer = (join.origin, join.origin_vp)
+        if search.upstream is not None:
+            up, best = search.upstream, search.splitter
+            if up not in vp.parents:
+                return []
+            depth = vp.depth
+            if (best is None and depth is not None
+                    and self._split_host(self.family.creator(vp), newcomer) is not None):
+                best = (depth, (self.address, vp.vp))
+            name, depth = (best[1], best[0]) if best else (("", ""), -1)
+            return [Send(up[0], JoinMiss(vp.vp, up[1], m.join_id, *name, depth))]
+        if self._linked(vp, newcomer):
+            return []
+        if search.splitter is not None:
+            target = search.splitter[1]
+            return [Send(target[0], JoinSplit(vp.vp, target[1], m.join_id))]
+        return (self._take(vp, newcomer, join.join_id, search.admission, now)
+                or self._split_or_climb(vp, join, search.admission, now))
+
+    def on_join_split(self, vp: VirtualPeer, frm: Node, m: JoinSplit, now: float
+                       ) -> list[Action]:
+        opened = self._opened.get(m.join_id)
+        if opened is None or opened.vp != vp.vp or self._linked(vp, opened.newcomer):
+            return [Log("debug", f"{vp.vp}: split request from {frm[0]} for no open join")]
+        return (self._take(vp, opened.newcomer, m.join_id, opened.admission, now)
+                or self._split(vp, opened.newcomer, m.join_id, opened.admission, now)
+                or [Log("debug", f"{vp.vp}: asked to split for {opened.newcomer[0]}, cannot")])
+
+    def _forward(self, vp: VirtualPeer, m: Join, targets: list[Node], swap_probes: list[Node]
+                 ) -> list[Action]:
+        """Pass a join on to ``targets`` with one hop less; ``swap_probes`` may only answer
+        with a swap offer, so they get a single hop."""
+        if m.hops <= 1:
+            targets = []
+        return [Send(n[0], _retarget(m, vp.vp, n[1], m.hops - 1)) for n in targets] + [
+            Send(n[0], _retarget(m, vp.vp, n[1], 1)) for n in swap_probes]
+
+    def _adopt(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, admission: Admission,
+               now: float) -> list[Action]:
+        vp.children[newcomer] = ChildLink(now, admission.position,
+                                          self.crypto.request_nonce(admission.request))
+        self.due(now + self.config.failure_timeout)
+        proof, cert = prove(self.crypto, vp, admission, context("join", (self.address, vp.vp),
+                                                         newcomer))
+        return [Send(newcomer[0], Accept(vp.vp, newcomer[1], join_id, proof, cert))]
+
+    def _split(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, admission: Admission,
+               now: float) -> list[Action]:
+        """A full peer that covers the newcomer but none of whose children may: a relay
+        copy of this virtual peer takes the slot of one child (of the peer it copies or of
+        its shallowest relay that has one), that child and the newcomer."""
+        vp = self.family.creator(vp)
+        host = self._split_host(vp, newcomer)
+        if host is None:
+            return []
+        relay = self.family.add(vp.attribute, vp.credential,
+                                f"{host.vp}.{self.rng.randbytes(3).hex()}")
+        self.family.forget_relays(vp.vp)
+        relay.keys, relay.roots, relay.relay = dict(vp.keys), dict(vp.roots), True
+        relay.parents[(self.address, host.vp)] = ParentLink(now, host.depth)
+        moved = self.rng.choice(self._movable(host, newcomer))
+        relay.children[moved] = host.children.pop(moved)
+        host.children[(self.address, relay.vp)] = ChildLink(now, vp.credential.position)
+        return [Log("info", f"{vp.vp}: full, split off relay {relay.vp}"),
+                Send(moved[0], Handover(host.vp, moved[1], self.address, relay.vp)),
+                *self._adopt(relay, newcomer, join_id, admission, now)]
+
+    def _split_host(self, creator: VirtualPeer, newcomer: Node) -> VirtualPeer | None:
+        """Where a split of ``creator`` would take a child from, None if it may not split.
+        The root takes whoever nobody else covers, so only its relays are unbounded; they
+        fill breadth first, which keeps relay chains logarithmic."""
+        relays = self.family.relays(creator)
+        if ((not creator.is_top and len(relays) >= self.config.max_relays)
+                or self.config.max_children < 2):
+            return None
+        return next((h for h in (creator, *relays) if self._movable(h, newcomer)), None)
+
+    def _movable(self, host: VirtualPeer, newcomer: Node) -> list[Node]:
+        """Children a split may move to the new relay: not relays, not the newcomer."""
+        return sorted(c for c in host.children if not self.family.is_relay(c) and c != newcomer)
+
+    def on_accept(self, vp: VirtualPeer, frm: Node, m: Accept, now: float) -> list[Action]:
+        """A proven acceptance of one of ``vp``'s joins: a new parent, if it wants one."""
+        pending = vp.joins.get(m.join_id)
+        if pending is None or pending.epoch not in vp.keys:
+            return [Log("info", f"{vp.vp}: accept from {frm[0]} for no pending join, ignored")]
+        if not proven(self.crypto, self.address, vp, frm, m, pending.epoch, "join", now):
+            return [Log("warning", f"{vp.vp}: accept from {frm[0]} with a bad proof dropped")]
+        pending.answered = True
+        if frm in vp.parents:  # the request reached this parent twice: already linked
+            return []
+        if (frm[0] == self.address or frm in vp.children
+                or len(vp.parents) >= self.wanted_links(vp)):
+            return [Send(frm[0], Detach(vp.vp, frm[1]))]
+        return self._add_parent(vp, frm, now)
+
+    def _add_parent(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
+        vp.parents[parent] = ParentLink(now)
+        if not vp.relay:
+            vp.recruits_left = self.config.recruit_rounds
+            vp.next_recruit_at = now + self.config.recruit_interval * (0.5 + self.rng.random())
+            self.due(vp.next_recruit_at)
+        self.due(min(vp.next_ping_at, now + self.config.failure_timeout))
+        started = vp.join_started if vp.join_started is not None else now
+        if len(vp.parents) >= self.wanted_links(vp):
+            vp.join_started = None
+        out: list[Action] = [Connected(vp.attribute, vp.vp, parent[0], len(vp.parents),
+                                       started, now)]
+        return out + self.assign_tokens(vp) + self.repair.on_new_parent(vp, parent)
+
+    def assign_tokens(self, vp: VirtualPeer) -> list[Action]:
+        """MCR: deal the fine credentials' tokens (of every valid epoch, a credential's
+        tokens together) evenly over the parents, so with enough parents each goes to a
+        different parent. The deal is stable: a token stays with the parent that has it
+        while that parent stays and is not over its share, because every move opens a
+        window in which an event in flight meets neither its old nor its new route."""
+        if self.config.routing != "mcr" or vp.relay or vp.is_root or not vp.parents:
+            return []
+        parents = list(vp.parents)
+        fine: dict[int, list[bytes]] = {}
+        for epoch in sorted(vp.keys):
+            keys = vp.keys[epoch]
+            for i, token in enumerate(keys.fine_tokens or (keys.token,)):
+                fine.setdefault(i, []).append(token)
+        holder = {t: p for p, tokens in vp.assignment.items() if p in vp.parents
+                  for t in tokens}
+        share = -(-len(fine) // len(parents))
+        dealt: dict[Node, list[bytes]] = {p: [] for p in parents}
+        load = dict.fromkeys(parents, 0)
+        moving = []
+        for tokens in fine.values():
+            kept = next((holder[t] for t in tokens if t in holder), None)
+            if kept is None or load[kept] >= share:
+                moving.append(tokens)
+                continue
+            dealt[kept] += tokens
+            load[kept] += 1
+        for tokens in moving:
+            least = min(parents, key=load.__getitem__)
+            dealt[least] += tokens
+            load[least] += 1
+        out: list[Action] = []
+        for p in parents:
+            tokens = tuple(sorted(dealt[p]))
+            if vp.assignment.get(p) != tokens:
+                vp.assignment[p] = tokens
+                out.append(Send(p[0], Tokens(vp.vp, p[1], tokens)))
+        return out
+
+    # -- swaps (Algorithm 2, line 9) -----------------------------------------------------------
+
+    def recruit(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
+        vp.recruits_left -= 1
+        vp.next_recruit_at = now + self.config.recruit_interval
+        self.due(vp.next_recruit_at)
+        keys = vp.keys.get(self.family.epoch)
+        if keys is None or len(vp.children) >= self.config.max_children:
+            return []
+        join_id = self.rng.randbytes(16)
+        vp.joins[join_id] = PendingJoin(now, self.family.epoch, recruit=True)
+        return [Send(parent[0], Recruit(vp.vp, parent[1], join_id, keys.request))]
+
+    def on_recruit(self, vp: VirtualPeer, frm: Node, m: Recruit, now: float
+                    ) -> list[Action]:
+        """Pass a child's request to a sample of this peer's (and its relays') children
+        that are finer than it, as single-hop swap probes that seem to come from their
+        own parent."""
+        link = vp.children.get(frm)
+        if link is None:
+            return [Log("info", f"{vp.vp}: recruit from non-child {frm[0]} ignored")]
+        request, error = check_request(self.crypto, m.request, vp.attribute, now,
+                                       self.family.epochs)
+        if error is not None or self.crypto.request_nonce(request) != link.nonce:
+            return [Log("warning", f"{vp.vp}: recruit from {frm[0]} dropped: "
+                                   f"{error or 'not the request it joined with'}")]
+        creator = self.family.creator(vp)
+        finer = [(host, c) for host in (creator, *self.family.relays(creator))
+                 for c, other in host.children.items()
+                 if c != frm and c[0] != frm[0] and other.position > link.position
+                 and not self.family.is_relay(c)]
+        probes = self.rng.sample(finer, min(self.config.recruit_sample, len(finer)))
+        return [Send(c[0], Join(host.vp, c[1], vp.attribute, m.join_id, frm[0], frm[1], 1,
+                                m.request, False, -1)) for host, c in probes]
+
+    def on_swap_offer(self, vp: VirtualPeer, frm: Node, m: SwapOffer, now: float
+                       ) -> list[Action]:
+        pending = vp.joins.get(m.join_id)
+        if (pending is None or (vp.state is Lifecycle.ATTACHED and not pending.recruit)
+                or frm in vp.children or frm in vp.parents):
+            return [Log("debug", f"{vp.vp}: swap offer from {frm[0]} not wanted")]
+        request, error = check_request(self.crypto, m.request, vp.attribute, now,
+                                       self.family.epochs)
+        if error is not None:
+            return [Log("warning", f"swap offer from {frm[0]} dropped: {error}")]
+        pending.answered = True
+        admission = open_request(self.crypto, vp, request)
+        if (admission is None or admission.sw is None
+                or len(vp.children) >= self.config.max_children
+                or not vp.precedes(admission.position, frm[1])):
+            # The offerer's parent covers this peer and is full: a retry may split there;
+            # the deepest offerer's parent is the deepest such peer.
+            if not pending.recruit and (vp.split_hint is None or m.depth > vp.split_hint[0]):
+                vp.split_hint = (m.depth, (m.parent, m.parent_vp))
+            return [Log("debug", f"{vp.vp}: swap offer from {frm[0]} not taken")]
+        vp.children[frm] = ChildLink(now, admission.position,
+                                     self.crypto.request_nonce(request))
+        self.due(now + self.config.failure_timeout)
+        proof = self.crypto.acceptance_proof(admission.sw, request,
+                                             context("swap", (self.address, vp.vp), frm))
+        return [Send(frm[0], SwapAccept(vp.vp, frm[1], m.join_id, proof))]
+
+    def on_swap_accept(self, vp: VirtualPeer, frm: Node, m: SwapAccept, now: float
+                        ) -> list[Action]:
+        offer = vp.swaps.get(m.join_id)
+        keys = vp.keys.get(offer.epoch) if offer else None
+        if offer is None or keys is None or offer.newcomer != frm:
+            return [Log("info", f"{vp.vp}: swap accept from {frm[0]} for no offer, ignored")]
+        request = self.crypto.decode_request(keys.request)
+        if not self.crypto.check_acceptance(keys.sws, request, m.proof,
+                                            context("swap", frm, (self.address, vp.vp))):
+            return [Log("warning", f"{vp.vp}: swap accept from {frm[0]} with a bad proof")]
+        del vp.swaps[m.join_id]
+        if offer.old_parent not in vp.parents:
+            return [Log("info", f"{vp.vp}: swap with {frm[0]} is stale, declined"),
+                    Send(frm[0], Detach(vp.vp, frm[1]))]
+        vp.parents.pop(offer.old_parent)
+        vp.assignment.pop(offer.old_parent, None)
+        vp.former = {a: t for a, t in vp.former.items() if t >= now}
+        # The old parent forwards for failure_timeout after the handover reaches it.
+        vp.former[offer.old_parent[0]] = now + 2 * self.config.failure_timeout
+        out: list[Action] = [Send(offer.old_parent[0], SwapHandover(vp.vp, offer.old_parent[1],
+                                                                    m.join_id))]
+        if frm in vp.parents:
+            return out + self.assign_tokens(vp)
+        return out + self._add_parent(vp, frm, now)
+
+    def on_swap_handover(self, vp: VirtualPeer, frm: Node, m: SwapHandover, now: float
+                          ) -> list[Action]:
+        if frm not in vp.children:
+            return [Log("info", f"{vp.vp}: swap handover from non-child {frm[0]} ignored")]
+        # The child's new parent may have passed on an event before adopting it, which only
+        # reaches this peer now: keep forwarding to the child for a while (it takes events
+        # from a former parent that long, see on_swap_accept).
+        vp.released = {n: r for n, r in vp.released.items() if r[1] > now}
+        vp.released[frm] = (vp.children.pop(frm), now + self.config.failure_timeout)
+        opened = self._opened.get(m.join_id)
+        if (opened is None or opened.vp != vp.vp or opened.newcomer in vp.children
+                or not vp.attached or not vp.precedes(opened.admission.position,
+                                                      opened.newcomer[1])):
+            return [Log("debug", f"{vp.vp}: {frm[0]} swapped away, its newcomer not taken")]
+        return self._adopt(vp, opened.newcomer, m.join_id, opened.admission, now)
+
+
+def _forget_join(vp: VirtualPeer, join_id: bytes, now: float) -> list[Action]:
+    del vp.joins[join_id]
+    return []
+
+
+def _retarget(m: Join, src_vp: str, dst_vp: str, hops: int) -> Join:
+    return Join(src_vp, dst_vp, m.attribute, m.join_id, m.origin, m.origin_vp, hops,
+                m.request, m.split, m.depth)
+
+
+def depth_of(vp: VirtualPeer) -> int:
+    """A virtual peer's depth on the wire: -1 while unknown."""
+    depth = vp.depth
+    return -1 if depth is None else depth
