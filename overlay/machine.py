@@ -146,10 +146,6 @@ class PeerMachine:
                 out += self.joining.send_join(vp, now)
         return out
 
-    def publish(self, event: bytes, roots: Mapping[str, str], now: float) -> list[Action]:
-        """Send an encrypted event to the root of every attribute tree."""
-        return [Send(addr, Publish("", "", attribute, event)) for attribute, addr in roots.items()]
-
     def leave(self, now: float) -> list[Action]:
         """Leave gracefully: hand the children to a parent, drop the parent links; every
         virtual peer is DETACHED after."""

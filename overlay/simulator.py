@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ibe_pubsub.credentials import Event, Predicate, Schema, StreamWindow
-from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send
+from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send, publication
 from ibe_pubsub.overlay.config import OverlayConfig
 from ibe_pubsub.overlay.crypto_model import CostTable
 from ibe_pubsub.overlay.issuer import ModeledIssuer, RealIssuer
@@ -320,8 +320,7 @@ class Simulator:
         data = self.issuer.encrypt(Event(event_id, values, b""), self.epoch, publisher, at)
         self._event_ids[data] = event_id
         self.metrics.published[event_id] = at
-        machine = self.machines[publisher]
-        self._run_on(publisher, at, lambda t: machine.publish(data, self.roots, t))
+        self._run_on(publisher, at, lambda t: publication(data, self.roots))
 
     def run_until(self, t: float) -> None:
         """Process everything scheduled up to time ``t``."""
