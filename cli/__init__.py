@@ -2,7 +2,7 @@
 share. Only this package and :mod:`ibe_pubsub.evaluation` sit on top of the libraries; no
 library package imports it."""
 
+from ibe_pubsub.cli.app import main
 from ibe_pubsub.cli.exceptions import CliError
-from ibe_pubsub.cli.main import main
 
 __all__ = ["CliError", "main"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from ibe_pubsub.cli.main import main
+from ibe_pubsub.cli.app import main
 
 sys.exit(main())

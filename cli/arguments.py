@@ -13,6 +13,8 @@ import binascii
 import json
 import os
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -250,3 +252,13 @@ def _parse(kind: type, text: str, expected: str):  # type: ignore[no-untyped-def
         return kind(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from exc
+
+
+@contextmanager
+def spark_extra() -> Iterator[None]:
+    """pyarrow (and pyspark) come with the 'spark' extra: without it, one line says so."""
+    try:
+        yield
+    except ImportError as exc:
+        package = (exc.name or "a module").split(".")[0]
+        raise CommandError(f"{package} is missing; install the 'spark' extra") from exc

@@ -21,10 +21,17 @@ from ibe_pubsub.cli.arguments import (
     positive_duration,
     positive_int,
     positive_int_list,
+    spark_extra,
     write_json_atomically,
 )
 from ibe_pubsub.credentials import notice
-from ibe_pubsub.evaluation import DEFAULT_EXPERIMENTS, EXACTNESS_SCHEMAS, EXPERIMENTS, Sizes
+from ibe_pubsub.evaluation import (
+    DEFAULT_EXPERIMENTS,
+    EXACTNESS_SCHEMAS,
+    EXPERIMENTS,
+    Sizes,
+    pyplot,
+)
 
 if TYPE_CHECKING:
     from ibe_pubsub.evaluation import BenchSettings
@@ -32,7 +39,7 @@ if TYPE_CHECKING:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser(
-        "bench", help="benchmarks that write JSON and a PNG plot",
+        "bench", help="benchmarks that write JSON (most also a PNG plot)",
         description="Benchmarks; each writes JSON (to bench/ unless told otherwise) and, "
         "all but transport, a PNG plot.")
     bench = group.add_subparsers(dest="bench", metavar="BENCHMARK")
@@ -47,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run_crypto(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation import run_crypto_bench
 
+    pyplot()  # without the bench extra, fail before the run rather than after it
     report = run_crypto_bench(Path(args.json), args.dims, args.bits, args.min_seconds, args.backend)
     print(f"{'algorithm':26} {'d':>2} {'bits':>4} {'ms':>9} {'floor ms':>9} {'ratio':>6}")
     for r in report["algorithms"]:
@@ -62,6 +70,7 @@ def _run_crypto(args: argparse.Namespace) -> int:
 def _run_streams(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation import GOALS, run_streams_bench
 
+    pyplot()
     if not args.seconds > 0:
         raise CommandError("--seconds must be more than 0")
     report = run_streams_bench(Path(args.json), args.seconds, args.backend)
@@ -123,6 +132,8 @@ def _run_keyserver(args: argparse.Namespace) -> int:
                              workers=args.workers)
     if args.replicas is not None:
         return _bench_replicas(args, settings)
+    if not args.no_plot:
+        pyplot()
     plot = None if args.no_plot else Path(args.plot or Path(args.json).with_suffix(".png"))
     result = run_bench(settings, Path(args.json), plot)
     print(json.dumps(result["summary"], indent=1))
@@ -196,6 +207,7 @@ def _run_overlay(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation import Bench
     from ibe_pubsub.overlay import LatencyModel
 
+    pyplot()
     try:
         sizes = Sizes(
             peers=tuple(args.peers), max_children=args.max_children,
@@ -418,9 +430,11 @@ def _register_exactness(bench: argparse._SubParsersAction) -> None:
 # -- bench bulk ------------------------------------------------------------------------------
 
 def _run_bulk(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation import run_bulk_bench
-    from ibe_pubsub.pipelines import SparkStartError
+    with spark_extra():
+        from ibe_pubsub.evaluation import run_bulk_bench
+        from ibe_pubsub.pipelines import SparkStartError
 
+    pyplot()
     json_path = Path(args.json)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     spark_log = None if args.verbose else json_path.with_suffix(".spark.log")
@@ -481,6 +495,7 @@ def _run_transport(args: argparse.Namespace) -> int:
 def _run_monitoring(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation import plot_monitoring, run_monitoring_bench
 
+    pyplot()
     result = run_monitoring_bench(args.pairs, args.events, args.interval, args.scrape_interval)
     notice(f"--http on/off: CPU x{result['window_cpu_ratio_on_off']:.3f} while "
            f"disseminating (x{result['cpu_ratio_on_off']:.3f} over the processes' lives), "

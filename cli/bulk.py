@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +19,7 @@ from ibe_pubsub.cli.arguments import (
     add_schema,
     admin_token,
     positive_int,
+    spark_extra,
 )
 
 if TYPE_CHECKING:
@@ -31,18 +30,8 @@ DEFAULT_MASTER = "local[*]"  # of `bulk decompose`
 SHOWN_REJECTIONS = 5  # rejections printed after a decomposition; all are in its outputs
 
 
-@contextmanager
-def _spark_extra() -> Iterator[None]:
-    """pyarrow (and pyspark) come with the 'spark' extra: without it, one line says so."""
-    try:
-        yield
-    except ImportError as exc:
-        package = (exc.name or "a module").split(".")[0]
-        raise CommandError(f"{package} is missing; install the 'spark' extra") from exc
-
-
 def _decompose(args: argparse.Namespace) -> int:
-    with _spark_extra():
+    with spark_extra():
         from ibe_pubsub.pipelines import LayoutError, Settings, run_local, write_csv
 
     settings = Settings(args.schema, args.fine_depth, args.max_credentials)
@@ -98,7 +87,7 @@ def _decompose_status(summary: Summary, out: Path, rejected_csv: Path | None,
 def _decompose_spark(args: argparse.Namespace, settings: Settings, source: Path,
                      out: Path) -> Summary:
     master, remote = _where(args)
-    with _spark_extra():
+    with spark_extra():
         from pyspark.errors import PySparkException
 
         from ibe_pubsub.pipelines import (
@@ -152,7 +141,7 @@ def _where(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def _issue(args: argparse.Namespace) -> int:
     from ibe_pubsub.keyserver import KeyServerClient
-    with _spark_extra():
+    with spark_extra():
         from ibe_pubsub.pipelines import (
             IssueError,
             IssueOptions,

@@ -37,8 +37,10 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ibe_pubsub.evaluation import DemoError, run_demo
+    from ibe_pubsub.evaluation import DemoError, pyplot, run_demo
 
+    if args.graph:
+        pyplot()  # without the bench extra, fail before the demo rather than after it
     try:
         report = run_demo(peers=args.peers, routing=args.routing, events=args.events,
                           seed=args.seed, workdir=args.workdir, max_children=args.max_children,

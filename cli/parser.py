@@ -4,7 +4,7 @@ anywhere.
 The dispatcher's top parser is a :class:`CommandParser`, and argparse builds every
 subcommand's parser with the class of its parent, so each command in the tree, however
 deep, shows its defaults and takes ``-v`` and ``--config`` after its name as well as
-before. It imports nothing of the project, like :mod:`peer.arguments`.
+before. It imports nothing of the project, like :mod:`cli.arguments`.
 """
 
 from __future__ import annotations

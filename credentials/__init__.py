@@ -6,7 +6,7 @@ and writes no file (it reads a schema file when asked to load one).
 
 from ibe_pubsub.credentials.faces import lazy_exports
 
-__all__, __getattr__ = lazy_exports(__name__, {
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "backends": ("load_group",),
     "certificates": (
         "ED25519_KEY_BYTES", "RootCertificate", "bundle_message", "fingerprint", "peer_ca_message",
@@ -32,7 +32,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     ),
     "logsafe": ("escape", "log_formatter", "notice", "use_log_format"),
     "messages": ("ConnectionRequest", "RequestOpening", "StreamEvent"),
-    "numeric_batch": ("numeric_batch",),
+    "numeric": ("numeric",),
     "peer_certificates": (
         "MAX_ADDRESSES", "PeerBinding", "PeerCertificate", "PeerCertificateError",
         "ca_certificate", "ca_key_from_seed", "canonical_address", "is_unspecified",

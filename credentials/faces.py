@@ -15,9 +15,10 @@ from typing import Any
 
 
 def lazy_exports(package: str, exports: Mapping[str, Sequence[str]]
-                 ) -> tuple[list[str], Callable[[str], Any]]:
-    """``__all__`` and a module ``__getattr__`` for ``package`` from ``{module: names}``,
-    where a name equal to its module's name exports the module itself."""
+                 ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``__all__`` and the module's ``__getattr__`` and ``__dir__`` (so ``dir()``, ``help()``
+    and completion list the names) for ``package`` from ``{module: names}``, where a name
+    equal to its module's name exports the module itself."""
     where = {name: module for module, names in exports.items() for name in names}
 
     def __getattr__(name: str) -> Any:
@@ -29,4 +30,7 @@ def lazy_exports(package: str, exports: Mapping[str, Sequence[str]]
         setattr(sys.modules[package], name, value)
         return value
 
-    return sorted(where), __getattr__
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *where})
+
+    return sorted(where), __getattr__, __dir__

@@ -5,7 +5,7 @@ Plots need matplotlib, from the ``bench`` extra (``pip install 'ibe-pubsub[bench
 
 from ibe_pubsub.credentials import lazy_exports
 
-__all__, __getattr__ = lazy_exports(__name__, {
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "bench_bulk": ("run_bulk_bench",),
     "bench_crypto": ("run_crypto_bench",),
     "bench_keyserver": ("BenchSettings", "run_bench"),
@@ -18,7 +18,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "demo": ("DemoError", "run_demo"),
     "exactness": ("exactness",),
     "exceptions": ("EvaluationError",),
-    "plotting": ("PlotsUnavailable",),
+    "plotting": ("PlotsUnavailable", "pyplot"),
     "postgres": ("PostgresUnavailable",),
     "sizes": ("DEFAULT_EXPERIMENTS", "EXACTNESS_SCHEMAS", "EXPERIMENTS", "Sizes"),
     "trees": ("draw_run",),

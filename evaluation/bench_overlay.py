@@ -1,6 +1,6 @@
 """`bench overlay`: the report's section 8 experiments, and more, in one run.
 
-Order: measure the crypto costs on real cryptography (:mod:`overlay.evaluation_costs`),
+Order: measure the crypto costs on real cryptography (:mod:`evaluation.costs`),
 then run experiments 1-4 on the simulator with those costs, spread over worker
 processes, then experiment 5 (encryption operations). Each experiment writes
 ``DIR/<name>.json`` and ``DIR/<name>.png``; ``DIR/summary.json`` has the settings,

@@ -16,7 +16,7 @@ subscriber decodes, decrypts and verifies, as a peer does with bytes off the wir
 side's session certificate (issued, then verified once) is paid before timing starts.
 
 The floor of a side is what its public-key operations cost at prices measured in the same
-run: the group counts its operations (credentials.bench), plus one Ed25519 signature or
+run: the group counts its operations (evaluation.bench_crypto), plus one Ed25519 signature or
 verification per event; the ratio ``floor rate / measured rate`` is the price of the rest
 (Python, hashing, the AEAD, the encoding).
 """

@@ -4,7 +4,7 @@ Like the report's section 8, the delay experiments use a single attribute tree
 (a 16-bit numeric attribute) and subscribers with one credential each, so one
 subscriber is one node of the tree. Each configuration runs twice on the same
 seed: ``secure`` charges every crypto operation its cost measured in this run
-(:mod:`overlay.evaluation_costs`), ``plaintext`` charges nothing. Peers join one
+(:mod:`evaluation.costs`), ``plaintext`` charges nothing. Peers join one
 after another (``JOIN_SPACING`` apart, through a random member of the tree,
 the report's setting) and publishing starts once the tree has settled.
 """

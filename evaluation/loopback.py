@@ -2,7 +2,7 @@
 
 The same subscriptions and events run twice: as real ``ibe-pubsub`` processes
 (a key server, one root per attribute, the subscribers, one publisher; see
-:mod:`peer.cluster`), and in the simulator with real cryptography and a
+:mod:`evaluation.cluster`), and in the simulator with real cryptography and a
 loopback latency model. Dissemination delay is measured the same way in both:
 from the publisher handing the sealed event to the network to the subscriber
 delivering it. The real processes share this machine's cores, the simulated

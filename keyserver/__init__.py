@@ -2,7 +2,7 @@
 
 from ibe_pubsub.credentials import lazy_exports
 
-__all__, __getattr__ = lazy_exports(__name__, {
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "bundles": (
         "BulkBundle", "BundleError", "PublisherBundle", "ServerParams", "SubscriberBundle",
         "TransportCertificate", "decode_bulk_bundle", "decode_params", "decode_publisher_bundle",

@@ -2,7 +2,7 @@
 
 from ibe_pubsub.credentials import lazy_exports
 
-__all__, __getattr__ = lazy_exports(__name__, {
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "bundle_file": ("file_token",),
     "events_io": ("EventFileError", "EventWriter", "event_line", "read_deliveries", "read_events"),
     "exceptions": ("PeerError",),

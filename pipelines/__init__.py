@@ -3,7 +3,7 @@
 ``bulk decompose`` (``spark_job`` or, without a JVM, ``local_job``) reads its
 input with one parser (``inputs``), applies one batch function (``batches``: each
 distinct predicate read column-wise by ``predicate_columns`` and decomposed with
-``credentials.numeric_batch``, anything else by the per-request reference
+``numeric_batch``, anything else by the per-request reference
 ``requests``) and writes
 ``DIR/credentials``, ``DIR/rejected`` and ``DIR/summary.json`` (``layout``); the
 Spark session comes from ``session``. ``bulk issue`` (``issue``) streams those
@@ -13,7 +13,7 @@ resumable state and the key bundles in KEYDIR (``keydir``).
 
 from ibe_pubsub.credentials import lazy_exports
 
-__all__, __getattr__ = lazy_exports(__name__, {
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "exceptions": ("PipelinesError",),
     "inputs": ("BATCH_ROWS", "request_files"),
     "issue": ("IssueError", "IssueOptions", "issue_bulk"),

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ibe_pubsub.credentials import Attribute, Credential, Schema, numeric_batch, strings
+from ibe_pubsub.credentials import Attribute, Credential, Schema, strings
+from ibe_pubsub.pipelines import numeric_batch
 from ibe_pubsub.pipelines.inputs import REQUEST_COLUMNS
 from ibe_pubsub.pipelines.predicate_columns import EQUALS, Cells, Column, parse_column
 from ibe_pubsub.pipelines.requests import (

@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ibe_pubsub.credentials import Attribute, Schema, numeric_batch
+from ibe_pubsub.credentials import Attribute, Schema
+from ibe_pubsub.pipelines import numeric_batch
 
 _NUMBER = r"-?[0-9]{1,15}(?:\.[0-9]{1,15})?"  # int64 and float64 hold these exactly
 _STRING = r'"([^"\\]*)"'  # no escapes: the text between the quotes is the value

@@ -12,7 +12,9 @@ workers put it first on their ``sys.path``, where ``ibe_pubsub`` is a namespace 
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -39,8 +41,12 @@ def project_packages() -> dict[str, list[Path]]:
 
 def package_archive(directory: Path | None = None) -> Path:
     """Zip ``project_packages()`` (every file but compiled bytecode) into ``directory``
-    (default: a new temporary one) as ``ibe_pubsub/NAME/...``, as ``sys.path`` expects."""
-    archive = Path(directory or tempfile.mkdtemp(prefix="ibe-pubsub-")) / ARCHIVE_NAME
+    (default: a new temporary one, removed when this process exits: Spark has its own copy
+    by then) as ``ibe_pubsub/NAME/...``, as ``sys.path`` expects."""
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="ibe-pubsub-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    archive = directory / ARCHIVE_NAME
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         # zipimport finds a namespace package only through its directory's own entry.
         zf.mkdir(NAMESPACE)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from repository import REPO_ROOT
 
-from ibe_pubsub.cli.main import main
+from ibe_pubsub.cli.app import main
 from ibe_pubsub.credentials.schema import (
     BUILTIN_SCHEMAS,
     Attribute,

@@ -13,7 +13,7 @@ import pytest
 from keyserver_fixtures import PASSPHRASE
 from tls_certificates import self_signed
 
-from ibe_pubsub.cli.main import main
+from ibe_pubsub.cli.app import main
 from ibe_pubsub.evaluation.launcher import child_env, cli_command, free_port, start_keyserver, stop
 from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
 

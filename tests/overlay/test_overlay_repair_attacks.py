@@ -13,7 +13,7 @@ import random
 import msgpack
 import pytest
 
-from ibe_pubsub.cli.main import build_parser
+from ibe_pubsub.cli.app import build_parser
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.credentials.scheme import Event
 from ibe_pubsub.evaluation.random_workload import Workload

@@ -215,7 +215,7 @@ def test_a_missing_input_is_a_one_line_error(tmp_path):
 
 def test_a_missing_or_broken_java_is_a_one_line_error(tmp_path):
     """The same command with a working Java runs (the bench smoke below on local[1], and
-    tests/test_spark_cluster.py, which also checks what it prints and logs)."""
+    tests/pipelines/test_spark_cluster.py, which also checks what it prints and logs)."""
     pq.write_table(random_requests(SCHEMA, 3), tmp_path / "in.parquet")
     no_java = child_env() | {"PATH": str(tmp_path)}  # nothing to run there
     no_java.pop("JAVA_HOME", None)

@@ -52,22 +52,37 @@ class Import:
 
 
 def module_name(path: Path) -> str:
+    """``ibe_pubsub.PACKAGE.MODULE`` of a file (a package's ``__init__``: the package)."""
     parts = path.relative_to(REPO_ROOT).with_suffix("").parts
     return ".".join(("ibe_pubsub", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
-def imports_of(importer: str, source: str) -> Iterator[Import]:
-    """Every import in ``source``, at any depth (function bodies too); those under ``if
-    TYPE_CHECKING:`` are marked, since they never run."""
+def absolute(importer: str, is_package: bool, module: str | None, level: int) -> str:
+    """The absolute name of ``from <level dots><module> import ...`` in ``importer``."""
+    if level == 0:
+        return module or ""
+    base = importer.split(".")
+    base = base[:len(base) - level + 1] if is_package else base[:len(base) - level]
+    return ".".join([*base, *([module] if module else [])])
+
+
+def imports_of(importer: str, source: str, is_package: bool = False) -> Iterator[Import]:
+    """Every import in ``source``, at any depth (function bodies too), relative ones made
+    absolute and ``from ibe_pubsub import X`` read as an import of ``ibe_pubsub.X``; those
+    under ``if TYPE_CHECKING:`` are marked, since they never run."""
     tree = ast.parse(source)
     typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
                    and getattr(node.test, "id", "") == "TYPE_CHECKING"
                    for stmt in node.body for inner in ast.walk(stmt)}
     for node in ast.walk(tree):
         unused = id(node) in typing_only
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        if isinstance(node, ast.ImportFrom):
+            module = absolute(importer, is_package, node.module, node.level)
             for alias in node.names:
-                yield Import(importer, node.module, alias.name, node.lineno, unused)
+                if module == "ibe_pubsub":
+                    yield Import(importer, f"ibe_pubsub.{alias.name}", None, node.lineno, unused)
+                else:
+                    yield Import(importer, module, alias.name, node.lineno, unused)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield Import(importer, alias.name, None, node.lineno, unused)
@@ -77,7 +92,8 @@ def project_imports() -> list[Import]:
     found = []
     for package in PACKAGES:
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
-            found.extend(i for i in imports_of(module_name(path), path.read_text())
+            found.extend(i for i in imports_of(module_name(path), path.read_text(),
+                                               path.name == "__init__.py")
                          if i.module.startswith("ibe_pubsub."))
     return found
 
@@ -197,8 +213,9 @@ def test_every_error_of_a_package_is_its_error_base():
 
 # -- controls: the checks above catch what they look for ----------------------------------------
 
-def _imports(importer: str, source: str) -> list[Import]:
-    return [i for i in imports_of(importer, source) if i.module.startswith("ibe_pubsub.")]
+def _imports(importer: str, source: str, is_package: bool = False) -> list[Import]:
+    return [i for i in imports_of(importer, source, is_package)
+            if i.module.startswith("ibe_pubsub.")]
 
 
 def test_the_check_catches_an_arrow_up_the_layers_and_a_way_around_a_face():
@@ -207,10 +224,18 @@ def test_the_check_catches_an_arrow_up_the_layers_and_a_way_around_a_face():
     unexported = _imports("ibe_pubsub.peer.node", "from ibe_pubsub.overlay import _secret")
     server_side = _imports("ibe_pubsub.peer.node", "from ibe_pubsub.keyserver import serve")
     client = _imports("ibe_pubsub.peer.node", "from ibe_pubsub.keyserver import KeyServerClient")
-    [a], [b], [c], [d] = (violations(x) for x in (up, around, unexported, server_side))
+    whole = _imports("ibe_pubsub.credentials.schema", "from ibe_pubsub import peer")
+    relative = _imports("ibe_pubsub.credentials.schema", "from ..peer.node import PeerNode")
+    relative_in_init = _imports("ibe_pubsub.credentials", "from ..overlay import machine", True)
+    [a], [b], [c], [d], [e], [f], [g] = (violations(x) for x in (
+        up, around, unexported, server_side, whole, relative, relative_in_init))
     assert "credentials may not import peer" in a
     assert "face" in b and "not in overlay.__all__" in c and "only the key server's client" in d
+    assert "credentials may not import peer" in e and "ibe_pubsub.peer.node" in f
+    assert "credentials may not import overlay" in g
     assert violations(client) == []
+    own = _imports("ibe_pubsub.credentials.strings", "from .schema import OTHER_CHAR")
+    assert [i.module for i in own] == ["ibe_pubsub.credentials.schema"]
 
 
 def test_the_check_catches_a_cycle_even_through_a_function_level_import():

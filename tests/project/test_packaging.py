@@ -27,7 +27,7 @@ from repository import REPO_ROOT
 from sqlalchemy.engine import make_url
 from tls_certificates import self_signed
 
-from ibe_pubsub.cli.main import build_parser, main
+from ibe_pubsub.cli.app import build_parser, main
 from ibe_pubsub.evaluation.launcher import child_env, cli_command, free_port, init_keyserver, stop
 from ibe_pubsub.keyserver.healthcheck import probe_url, runs_keyserver
 

@@ -23,7 +23,7 @@ import pytest
 from keyserver_fixtures import PASSPHRASE
 from tls_certificates import self_signed
 
-from ibe_pubsub.cli.main import build_parser, main
+from ibe_pubsub.cli.app import build_parser, main
 from ibe_pubsub.evaluation.launcher import (
     child_env,
     cli_command,

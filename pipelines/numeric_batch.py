@@ -15,8 +15,7 @@ import math
 
 import numpy as np
 
-from ibe_pubsub.credentials import numeric
-from ibe_pubsub.credentials.schema import Attribute
+from ibe_pubsub.credentials import Attribute, numeric
 
 # float64 error of (v - min) / (max - min) * 2**bits is below 4 ulp of the result;
 # a position farther than this (relative) from an integer has a certain floor.
