@@ -4,11 +4,11 @@ package resources, away from the repository."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
-import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path
@@ -30,11 +30,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copytree(REPO_ROOT / folder, source / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--wheel-dir", str(out), str(source)],
-                   check=True, timeout=120, capture_output=True)
-    [built] = out.glob("ibe_pubsub-*.whl")
-    return built
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--no-build-isolation", "--wheel-dir", str(out), str(source)],
+                           timeout=120, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    [wheel] = out.glob("ibe_pubsub-*.whl")
+    return wheel
 
 
 def test_the_wheel_installs_one_namespace(wheel: Path):
@@ -60,16 +61,17 @@ def test_an_installed_wheel_migrates_a_new_key_store_from_its_own_files(wheel: P
                    check=True, timeout=120, capture_output=True)
     # -S: no site-packages processing, so the development install cannot serve ibe_pubsub;
     # the dependencies come from this environment's site-packages, put after the wheel's.
+    sites = os.pathsep.join(p for p in sys.path if p.endswith("site-packages"))
     script = (
-        "import sys; sys.path[:0] = sys.argv[1:3]\n"
+        "import os, sys; sys.path[:0] = [sys.argv[1], *sys.argv[2].split(os.pathsep)]\n"
         "import ibe_pubsub.keyserver.migrate as m\n"
         "print(m.MIGRATIONS)\n"
         "from ibe_pubsub.cli import main\n"
         "sys.exit(main(['keyserver', 'init', '--data', sys.argv[3], '--schema', 'stocks']))\n")
     data = tmp_path / "ks"
     done = subprocess.run(
-        [sys.executable, "-S", "-c", script, str(target), sysconfig.get_paths()["purelib"],
-         str(data)], env={"IBE_PUBSUB_PASSPHRASE": PASSPHRASE, "PATH": "/usr/bin:/bin"},
+        [sys.executable, "-S", "-c", script, str(target), sites, str(data)],
+        env={"IBE_PUBSUB_PASSPHRASE": PASSPHRASE, "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == str(target / "ibe_pubsub" / "migrations")
