@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass
@@ -34,6 +35,12 @@ class Stats:
     #: Events listed in digests, and digest entries tested against this peer's own tokens.
     listed: int = 0
     entries_tested: int = 0
+
+    def counts(self) -> dict[str, Any]:
+        """Every counter as plain values, ready for JSON. (``dataclasses.asdict`` rebuilds a
+        Counter from its items, so it would count ``(reason, n)`` tuples instead.)"""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "dropped_by": dict(self.dropped_by)}
 
     def drop(self, reason: str) -> None:
         """Count one refused event message (or digest, or pull) under ``reason``."""

@@ -31,7 +31,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -247,7 +247,7 @@ class PeerNode:
                           "frames_received": transport.frames_received}}
         drops: dict[str, object] = {"node": dict(self.dropped_by)}
         if self.machine is not None:
-            counters = asdict(self.machine.stats)
+            counters = self.machine.stats.counts()
             drops["protocol"] = dict(counters.pop("dropped_by"))
             out |= counters | {"epochs": sorted(self.machine.epochs)}
         return out | {"drops": drops}

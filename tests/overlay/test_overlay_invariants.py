@@ -52,3 +52,20 @@ OverlayChurn.TestCase.settings = settings(
     max_examples=12, stateful_step_count=25, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow])
 TestOverlayChurn = OverlayChurn.TestCase
+
+
+def test_a_peers_counters_go_to_json_with_their_drop_reasons():
+    """A peer writes these at exit (--stats-out); a drop must not break the file."""
+    import json
+    from dataclasses import asdict
+
+    from ibe_pubsub.overlay.stats import Stats
+
+    stats = Stats(delivered=3)
+    stats.drop("not_from_parent")
+    stats.drop("not_from_parent")
+    assert json.loads(json.dumps(stats.counts())) == {
+        **{k: 0 for k in asdict(Stats())}, "delivered": 3, "dropped": 2,
+        "dropped_by": {"not_from_parent": 2}}
+    # Control: what dataclasses.asdict makes of the Counter, which json.dumps refuses.
+    assert asdict(stats)["dropped_by"] == {("not_from_parent", 2): 1}
