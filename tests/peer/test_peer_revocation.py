@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from keyserver_fixtures import KeyServer
 
 from ibe_pubsub.credentials.scheme import Event
 from ibe_pubsub.evaluation.cluster import Cluster
@@ -31,10 +34,23 @@ async def _wait_ids(cluster: Cluster, names: list[str], event_id: str, timeout: 
         await asyncio.sleep(0.1)
 
 
-def test_revoked_publisher_is_rejected_after_the_rollover(keyserver_factory, tmp_path):
-    server = keyserver_factory.start(init_args=("--epoch-seconds", str(EPOCH),
-                                                "--grace-seconds", str(GRACE)))
-    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers")
+def test_rollovers_renew_links_and_shut_out_a_revoked_publisher(keyserver_factory, tmp_path):
+    """Both scenarios below spend their time waiting for the same kind of rollover, so they
+    run side by side, each on its own key server and overlay."""
+    servers = [keyserver_factory.start(init_args=("--epoch-seconds", str(EPOCH),
+                                                  "--grace-seconds", str(GRACE)))
+               for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(revoked_publisher_is_rejected_after_the_rollover, servers[0],
+                            tmp_path / "revocation"),
+                pool.submit(links_are_renewed_at_rollovers_without_dropping_any, servers[1],
+                            tmp_path / "renewal")]
+        for run in runs:
+            run.result()
+
+
+def revoked_publisher_is_rejected_after_the_rollover(server: KeyServer, workdir: Path) -> None:
+    cluster = Cluster(server.base_url, server.admin_token, workdir)
     try:
         cluster.wait_ready([cluster.start_root("root", ["symbol", "price", "volume"])])
         cluster.wait_ready([cluster.start_subscriber("low", "price < 500"),
@@ -78,14 +94,13 @@ def test_revoked_publisher_is_rejected_after_the_rollover(keyserver_factory, tmp
         assert cluster.peers[name].process.returncode == 0
 
 
-def test_links_are_renewed_at_rollovers_without_dropping_any(keyserver_factory, tmp_path):
+def links_are_renewed_at_rollovers_without_dropping_any(server: KeyServer, workdir: Path
+                                                       ) -> None:
     """Each peer fetches its next link certificate with its next keys; after the rollover
     every link is re-handshaken with the new certificates before the old ones expire, so no
     link expires, no parent is lost and every event published across two rollovers
     arrives."""
-    server = keyserver_factory.start(init_args=("--epoch-seconds", str(EPOCH),
-                                                "--grace-seconds", str(GRACE)))
-    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers")
+    cluster = Cluster(server.base_url, server.admin_token, workdir)
     names = ["low", "ibm"]
     published: list[str] = []
     try:

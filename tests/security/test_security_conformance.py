@@ -42,7 +42,7 @@ from schemathesis.specs.openapi.checks import (
 from ibe_pubsub.evaluation.launcher import free_port
 from ibe_pubsub.keyserver.errors import error_response, install_error_handlers
 
-EXAMPLES = 50  # per operation and generation mode
+EXAMPLES = 30  # per operation and generation mode
 TIME_LIMIT = 90.0
 # Every built-in check runs but one: schema-valid is not always acceptable, as predicates,
 # attribute names and credential labels follow the key store's schema, which JSON Schema
