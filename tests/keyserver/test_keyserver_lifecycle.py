@@ -169,14 +169,17 @@ def test_serves_tls_when_given_a_certificate(tmp_path):
         url = f"https://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:
+            # Clients closed at once: an open connection holds up the server's shutdown.
             try:
-                assert KeyServerClient(url, verify=cert, retries=0).health()["status"] == "ok"
+                with KeyServerClient(url, verify=cert, retries=0) as client:
+                    assert client.health()["status"] == "ok"
                 break
             except KeyServerRequestError:
                 assert process.poll() is None and time.monotonic() < deadline
                 time.sleep(0.2)
-        with pytest.raises(KeyServerRequestError):  # an unverified certificate is refused
-            KeyServerClient(url, retries=0).health()
+        # an unverified certificate is refused
+        with KeyServerClient(url, retries=0) as client, pytest.raises(KeyServerRequestError):
+            client.health()
     finally:
         stop(process)
 
