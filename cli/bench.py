@@ -225,7 +225,7 @@ def _run_overlay(args: argparse.Namespace) -> int:
             droppers=tuple(args.droppers), dropper_subscribers=args.dropper_subscribers,
             dropper_events=args.dropper_events, dropper_seeds=args.dropper_seeds)
         if args.latency_median_ms <= 0 or args.latency_sigma < 0 or args.workers < 1:
-            raise ValueError("latency median must be > 0, sigma >= 0 and workers >= 1")
+            raise CommandError("latency median must be > 0, sigma >= 0 and workers >= 1")
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     bench = Bench(Path(args.out), sizes, LatencyModel(args.latency_median_ms / 1e3,

@@ -9,8 +9,8 @@ from ibe_pubsub.credentials.faces import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "backends": ("load_group",),
     "certificates": (
-        "ED25519_KEY_BYTES", "RootCertificate", "bundle_message", "fingerprint", "peer_ca_message",
-        "schema_message", "verify_bundle", "verify_peer_ca", "verify_schema",
+        "CertificateError", "ED25519_KEY_BYTES", "RootCertificate", "bundle_message", "fingerprint",
+        "peer_ca_message", "schema_message", "verify_bundle", "verify_peer_ca", "verify_schema",
     ),
     "codec": (
         "CodecError", "codec", "decode_mpk", "decode_msk", "decode_publisher_key",
@@ -18,12 +18,12 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "encode_msk", "encode_publisher_key", "encode_request", "encode_routing_token",
         "encode_subscriber_key",
     ),
-    "credential": ("Credential",),
+    "credential": ("Credential", "CredentialFormatError"),
     "decomposition": (
         "covering_credential", "decompose", "enclosing_path", "fine_credentials", "fine_split",
         "root_credential",
     ),
-    "exceptions": ("CredentialsError",),
+    "exceptions": ("CredentialsError", "DecompositionError"),
     "faces": ("lazy_exports",),
     "groups": ("G2", "PairingGroup"),
     "keys": (

@@ -64,6 +64,10 @@ class NativeUnavailable(CredentialsError, RuntimeError):
     """The bundled library does not offer the C API this backend needs."""
 
 
+class NativeCallFailed(CredentialsError, RuntimeError):
+    """A call into the bundled library reported failure."""
+
+
 def _load_library() -> ctypes.CDLL:
     if pymcl.__version__ != PYMCL_VERSION:
         raise NativeUnavailable(f"pymcl {pymcl.__version__} is not the pinned {PYMCL_VERSION}")
@@ -132,7 +136,7 @@ class MclNativeGroup(PairingGroup):
     def _hash_to_g1(self, data: bytes, dst: bytes) -> Any:
         out = _raw(G1)
         if self.lib.mclBnG1_hashAndMapToWithDst(out, data, len(data), dst, len(dst)) != 0:
-            raise RuntimeError("mclBnG1_hashAndMapToWithDst failed")
+            raise NativeCallFailed("mclBnG1_hashAndMapToWithDst failed")
         return out
 
     def _exp_ct(self, kind: GroupKind, a: Any, k: int) -> Any:
@@ -201,7 +205,7 @@ class MclNativeGroup(PairingGroup):
         buf = (ctypes.c_ubyte * self.sizes[kind])()
         n = getattr(self.lib, f"{PREFIX[kind]}_serialize")(buf, len(buf), raw)
         if n != self.sizes[kind]:
-            raise RuntimeError(f"{kind.value} serialization failed")
+            raise NativeCallFailed(f"{kind.value} serialization failed")
         return _swap_fp2_blocks(bytes(buf)) if kind is GT else bytes(buf)
 
     def _deserialize(self, kind: GroupKind, data: bytes) -> Any | None:

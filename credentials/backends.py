@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 
-from ibe_pubsub.credentials.groups import PairingGroup
+from ibe_pubsub.credentials.groups import GroupError, PairingGroup
 
 BACKEND_ENV = "IBE_PUBSUB_BACKEND"
 BACKENDS = ("mcl", "charm")
@@ -28,4 +28,4 @@ def load_group(name: str | None = None) -> PairingGroup:
         from ibe_pubsub.credentials.backend_charm import CharmGroup
 
         return CharmGroup()
-    raise ValueError(f"unknown pairing backend {choice!r}; choose one of {', '.join(BACKENDS)}")
+    raise GroupError(f"unknown pairing backend {choice!r}; choose one of {', '.join(BACKENDS)}")

@@ -26,12 +26,17 @@ import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.schema import Schema
 
 SCHEMA_TAG = b"ibe-pubsub/v1/schema"
 ROOT_TAG = b"ibe-pubsub/v1/root-certificate"
 PEER_CA_TAG = b"ibe-pubsub/v2/peer-link-ca"
 BUNDLE_TAG = b"ibe-pubsub/v1/bulk-bundle"
+
+
+class CertificateError(CredentialsError, ValueError):
+    """A root certificate, or a transport key for one, that is not well formed."""
 ED25519_KEY_BYTES = 32
 
 
@@ -89,7 +94,7 @@ def root_certificate_message(attribute: str, transport_key: bytes, epoch: int,
                              expires_at: int) -> bytes:
     """tag || attribute || transport key (32 bytes) || epoch (u64) || expires_at (u64)."""
     if len(transport_key) != ED25519_KEY_BYTES:
-        raise ValueError("a transport key is a raw 32-byte Ed25519 public key")
+        raise CertificateError("a transport key is a raw 32-byte Ed25519 public key")
     return _fields(ROOT_TAG, attribute.encode("utf-8"), transport_key,
                    epoch.to_bytes(8, "big"), int(expires_at).to_bytes(8, "big"))
 
@@ -134,8 +139,8 @@ class RootCertificate:
         try:
             a, k, e, x, s = msgpack.unpackb(data, raw=False)
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
-            raise ValueError(f"malformed root certificate: {exc}") from None
+            raise CertificateError(f"malformed root certificate: {exc}") from None
         if not (isinstance(a, str) and isinstance(k, bytes) and isinstance(e, int)
                 and isinstance(x, int) and isinstance(s, bytes)):
-            raise ValueError("malformed root certificate fields")
+            raise CertificateError("malformed root certificate fields")
         return cls(a, k, e, x, s)

@@ -12,8 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ibe_pubsub.credentials.exceptions import CredentialsError
+
 Kind = Literal["num", "str"]
 END_MARKER = "$"
+
+
+class CredentialFormatError(CredentialsError, ValueError):
+    """A credential, its encoding or its label that is not well formed."""
 
 
 @dataclass(frozen=True, order=True)
@@ -26,9 +32,10 @@ class Credential:
     def __post_init__(self) -> None:
         if self.kind == "num":
             if self.terminal or self.path.strip("01"):
-                raise ValueError(f"numeric credential needs a bit string, got {self.path!r}")
+                raise CredentialFormatError(
+                    f"numeric credential needs a bit string, got {self.path!r}")
         elif self.kind != "str":
-            raise ValueError(f"unknown credential kind {self.kind!r}")
+            raise CredentialFormatError(f"unknown credential kind {self.kind!r}")
 
     @property
     def position(self) -> int:
@@ -63,14 +70,14 @@ class Credential:
     @classmethod
     def decode(cls, attribute: str, data: bytes) -> Credential:
         if len(data) < 4 or data[3] not in (0, 1):
-            raise ValueError("malformed credential encoding")
+            raise CredentialFormatError("malformed credential encoding")
         kind = data[:3].decode("ascii", errors="replace")
         if kind not in ("num", "str"):
-            raise ValueError(f"unknown credential kind {kind!r}")
+            raise CredentialFormatError(f"unknown credential kind {kind!r}")
         try:
             path = data[4:].decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError("credential path is not UTF-8") from exc
+            raise CredentialFormatError("credential path is not UTF-8") from exc
         return cls(attribute, kind, path, terminal=data[3] == 1)  # type: ignore[arg-type]
 
     def label(self) -> str:
@@ -85,20 +92,20 @@ class Credential:
         """Parse what :meth:`label` prints; raises ValueError on anything else."""
         attribute, sep, rest = label.partition(":")
         if not sep or not attribute:
-            raise ValueError(f"credential label {label!r} has no attribute")
+            raise CredentialFormatError(f"credential label {label!r} has no attribute")
         if not rest.startswith('"'):
             return cls(attribute, "num", "" if rest == "*" else rest)
         terminal = rest.endswith('"' + END_MARKER)
         body = rest[1:-2] if terminal else rest[1:-1]
         if not rest.endswith('"', 0, len(rest) - (1 if terminal else 0)) or len(rest) < 2:
-            raise ValueError(f"credential label {label!r} has an unterminated string")
+            raise CredentialFormatError(f"credential label {label!r} has an unterminated string")
         path, i = [], 0
         while i < len(body):
             if body[i] == "\\" and i + 1 < len(body):
                 path.append(body[i + 1])
                 i += 2
             elif body[i] in '"\\':
-                raise ValueError(f"credential label {label!r} has an unescaped quote")
+                raise CredentialFormatError(f"credential label {label!r} has an unescaped quote")
             else:
                 path.append(body[i])
                 i += 1

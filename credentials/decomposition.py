@@ -15,6 +15,7 @@ from typing import Any
 
 from ibe_pubsub.credentials import numeric, policy_regions, strings
 from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.exceptions import DecompositionError
 from ibe_pubsub.credentials.predicates import Constraint, NumericRange, Predicate, StringConstraint
 from ibe_pubsub.credentials.schema import Attribute, Schema
 
@@ -35,7 +36,7 @@ def attribute_credentials(attr: Attribute, constraint: Constraint | None,
     """
     if attr.is_numeric:
         if isinstance(constraint, StringConstraint) or isinstance(policy, StringConstraint):
-            raise ValueError(f"string constraint on numeric attribute {attr.name!r}")
+            raise DecompositionError(f"string constraint on numeric attribute {attr.name!r}")
         if policy is not None:
             return policy_regions.numeric_within(attr, constraint, policy, max_credentials)
         if constraint is None:
@@ -43,7 +44,7 @@ def attribute_credentials(attr: Attribute, constraint: Constraint | None,
         c = constraint
         return numeric.range_credentials(attr, c.lo, c.hi, c.lo_open, c.hi_open, max_credentials)
     if isinstance(constraint, NumericRange) or isinstance(policy, NumericRange):
-        raise ValueError(f"numeric constraint on string attribute {attr.name!r}")
+        raise DecompositionError(f"numeric constraint on string attribute {attr.name!r}")
     if constraint is None:
         cred = root_credential(attr)
     elif constraint.equals is not None:

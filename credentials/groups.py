@@ -208,7 +208,7 @@ class PairingGroup(ABC):
     def multi_exp(self, bases: Sequence[Element], scalars: Sequence[int]) -> Element:
         """prod_i base_i ** scalar_i in G1 or G2 (multi-scalar multiplication)."""
         if not bases or len(bases) != len(scalars):
-            raise ValueError("multi_exp needs as many scalars as bases, at least one")
+            raise GroupError("multi_exp needs as many scalars as bases, at least one")
         kind = bases[0].kind
         if kind is GT or any(b.kind is not kind for b in bases):
             raise TypeError("multi_exp works in G1 or G2 on elements of one group")

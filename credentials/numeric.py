@@ -26,7 +26,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.exceptions import CredentialsError
+from ibe_pubsub.credentials.exceptions import DecompositionError
 from ibe_pubsub.credentials.schema import Attribute
 
 Number = int | float
@@ -34,7 +34,7 @@ Number = int | float
 
 def _numeric(attr: Attribute) -> int:
     if attr.bits is None:
-        raise ValueError(f"attribute {attr.name!r} is not numeric")
+        raise DecompositionError(f"attribute {attr.name!r} is not numeric")
     return attr.bits
 
 
@@ -50,7 +50,8 @@ def _ratio(attr: Attribute, v: Number) -> Fraction:
 def value_cell(attr: Attribute, v: Number) -> int:
     """Leaf cell index of a value of the domain."""
     if not attr.min <= v <= attr.max:  # type: ignore[operator]
-        raise ValueError(f"attribute {attr.name!r}: value {v!r} outside [{attr.min}, {attr.max}]")
+        raise DecompositionError(
+            f"attribute {attr.name!r}: value {v!r} outside [{attr.min}, {attr.max}]")
     return min(math.floor(_ratio(attr, v)), attr.cells - 1)
 
 
@@ -58,7 +59,7 @@ def cell_bits(attr: Attribute, cell: int) -> str:
     """The ``bits``-long bit string naming a leaf cell."""
     bits = _numeric(attr)
     if not 0 <= cell < 1 << bits:
-        raise ValueError(f"cell {cell} outside 0..{(1 << bits) - 1}")
+        raise DecompositionError(f"cell {cell} outside 0..{(1 << bits) - 1}")
     return format(cell, f"0{bits}b")
 
 
@@ -70,7 +71,7 @@ def value_bits(attr: Attribute, v: Number) -> str:
 def path_cells(path: str, bits: int) -> tuple[int, int]:
     """First and last leaf cell (inclusive) of the block named by a bit-string prefix."""
     if len(path) > bits:
-        raise ValueError(f"path {path!r} longer than {bits} bits")
+        raise DecompositionError(f"path {path!r} longer than {bits} bits")
     width = bits - len(path)
     start = int(path, 2) << width if path else 0
     return start, start + (1 << width) - 1
@@ -117,7 +118,7 @@ def cell_interval(attr: Attribute, lo: Number | None, hi: Number | None,
     if attr.type == "int":
         lo_i, hi_i = int_bounds(attr, lo, hi, lo_open, hi_open)
         if lo_i > hi_i:
-            raise ValueError(f"attribute {attr.name!r}: the range selects no value")
+            raise DecompositionError(f"attribute {attr.name!r}: the range selects no value")
         return value_cell(attr, lo_i), value_cell(attr, hi_i)
     dmin, dmax = attr.min, attr.max
     if lo is None or lo < dmin or (lo == dmin and not lo_open):  # type: ignore[operator]
@@ -125,7 +126,7 @@ def cell_interval(attr: Attribute, lo: Number | None, hi: Number | None,
     if hi is None or hi > dmax or (hi == dmax and not hi_open):  # type: ignore[operator]
         hi, hi_open = dmax, False
     if lo > hi or (lo == hi and (lo_open or hi_open)):  # type: ignore[operator]
-        raise ValueError(f"attribute {attr.name!r}: the range selects no value")
+        raise DecompositionError(f"attribute {attr.name!r}: the range selects no value")
     a = min(math.floor(_ratio(attr, lo)), last)  # type: ignore[arg-type]
     r = _ratio(attr, hi)  # type: ignore[arg-type]
     b = min(math.floor(r), last)
@@ -184,7 +185,7 @@ def maximal_blocks(first: int, last: int, bits: int) -> tuple[str, ...]:
     These are exactly the maximal dyadic blocks inside the interval, in order.
     """
     if not 0 <= first <= last < 1 << bits:
-        raise ValueError(f"bad cell interval [{first}, {last}] for {bits} bits")
+        raise DecompositionError(f"bad cell interval [{first}, {last}] for {bits} bits")
     out: list[str] = []
     pos = first
     while pos <= last:
@@ -207,7 +208,7 @@ def dyadic_cover(first: int, last: int, bits: int,
     """
     fa, fb = free if free is not None else (first, last)
     if not fa <= first <= last <= fb:
-        raise ValueError("free interval must contain the cell interval")
+        raise DecompositionError("free interval must contain the cell interval")
     blocks = maximal_blocks(fa, fb, bits)
     keep = []
     for p in blocks:
@@ -224,7 +225,7 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-class OutsideCells(CredentialsError, ValueError):
+class OutsideCells(DecompositionError):
     """No cover of a range stays inside the allowed cells (see ``range_cover``).
 
     ``needed``: the fewest blocks a cover inside takes (None: no cell of it is left).
@@ -249,7 +250,7 @@ def coarsen(paths: tuple[str, ...], bits: int, cap: int,
     can have, and OutsideCells says so if that is still more than ``cap``.
     """
     if cap < 1:
-        raise ValueError("max_credentials must be at least 1")
+        raise DecompositionError("max_credentials must be at least 1")
     weight = weight or (lambda s, e: e - s + 1)
     blocks = sorted(paths, key=lambda p: path_cells(p, bits))
     while len(blocks) > cap:
@@ -328,9 +329,9 @@ def fine_split(attr: Attribute, cred: Credential, depth: int = 1) -> tuple[Crede
     """
     bits = _numeric(attr)
     if cred.kind != "num" or cred.attribute != attr.name:
-        raise ValueError(f"{cred} is not a credential of numeric attribute {attr.name!r}")
+        raise DecompositionError(f"{cred} is not a credential of numeric attribute {attr.name!r}")
     if depth < 0:
-        raise ValueError("depth must be >= 0")
+        raise DecompositionError("depth must be >= 0")
     d = min(depth, bits - len(cred.path))
     return tuple(Credential(attr.name, "num", cred.path + (format(i, f"0{d}b") if d else ""))
                  for i in range(1 << d))

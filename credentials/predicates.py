@@ -47,6 +47,10 @@ class PredicateError(CredentialsError, ValueError):
         super().__init__(f"{message} (at position {position})\n  {line}\n  {' ' * position}^")
 
 
+class ConstraintError(CredentialsError, ValueError):
+    """A constraint that is malformed or selects no value (parsing adds the position)."""
+
+
 def _fmt_number(x: Number) -> str:
     return str(x) if isinstance(x, int) else repr(float(x))
 
@@ -109,7 +113,7 @@ class StringConstraint:
 
     def __post_init__(self) -> None:
         if (self.equals is None) == (self.prefix is None):
-            raise ValueError("StringConstraint needs exactly one of equals / prefix")
+            raise ConstraintError("StringConstraint needs exactly one of equals / prefix")
 
     def contains(self, v: str) -> bool:
         if self.equals is not None:
@@ -434,14 +438,14 @@ def _intersect(a: NumericRange, b: NumericRange) -> NumericRange:
 def canonical_range(attr: Attribute, r: NumericRange) -> NumericRange | None:
     """Clip a range to the domain in canonical form; None if it selects the whole domain.
 
-    Raises ValueError if it selects no value of the domain.
+    Raises ConstraintError if it selects no value of the domain.
     """
     dmin, dmax = attr.min, attr.max
     lo, hi, lo_open, hi_open = r.lo, r.hi, r.lo_open, r.hi_open
     # Bounds outside the domain (also +-inf) are settled before any rounding.
     if (lo is not None and (lo > dmax or (lo == dmax and lo_open))) or \
        (hi is not None and (hi < dmin or (hi == dmin and hi_open))):  # type: ignore[operator]
-        raise ValueError("selects no value of the domain")
+        raise ConstraintError("selects no value of the domain")
     if lo is not None and (lo < dmin or (lo == dmin and not lo_open)):  # type: ignore[operator]
         lo, lo_open = None, False
     if hi is not None and (hi > dmax or (hi == dmax and not hi_open)):  # type: ignore[operator]
@@ -449,7 +453,7 @@ def canonical_range(attr: Attribute, r: NumericRange) -> NumericRange | None:
     if attr.type == "int":
         lo_i, hi_i = int_bounds(attr, lo, hi, lo_open, hi_open)
         if lo_i > hi_i:
-            raise ValueError("selects no value of the domain")
+            raise ConstraintError("selects no value of the domain")
         lo = None if lo_i <= dmin else lo_i  # type: ignore[operator]
         hi = None if hi_i >= dmax else hi_i  # type: ignore[operator]
         lo_open = hi_open = False
@@ -459,7 +463,7 @@ def canonical_range(attr: Attribute, r: NumericRange) -> NumericRange | None:
         elo = dmin if lo is None else lo
         ehi = dmax if hi is None else hi
         if elo > ehi or (elo == ehi and (lo_open or hi_open)):  # type: ignore[operator]
-            raise ValueError("selects no value of the domain")
+            raise ConstraintError("selects no value of the domain")
     if lo is None and hi is None:
         return None
     return NumericRange(lo, hi, lo_open, hi_open)
@@ -473,22 +477,22 @@ def _string_constraint(cl: _Clause) -> StringConstraint | None:
 
 
 def _intersect_strings(a: StringConstraint, b: StringConstraint) -> StringConstraint:
-    """Intersection of two string constraints; ValueError if it is empty."""
+    """Intersection of two string constraints; ConstraintError if it is empty."""
     if a.equals is not None and b.equals is not None:
         if a.equals != b.equals:
-            raise ValueError
+            raise ConstraintError
         return a
     if a.equals is not None or b.equals is not None:
         eq, pre = (a, b) if a.equals is not None else (b, a)
         if not eq.equals.startswith(pre.prefix):  # type: ignore[union-attr,arg-type]
-            raise ValueError
+            raise ConstraintError
         return eq
     pa, pb = a.prefix, b.prefix
     if pa.startswith(pb):  # type: ignore[union-attr,arg-type]
         return a
     if pb.startswith(pa):  # type: ignore[union-attr,arg-type]
         return b
-    raise ValueError
+    raise ConstraintError
 
 
 def parse_predicate(schema: Schema, text: str) -> Predicate:

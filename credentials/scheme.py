@@ -151,7 +151,7 @@ def _length_prefixed(*parts: bytes) -> bytes:
 def identity_string(attribute: str, role: str, epoch: int, credential: Credential) -> bytes:
     """Pu = enc(attribute, role, epoch, credential), report eq. 6.1 / 6.3."""
     if role not in (PUB, SUB):
-        raise ValueError(f"role must be PUB or SUB, not {role!r}")
+        raise SchemeError(f"role must be PUB or SUB, not {role!r}")
     return _length_prefixed(attribute.encode(), role.encode(), epoch.to_bytes(8, "big"),
                             credential.encode())
 
@@ -280,7 +280,7 @@ def _mask_info(event_id: str, i: int, j: int) -> bytes:
 
 def _xor(a: bytes, b: bytes) -> bytes:
     if len(a) != len(b):
-        raise ValueError("xor of byte strings of different lengths")
+        raise SchemeError("xor of byte strings of different lengths")
     return (int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).to_bytes(len(a), "big")
 
 

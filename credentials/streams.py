@@ -88,9 +88,9 @@ class StreamWindow:
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
-            raise ValueError("a stream window must last more than 0 seconds")
+            raise SchemeError("a stream window must last more than 0 seconds")
         if self.max_events is not None and self.max_events < 1:
-            raise ValueError("a stream window must allow at least one event")
+            raise SchemeError("a stream window must allow at least one event")
 
 
 # -- Session certificate ------------------------------------------------------------------------

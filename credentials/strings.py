@@ -25,12 +25,13 @@ possible and ``fine_split`` returns the credential itself.
 from __future__ import annotations
 
 from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.exceptions import DecompositionError
 from ibe_pubsub.credentials.schema import OTHER_CHAR, Attribute
 
 
 def _check(attr: Attribute) -> int:
     if attr.type != "string" or attr.max_length is None:
-        raise ValueError(f"attribute {attr.name!r} is not a string attribute")
+        raise DecompositionError(f"attribute {attr.name!r} is not a string attribute")
     return attr.max_length
 
 
@@ -78,9 +79,9 @@ def fine_split(attr: Attribute, cred: Credential, depth: int = 1) -> tuple[Crede
     alphabet cannot be split: the result is ``(cred,)``.
     """
     if cred.kind != "str" or cred.attribute != attr.name:
-        raise ValueError(f"{cred} is not a credential of string attribute {attr.name!r}")
+        raise DecompositionError(f"{cred} is not a credential of string attribute {attr.name!r}")
     if depth < 0:
-        raise ValueError("depth must be >= 0")
+        raise DecompositionError("depth must be >= 0")
     level = [cred]
     for _ in range(depth):
         level = [c for parent in level for c in _split_once(attr, parent)]

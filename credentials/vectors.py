@@ -27,7 +27,7 @@ from ibe_pubsub.credentials.backend_mcl import MclNativeGroup
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.decomposition import enclosing_path
 from ibe_pubsub.credentials.exceptions import CredentialsError
-from ibe_pubsub.credentials.groups import G1, Element, PairingGroup
+from ibe_pubsub.credentials.groups import G1, Element, GroupError, PairingGroup
 from ibe_pubsub.credentials.keys import MasterSecretKey, PublisherKey, SubscriberKey
 from ibe_pubsub.credentials.messages import ConnectionRequest, EncryptedEvent
 from ibe_pubsub.credentials.schema import Attribute, Schema
@@ -68,7 +68,7 @@ class VectorError(CredentialsError, RuntimeError):
 def seed_bytes(seed: int) -> bytes:
     """The bytes handed to :meth:`PairingGroup.seed`: the seed as 8 bytes big-endian."""
     if not 0 <= seed < 1 << (8 * SEED_BYTES):
-        raise ValueError(f"seed must be in 0..2^64-1, got {seed}")
+        raise GroupError(f"seed must be in 0..2^64-1, got {seed}")
     return seed.to_bytes(SEED_BYTES, "big")
 
 

@@ -17,7 +17,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "delays": ("Setting",),
     "demo": ("DemoError", "run_demo"),
     "exactness": ("exactness",),
-    "exceptions": ("EvaluationError",),
+    "exceptions": ("BenchRunError", "BenchSettingsError", "EvaluationError"),
     "plotting": ("PlotsUnavailable", "pyplot"),
     "postgres": ("PostgresUnavailable",),
     "sizes": ("DEFAULT_EXPERIMENTS", "EXACTNESS_SCHEMAS", "EXPERIMENTS", "Sizes"),

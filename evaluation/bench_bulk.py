@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ibe_pubsub.credentials import Schema
+from ibe_pubsub.evaluation.exceptions import BenchRunError
 from ibe_pubsub.evaluation.memory import PeakMemory
 from ibe_pubsub.evaluation.plotting import pyplot
 from ibe_pubsub.evaluation.synthetic_requests import random_requests
@@ -97,7 +98,7 @@ def run_bulk_bench(json_path: Path, schema: Schema, requests: int, master: str, 
         _say(f"spark: {spark_summary.line()}")
     if (python.accepted, python.credential_rows) != (spark_summary.accepted,
                                                      spark_summary.credential_rows):
-        raise RuntimeError("the two drivers disagree; see the summaries above")
+        raise BenchRunError("the two drivers disagree; see the summaries above")
     report: dict[str, Any] = {
         "requests": requests, "schema": schema.to_dict(), "fine_depth": fine_depth,
         "cpus": os.cpu_count(), "load_average_before": load_before,

@@ -27,6 +27,7 @@ from typing import Any
 
 from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
 from ibe_pubsub.evaluation.demo import ground_truth, quotes, subscriptions
+from ibe_pubsub.evaluation.exceptions import BenchRunError
 from ibe_pubsub.evaluation.launcher import (
     free_port,
     init_keyserver,
@@ -115,7 +116,7 @@ def run_monitoring_bench(pairs: int, events: int, interval: float, scrape_interv
             try:
                 result = cluster.publish("publisher", stream, interval=interval)
                 if result.returncode != 0:
-                    raise RuntimeError(f"publisher failed: {result.stderr.strip()}")
+                    raise BenchRunError(f"publisher failed: {result.stderr.strip()}")
                 truth = ground_truth(subs, stream)
                 cluster.wait_deliveries({f"{n}-{half}": ids for n, ids in truth.items()
                                          for half in ("on", "off")}, timeout=60)

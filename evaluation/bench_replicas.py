@@ -32,6 +32,7 @@ from ibe_pubsub.evaluation.bench_keyserver import (
     progress,
     tree_cpu_seconds,
 )
+from ibe_pubsub.evaluation.exceptions import BenchSettingsError
 from ibe_pubsub.evaluation.launcher import (
     free_port,
     init_keyserver,
@@ -97,7 +98,8 @@ def run_replica_bench(settings: BenchSettings, replicas: int, cores: Sequence[in
                       postgres_url: str | None, json_path: Path) -> dict[str, Any]:
     """1 replica, then ``replicas``, on ``cores``; writes and returns the JSON."""
     if shutil.which("taskset") is None:
-        raise ValueError("bench keyserver --replicas needs taskset (util-linux) to pin replicas")
+        raise BenchSettingsError(
+            "bench keyserver --replicas needs taskset (util-linux) to pin replicas")
     runs = []
     with tempfile.TemporaryDirectory(prefix="ibe-bench-replicas-") as tmp, \
             postgres_cluster(postgres_url) as cluster:

@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials import PeerBinding, ca_certificate, issue_peer_certificate, to_pem
+from ibe_pubsub.evaluation.exceptions import BenchSettingsError
 from ibe_pubsub.peer import PeerTLS, Transport
 
 
 def run_transport_bench(connections: int = 200) -> dict[str, float]:
     """Mean milliseconds per connection with TLS and in plaintext, and their difference."""
     if connections < 1:
-        raise ValueError("connections must be at least 1")
+        raise BenchSettingsError("connections must be at least 1")
     tls_ms = asyncio.run(_per_connection(connections, secure=True)) * 1000
     plain_ms = asyncio.run(_per_connection(connections, secure=False)) * 1000
     return {"connections": connections, "tls_ms": round(tls_ms, 3),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from ibe_pubsub.evaluation.exceptions import BenchRunError
 from ibe_pubsub.peer import WaitAnnouncer
 
 
@@ -40,7 +41,7 @@ def init_keyserver(data_dir: Path, passphrase: str, extra: Sequence[str] = ()) -
                           env=child_env(passphrase), capture_output=True, text=True,
                           timeout=120, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"keyserver init failed: {done.stderr.strip()}")
+        raise BenchRunError(f"keyserver init failed: {done.stderr.strip()}")
 
 
 def _serve_command(data_dir: Path, port: int, extra: Sequence[str]) -> list[str]:
@@ -80,14 +81,14 @@ def wait_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float =
     while not announcer.expired:
         announcer.tick()
         if process.poll() is not None:
-            raise RuntimeError(f"key server exited with status {process.returncode}")
+            raise BenchRunError(f"key server exited with status {process.returncode}")
         try:
             if httpx.get(base_url + "/healthz", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.02)
-    raise RuntimeError(f"key server at {base_url} not ready after {timeout} s")
+    raise BenchRunError(f"key server at {base_url} not ready after {timeout} s")
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:

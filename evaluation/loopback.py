@@ -23,6 +23,7 @@ from typing import Any
 from ibe_pubsub.credentials import Event, default_schema, parse_predicate
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.evaluation.delays import JOIN_SPACING, JoinRecorder, Progress
+from ibe_pubsub.evaluation.exceptions import BenchRunError, BenchSettingsError
 from ibe_pubsub.evaluation.launcher import (
     free_port,
     init_keyserver,
@@ -76,7 +77,7 @@ def run_processes(subs: list[tuple[str, str]], stream: list[Event], max_children
         progress(f"loopback: {len(procs)} subscriber processes joined in {joined:.1f} s")
         done = cluster.publish("publisher", stream, interval=INTERVAL)
         if done.returncode != 0:
-            raise RuntimeError(f"publisher failed: {done.stderr.strip()}")
+            raise BenchRunError(f"publisher failed: {done.stderr.strip()}")
         want = expected(subs, stream)
         cluster.wait_deliveries(want, timeout=60)
         cluster.stop_all()
@@ -123,7 +124,7 @@ def run_simulated(subs: list[tuple[str, str]], stream: list[Event], max_children
 def run(peers: int, events: int, max_children: int, seed: int, progress: Progress
         ) -> dict[str, Any]:
     if not 1 <= peers <= MAX_PEERS:
-        raise ValueError(f"loopback peers must be between 1 and {MAX_PEERS}, got {peers}")
+        raise BenchSettingsError(f"loopback peers must be between 1 and {MAX_PEERS}, got {peers}")
     subs, stream = scenario(peers, events, seed)
     progress(f"loopback: {peers} subscriber processes, {events} events")
     load = os.getloadavg()[0]

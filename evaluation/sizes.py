@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ibe_pubsub.evaluation.exceptions import BenchSettingsError
+
 EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
                "loopback", "droppers", "streams")
 #: What runs unless --experiments names others: "streams" runs real cryptography on every
@@ -45,14 +47,14 @@ class Sizes:
 
     def __post_init__(self) -> None:
         if not self.droppers or any(not 0.0 <= f < 1.0 for f in self.droppers):
-            raise ValueError(f"droppers must be fractions in [0, 1), got {self.droppers!r}")
+            raise BenchSettingsError(f"droppers must be fractions in [0, 1), got {self.droppers!r}")
         for name, value in asdict(self).items():
             if name == "droppers":
                 continue
             values = value if isinstance(value, tuple) else (value,)
             floor = 0 if name == "routing_fine_depth" else 1
             if not values or any(v < floor for v in values):
-                raise ValueError(f"{name.replace('_', '-')} must be at least {floor}, "
-                                 f"got {value!r}")
+                raise BenchSettingsError(f"{name.replace('_', '-')} must be at least {floor}, "
+                                         f"got {value!r}")
         if self.loopback_peers > MAX_LOOPBACK_PEERS:
-            raise ValueError(f"loopback-peers must be at most {MAX_LOOPBACK_PEERS}")
+            raise BenchSettingsError(f"loopback-peers must be at most {MAX_LOOPBACK_PEERS}")

@@ -14,7 +14,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "db": ("Base",),
     "enrolment": ("plan_subscriber",),
     "epochs": ("check_lengths", "default_grace"),
-    "exceptions": ("KeyServerError",),
+    "exceptions": ("KeyServerError", "ServerSettingsError"),
     "issuer": ("IssuerPool", "issue_subscriber"),
     "keystore": ("KeyStoreError", "PUBLIC_FILE", "create_keystore", "rotate_admin_token"),
     "server": ("check_listen_address", "check_tls_files", "serve"),

@@ -13,11 +13,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ibe_pubsub.credentials import MAX_ADDRESSES
+from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 MAX_PREDICATE = 4096
 #: Neighbours one directory registration may vouch for.
 MAX_SEEN = 32
 _NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+class TextError(KeyServerError, ValueError):
+    """A request string that is not text; the API answers it with 422."""
 
 
 def _text(value: Any) -> Any:
@@ -26,7 +31,7 @@ def _text(value: Any) -> Any:
     line breaks (PostgreSQL refuses NUL; none belongs in a name, address or predicate)."""
     if isinstance(value, str) and (bad := _NOT_TEXT.search(value)):
         kind = "lone UTF-16 surrogate" if bad.group() >= "\ud800" else "control character"
-        raise ValueError(f"{kind} {bad.group()!r} at position {bad.start()} is not text")
+        raise TextError(f"{kind} {bad.group()!r} at position {bad.start()} is not text")
     return value
 
 

@@ -28,6 +28,8 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
+from ibe_pubsub.keyserver.exceptions import ServerSettingsError
+
 
 class Base(DeclarativeBase):
     pass
@@ -137,8 +139,8 @@ def check_url(url: str) -> None:
         driver = None
     if driver not in SUPPORTED_DRIVERS:
         scheme = url.split("://", 1)[0] + "://..." if "://" in url else "without a scheme"
-        raise ValueError(f"unsupported database URL {scheme}: the key server supports "
-                         f"{SUPPORTED_URLS}")
+        raise ServerSettingsError(f"unsupported database URL {scheme}: the key server supports "
+                                  f"{SUPPORTED_URLS}")
 
 
 def make_engine(url: str) -> Engine:

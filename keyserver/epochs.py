@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ibe_pubsub.keyserver.exceptions import ServerSettingsError
+
 FIRST_EPOCH = 1
 RESCHEDULE_LEAD = 5.0
 """Seconds between a schedule change and the boundary it takes effect at, at least: every
@@ -54,10 +56,10 @@ def max_grace(length: int) -> int:
 
 def check_lengths(length: int, grace: int) -> None:
     if length < 1:
-        raise ValueError(f"epoch length must be at least 1 second, got {length}")
+        raise ServerSettingsError(f"epoch length must be at least 1 second, got {length}")
     if not 0 <= grace <= max_grace(length):
-        raise ValueError(f"the grace window must be between 0 and half the epoch length "
-                         f"({max_grace(length)} s for {length} s epochs), got {grace} s")
+        raise ServerSettingsError(f"the grace window must be between 0 and half the epoch length "
+                                  f"({max_grace(length)} s for {length} s epochs), got {grace} s")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ibe_pubsub.credentials import Credential
 from ibe_pubsub.keyserver.actors import ADMIN
+from ibe_pubsub.keyserver.exceptions import ServerSettingsError
 from ibe_pubsub.keyserver.issuer import (
     IssuerPool,
     issue_connection_requests,
@@ -44,7 +45,8 @@ class FairIssuer:
 
     def __init__(self, pool: IssuerPool, per_identity: int, credentials_per_job: int) -> None:
         if per_identity < 1 or credentials_per_job < 1:
-            raise ValueError("jobs per identity and credentials per job must be at least 1")
+            raise ServerSettingsError(
+                "jobs per identity and credentials per job must be at least 1")
         self.pool = pool
         self.per_identity = per_identity
         self.credentials_per_job = credentials_per_job

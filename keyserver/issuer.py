@@ -43,6 +43,7 @@ from ibe_pubsub.credentials import (
     keygen_subscriber,
     load_group,
 )
+from ibe_pubsub.keyserver.exceptions import KeyServerError
 from ibe_pubsub.keyserver.keystore import KeyStore, b64
 
 
@@ -80,7 +81,7 @@ def _init_worker(parent_pid: int, mpk: bytes, msk: bytes, schema: dict[str, Any]
 
 def _secrets() -> _Secrets:
     if _worker is None:
-        raise RuntimeError("issuer worker was not initialised")
+        raise KeyServerError("issuer worker was not initialised")
     return _worker
 
 

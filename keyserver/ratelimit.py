@@ -6,6 +6,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ibe_pubsub.keyserver.exceptions import ServerSettingsError
+
 
 @dataclass
 class _Bucket:
@@ -23,7 +25,7 @@ class RateLimiter:
 
     def __init__(self, rate: float, burst: int, max_keys: int = 100_000) -> None:
         if rate <= 0 or burst < 1:
-            raise ValueError("rate must be positive and burst at least 1")
+            raise ServerSettingsError("rate must be positive and burst at least 1")
         self.rate, self.burst, self.max_keys = rate, burst, max_keys
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()

@@ -18,7 +18,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from ibe_pubsub.keyserver.exceptions import KeyServerError
+from ibe_pubsub.keyserver.exceptions import KeyServerError, ServerSettingsError
 
 FORMAT = "ibe-pubsub-sealed-v1"
 ASSOCIATED_DATA = b"ibe-pubsub/v1/master-secret"
@@ -56,7 +56,7 @@ def scrypt_parameters(doc: dict[str, Any]) -> tuple[int, int, int]:
 def seal_secret(secret: bytes, passphrase: str) -> bytes:
     """The JSON document that keeps ``secret`` confidential and authentic under ``passphrase``."""
     if not passphrase:
-        raise ValueError("the passphrase must not be empty")
+        raise ServerSettingsError("the passphrase must not be empty")
     salt, nonce = os.urandom(16), os.urandom(12)
     key = _derive(passphrase, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
     sealed = ChaCha20Poly1305(key).encrypt(nonce, secret, ASSOCIATED_DATA)

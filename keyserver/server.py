@@ -12,6 +12,7 @@ from pathlib import Path
 from ibe_pubsub.keyserver.binding import check_owner, check_record, write_record
 from ibe_pubsub.keyserver.creation import database_errors
 from ibe_pubsub.keyserver.db import check_url
+from ibe_pubsub.keyserver.exceptions import ServerSettingsError
 from ibe_pubsub.keyserver.keystore import load_keystore, passphrase_from_env
 from ibe_pubsub.keyserver.permissions import require_private, unsafe_entries, use_private_umask
 from ibe_pubsub.keyserver.state import ServerConfig, build_state
@@ -48,8 +49,9 @@ def check_listen_address(host: str, tls: bool, insecure: bool) -> None:
     if tls or is_loopback(host):
         return
     if not insecure:
-        raise ValueError(f"refusing to serve plain HTTP on {host}, which is not a loopback "
-                         "address: give --tls-cert and --tls-key, or --insecure to accept it")
+        raise ServerSettingsError(
+            f"refusing to serve plain HTTP on {host}, which is not a loopback address: give "
+            "--tls-cert and --tls-key, or --insecure to accept it")
     log.warning("serving plain HTTP on %s (--insecure): tokens and keys cross the network "
                 "unencrypted", host)
 
@@ -60,14 +62,14 @@ def check_tls_files(cert: str, key: str) -> None:
     line naming it, not after unsealing with a message naming no file (or a prompt)."""
     for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
         if not Path(path).is_file():
-            raise ValueError(f"{flag} {path}: no such file (or not a regular file)")
+            raise ServerSettingsError(f"{flag} {path}: no such file (or not a regular file)")
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
             cert, key, password=lambda: b"")
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
-        raise ValueError(f"cannot use --tls-cert {cert} with --tls-key {key}: {reason} "
-                         "(a PEM certificate chain and its unencrypted PEM key)") from exc
+        raise ServerSettingsError(f"cannot use --tls-cert {cert} with --tls-key {key}: {reason} "
+                                  "(a PEM certificate chain and its unencrypted PEM key)") from exc
 
 
 def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,

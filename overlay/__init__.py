@@ -5,7 +5,7 @@ from ibe_pubsub.credentials import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "actions": ("Action", "Connected", "Deliver", "Log", "Send", "publication"),
     "checks": ("delivery_errors", "rooted_subscribers", "subscribers_below"),
-    "config": ("OverlayConfig", "Routing"),
+    "config": ("OverlayConfig", "OverlayConfigError", "Routing"),
     "crypto": ("CostMeter", "RootKit", "SubscriberKit"),
     "crypto_model": ("CostTable", "DEFAULT_COSTS"),
     "crypto_real": ("RealCrypto",),

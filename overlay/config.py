@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ibe_pubsub.overlay.exceptions import OverlayError
+
 Routing = Literal["ohf", "mcr"]
+
+
+class OverlayConfigError(OverlayError, ValueError):
+    """A protocol or simulator parameter out of its range."""
 
 
 @dataclass(frozen=True)
@@ -71,20 +77,22 @@ class OverlayConfig:
 
     def __post_init__(self) -> None:
         if self.max_children < 1:
-            raise ValueError("max_children must be at least 1")
+            raise OverlayConfigError("max_children must be at least 1")
         if self.routing not in ("ohf", "mcr"):
-            raise ValueError(f"routing must be 'ohf' or 'mcr', not {self.routing!r}")
+            raise OverlayConfigError(f"routing must be 'ohf' or 'mcr', not {self.routing!r}")
         if self.hop_limit < 1 or self.dedup_capacity < 16 or self.max_relays < 0:
-            raise ValueError("hop_limit must be >= 1, dedup_capacity >= 16, max_relays >= 0")
+            raise OverlayConfigError(
+                "hop_limit must be >= 1, dedup_capacity >= 16, max_relays >= 0")
         if self.recruit_rounds < 0 or self.recruit_interval <= 0 or self.recruit_sample < 1:
-            raise ValueError("recruit_rounds must be >= 0, recruit_interval > 0 and "
-                             "recruit_sample >= 1")
+            raise OverlayConfigError("recruit_rounds must be >= 0, recruit_interval > 0 and "
+                                     "recruit_sample >= 1")
         if (self.backups < 1 or self.digest_interval <= 0 or self.max_watchers < 0
                 or self.repair_memory < 16 or not 1 <= self.digest_entries <= 256):
-            raise ValueError("backups must be >= 1, digest_interval > 0, max_watchers >= 0, "
-                             "repair_memory >= 16 and digest_entries in [1, 256]")
+            raise OverlayConfigError(
+                "backups must be >= 1, digest_interval > 0, max_watchers >= 0, "
+                "repair_memory >= 16 and digest_entries in [1, 256]")
         if self.max_watchers_per_peer < 1:
-            raise ValueError("max_watchers_per_peer must be >= 1")
+            raise OverlayConfigError("max_watchers_per_peer must be >= 1")
 
     @property
     def repairs(self) -> bool:

@@ -29,6 +29,7 @@ from ibe_pubsub.credentials import (
     SchemaError,
     enclosing_path,
 )
+from ibe_pubsub.overlay.config import OverlayConfigError
 from ibe_pubsub.overlay.crypto import CostMeter, CryptoRejected, RootKit
 
 #: Size of every MAC and tag of the model.
@@ -69,7 +70,7 @@ class CostTable:
         data = json.loads(Path(path).read_text())
         data = data.get("costs_s", data) if isinstance(data, dict) else data
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object of operation -> seconds")
+            raise OverlayConfigError(f"{path}: expected a JSON object of operation -> seconds")
         table = dict(DEFAULT_COSTS)
         for op, v in data.items():
             if op in table and isinstance(v, int | float) and v >= 0:
@@ -134,7 +135,7 @@ class ModeledCrypto:
         """A byte field of a decoded message: bytes (of ``size`` unless None), else
         ``ValueError`` (``bytes()`` of a huge integer would allocate that many bytes)."""
         if not isinstance(value, bytes) or (size is not None and len(value) != size):
-            raise ValueError("a byte field is not bytes of the expected size")
+            raise CryptoRejected("a byte field is not bytes of the expected size")
         return value
 
     def _mac(self, *parts: object) -> bytes:
@@ -251,7 +252,7 @@ class ModeledCrypto:
             attribute, position, epoch, tag, mac = msgpack.unpackb(data, raw=False)
             if not hmac.compare_digest(self._blob(mac), self._mac("tok", attribute, position,
                                                                    epoch, tag)):
-                raise ValueError("token is not authentic")
+                raise CryptoRejected("token is not authentic")
             return ModelToken(str(attribute), int(position), int(epoch), self._blob(tag))
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
             raise CryptoRejected(f"malformed routing token: {exc}") from None

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from ibe_pubsub.credentials import Event, Predicate, Schema, StreamWindow
 from ibe_pubsub.overlay.actions import Action, Connected, Deliver, Log, Send, publication
-from ibe_pubsub.overlay.config import OverlayConfig
+from ibe_pubsub.overlay.config import OverlayConfig, OverlayConfigError
 from ibe_pubsub.overlay.crypto_model import CostTable
 from ibe_pubsub.overlay.issuer import ModeledIssuer, RealIssuer
 from ibe_pubsub.overlay.machine import PeerMachine
@@ -99,7 +99,7 @@ class Simulator:
                  epoch: int = 1, tick_gap: float = TICK_GAP,
                  stream_window: StreamWindow | None = None, droppers: float = 0.0) -> None:
         if not 0.0 <= droppers < 1.0:
-            raise ValueError(f"droppers must be a fraction in [0, 1), not {droppers!r}")
+            raise OverlayConfigError(f"droppers must be a fraction in [0, 1), not {droppers!r}")
         self.schema = schema
         self.config = config or OverlayConfig()
         self.rng = random.Random(seed)
@@ -110,7 +110,7 @@ class Simulator:
         if mode == "real":
             self.issuer: ModeledIssuer | RealIssuer = RealIssuer(schema, stream_window)
         elif stream_window is not None:
-            raise ValueError("streams run on real cryptography only (mode='real')")
+            raise OverlayConfigError("streams run on real cryptography only (mode='real')")
         else:
             table = CostTable.zero() if mode == "plaintext" else costs
             self.issuer = ModeledIssuer(schema, table, random.Random(self.rng.random()))

@@ -7,7 +7,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "events_io": ("EventFileError", "EventWriter", "event_line", "read_deliveries", "read_events"),
     "exceptions": ("PeerError",),
     "known_servers": ("KnownServers", "default_known_servers_path"),
-    "monitor": ("parse_http",),
+    "monitor": ("HttpAddressError", "parse_http"),
     "node": ("NodeError", "NodeOptions", "PeerNode"),
     "published_ids": (
         "PublishedIds", "PublishedIdsError", "default_published_ids_path", "token_publisher",

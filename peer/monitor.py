@@ -50,6 +50,10 @@ class MonitorError(PeerError):
     """The endpoint cannot listen where asked."""
 
 
+class HttpAddressError(PeerError, ValueError):
+    """An ``--http`` address that is neither ``PORT`` nor ``HOST:PORT``."""
+
+
 def parse_http(text: str) -> tuple[str, int]:
     """``PORT`` or ``HOST:PORT`` (host defaults to loopback) -> (host, port)."""
     spec = str(text).strip()
@@ -58,7 +62,7 @@ def parse_http(text: str) -> tuple[str, int]:
     try:
         return split_address(spec)
     except TransportError as exc:
-        raise ValueError(f"expected PORT or HOST:PORT, got {text!r}") from exc
+        raise HttpAddressError(f"expected PORT or HOST:PORT, got {text!r}") from exc
 
 
 def json_body(status: int, doc: Any) -> tuple[int, str, bytes]:

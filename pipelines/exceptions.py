@@ -1,5 +1,6 @@
 """The error base of bulk enrolment: every error this package raises is a
-:class:`PipelinesError`, so a caller can catch them all in one clause."""
+:class:`PipelinesError`, so a caller can catch them all in one clause. A wrong argument type
+is still a plain ``TypeError``, as anywhere in Python."""
 
 
 class PipelinesError(Exception):

@@ -15,6 +15,7 @@ back through others, at module level or inside a function.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -190,8 +191,8 @@ def test_every_face_exports_what_it_names_and_an_error_base(package):
     face = importlib.import_module(f"ibe_pubsub.{package}")
     assert face.__all__ and all(getattr(face, name) is not None for name in face.__all__)
     bases = [getattr(face, n) for n in face.__all__ if n.endswith("Error")
-             and getattr(face, n).__module__.endswith(".exceptions")]
-    assert len(bases) == 1
+             and getattr(face, n).__bases__ == (Exception,)]
+    assert len(bases) == 1 and bases[0].__module__.endswith(".exceptions")
 
 
 def test_every_error_of_a_package_is_its_error_base():
@@ -200,7 +201,7 @@ def test_every_error_of_a_package_is_its_error_base():
             continue
         face = importlib.import_module(f"ibe_pubsub.{package}")
         base = next(getattr(face, n) for n in face.__all__ if n.endswith("Error")
-                    and getattr(face, n).__module__.endswith(".exceptions"))
+                    and getattr(face, n).__bases__ == (Exception,))
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
             if path.stem == "__main__":
                 continue  # it runs the command
@@ -209,6 +210,40 @@ def test_every_error_of_a_package_is_its_error_base():
                 if (isinstance(value, type) and issubclass(value, Exception)
                         and value.__module__ == module.__name__ and not name.startswith("_")):
                     assert issubclass(value, base), f"{module.__name__}.{name}"
+
+
+#: Built-in exceptions a package may raise: a wrong argument type, a case that cannot
+#: happen, and two that a protocol names (PEP 562 asks a module's ``__getattr__`` for an
+#: AttributeError; the transport's callers treat a closed transport as any closed socket).
+BUILTINS_ALLOWED = {"TypeError", "NotImplementedError", "AssertionError"}
+BUILTINS_NAMED = {("ibe_pubsub.credentials.faces", "AttributeError"),
+                  ("ibe_pubsub.peer.transport", "ConnectionAbortedError")}
+
+
+def builtin_raises(module: str, source: str) -> list[str]:
+    """``module:line name`` of each ``raise`` of a built-in exception outside those allowed."""
+    found = []
+    raises = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Raise)]
+    for node in sorted(raises, key=lambda n: n.lineno):
+        if node.exc is None:
+            continue
+        target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        name = target.id if isinstance(target, ast.Name) else ""
+        if (isinstance(getattr(builtins, name, None), type)
+                and issubclass(getattr(builtins, name), BaseException)
+                and name not in BUILTINS_ALLOWED and (module, name) not in BUILTINS_NAMED):
+            found.append(f"{module}:{node.lineno} {name}")
+    return found
+
+
+def test_packages_raise_their_own_errors_not_builtin_ones():
+    """So that ``except OverlayError`` (or any package's base) catches every refusal of bad
+    input or settings; they stay ValueErrors (or RuntimeErrors) where they were."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            found += builtin_raises(module_name(path), path.read_text())
+    assert found == []
 
 
 # -- controls: the checks above catch what they look for ----------------------------------------
@@ -245,3 +280,20 @@ def test_the_check_catches_a_cycle_even_through_a_function_level_import():
                         "from ibe_pubsub.credentials.schema import Attribute")
     assert cycles(imports) == [["ibe_pubsub.credentials.schema", "ibe_pubsub.credentials.strings",
                                 "ibe_pubsub.credentials.schema"]]
+
+
+def test_the_raise_check_catches_a_builtin_error_and_allows_what_it_names():
+    source = """
+def f(x):
+    if x is None:
+        raise TypeError("x")
+    if x < 0:
+        raise ValueError(f"{x} < 0")
+    if x > 9:
+        raise RuntimeError
+    raise AttributeError(x)
+"""
+    assert builtin_raises("ibe_pubsub.overlay.config", source) == [
+        "ibe_pubsub.overlay.config:6 ValueError", "ibe_pubsub.overlay.config:8 RuntimeError",
+        "ibe_pubsub.overlay.config:9 AttributeError"]
+    assert builtin_raises("ibe_pubsub.credentials.faces", source)[-1].endswith("RuntimeError")
