@@ -39,6 +39,10 @@ class OutsidePolicy(CredentialsError, ValueError):
         self.reason = reason
         super().__init__(f"{reason} (policy: {clause})")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        """Pickled with its own arguments, so it crosses a process pool."""
+        return type(self), (self.attribute, self.clause, self.reason)
+
 
 def clause_text(name: str, constraint: Constraint) -> str:
     return " and ".join(constraint.clauses(name))

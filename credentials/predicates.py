@@ -46,6 +46,10 @@ class PredicateError(CredentialsError, ValueError):
                        for ch in text)
         super().__init__(f"{message} (at position {position})\n  {line}\n  {' ' * position}^")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, int]]:
+        """Pickled with its own arguments, so it crosses a process pool."""
+        return type(self), (self.message, self.text, self.position)
+
 
 class ConstraintError(CredentialsError, ValueError):
     """A constraint that is malformed or selects no value (parsing adds the position)."""

@@ -36,6 +36,10 @@ class KeyServerRequestError(KeyServerError):
             message = f"{message} ({where}: {problems[0].get('msg', '')})"
         super().__init__(f"key server answered {status}: {message}" if status else message)
 
+    def __reduce__(self) -> tuple[type, tuple[int, Any]]:
+        """Pickled with its own arguments, so it crosses a process pool."""
+        return type(self), (self.status, self.body)
+
     @property
     def code(self) -> str | None:
         error = self.body.get("error") if isinstance(self.body, dict) else None

@@ -41,6 +41,10 @@ class ApiError(KeyServerError):
         self.detail = detail
         self.headers = headers
 
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        """Pickled with its own arguments, so it crosses a process pool."""
+        return type(self), (self.status, self.message, self.code, self.detail, self.headers)
+
 
 def error_body(status: int, message: str, code: str | None = None,
                detail: Any = None) -> dict[str, Any]:

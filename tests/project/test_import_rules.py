@@ -15,17 +15,11 @@ back through others, at module level or inside a function.
 from __future__ import annotations
 
 import ast
-import builtins
-import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-import pytest
-from repository import REPO_ROOT
+from repository import LIBRARIES, PACKAGES, REPO_ROOT, module_name, package_sources
 
-LIBRARIES = ("credentials", "overlay", "keyserver", "migrations", "pipelines", "peer")
-PACKAGES = (*LIBRARIES, "evaluation", "cli")
 MAY_IMPORT = {
     "credentials": set(),
     "overlay": {"credentials"},
@@ -50,12 +44,6 @@ class Import:
     name: str | None
     line: int
     typing_only: bool = False
-
-
-def module_name(path: Path) -> str:
-    """``ibe_pubsub.PACKAGE.MODULE`` of a file (a package's ``__init__``: the package)."""
-    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
-    return ".".join(("ibe_pubsub", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
 def absolute(importer: str, is_package: bool, module: str | None, level: int) -> str:
@@ -91,11 +79,10 @@ def imports_of(importer: str, source: str, is_package: bool = False) -> Iterator
 
 def project_imports() -> list[Import]:
     found = []
-    for package in PACKAGES:
-        for path in sorted((REPO_ROOT / package).rglob("*.py")):
-            found.extend(i for i in imports_of(module_name(path), path.read_text(),
-                                               path.name == "__init__.py")
-                         if i.module.startswith("ibe_pubsub."))
+    for path in package_sources():
+        found.extend(i for i in imports_of(module_name(path), path.read_text(),
+                                           path.name == "__init__.py")
+                     if i.module.startswith("ibe_pubsub."))
     return found
 
 
@@ -186,66 +173,6 @@ def test_no_module_imports_itself_back():
     assert cycles(project_imports()) == []
 
 
-@pytest.mark.parametrize("package", [p for p in PACKAGES if p != "migrations"])
-def test_every_face_exports_what_it_names_and_an_error_base(package):
-    face = importlib.import_module(f"ibe_pubsub.{package}")
-    assert face.__all__ and all(getattr(face, name) is not None for name in face.__all__)
-    bases = [getattr(face, n) for n in face.__all__ if n.endswith("Error")
-             and getattr(face, n).__bases__ == (Exception,)]
-    assert len(bases) == 1 and bases[0].__module__.endswith(".exceptions")
-
-
-def test_every_error_of_a_package_is_its_error_base():
-    for package in PACKAGES:
-        if package == "migrations":
-            continue
-        face = importlib.import_module(f"ibe_pubsub.{package}")
-        base = next(getattr(face, n) for n in face.__all__ if n.endswith("Error")
-                    and getattr(face, n).__bases__ == (Exception,))
-        for path in sorted((REPO_ROOT / package).rglob("*.py")):
-            if path.stem == "__main__":
-                continue  # it runs the command
-            module = importlib.import_module(module_name(path))
-            for name, value in vars(module).items():
-                if (isinstance(value, type) and issubclass(value, Exception)
-                        and value.__module__ == module.__name__ and not name.startswith("_")):
-                    assert issubclass(value, base), f"{module.__name__}.{name}"
-
-
-#: Built-in exceptions a package may raise: a wrong argument type, a case that cannot
-#: happen, and two that a protocol names (PEP 562 asks a module's ``__getattr__`` for an
-#: AttributeError; the transport's callers treat a closed transport as any closed socket).
-BUILTINS_ALLOWED = {"TypeError", "NotImplementedError", "AssertionError"}
-BUILTINS_NAMED = {("ibe_pubsub.credentials.faces", "AttributeError"),
-                  ("ibe_pubsub.peer.transport", "ConnectionAbortedError")}
-
-
-def builtin_raises(module: str, source: str) -> list[str]:
-    """``module:line name`` of each ``raise`` of a built-in exception outside those allowed."""
-    found = []
-    raises = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Raise)]
-    for node in sorted(raises, key=lambda n: n.lineno):
-        if node.exc is None:
-            continue
-        target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-        name = target.id if isinstance(target, ast.Name) else ""
-        if (isinstance(getattr(builtins, name, None), type)
-                and issubclass(getattr(builtins, name), BaseException)
-                and name not in BUILTINS_ALLOWED and (module, name) not in BUILTINS_NAMED):
-            found.append(f"{module}:{node.lineno} {name}")
-    return found
-
-
-def test_packages_raise_their_own_errors_not_builtin_ones():
-    """So that ``except OverlayError`` (or any package's base) catches every refusal of bad
-    input or settings; they stay ValueErrors (or RuntimeErrors) where they were."""
-    found = []
-    for package in PACKAGES:
-        for path in sorted((REPO_ROOT / package).rglob("*.py")):
-            found += builtin_raises(module_name(path), path.read_text())
-    assert found == []
-
-
 # -- controls: the checks above catch what they look for ----------------------------------------
 
 def _imports(importer: str, source: str, is_package: bool = False) -> list[Import]:
@@ -281,19 +208,3 @@ def test_the_check_catches_a_cycle_even_through_a_function_level_import():
     assert cycles(imports) == [["ibe_pubsub.credentials.schema", "ibe_pubsub.credentials.strings",
                                 "ibe_pubsub.credentials.schema"]]
 
-
-def test_the_raise_check_catches_a_builtin_error_and_allows_what_it_names():
-    source = """
-def f(x):
-    if x is None:
-        raise TypeError("x")
-    if x < 0:
-        raise ValueError(f"{x} < 0")
-    if x > 9:
-        raise RuntimeError
-    raise AttributeError(x)
-"""
-    assert builtin_raises("ibe_pubsub.overlay.config", source) == [
-        "ibe_pubsub.overlay.config:6 ValueError", "ibe_pubsub.overlay.config:8 RuntimeError",
-        "ibe_pubsub.overlay.config:9 AttributeError"]
-    assert builtin_raises("ibe_pubsub.credentials.faces", source)[-1].endswith("RuntimeError")
