@@ -1,4 +1,5 @@
-"""A settled simulated overlay: roots, then subscribers joining at a steady rate."""
+"""A settled simulated overlay (roots, then subscribers joining at a steady rate), and a
+stream of events published into it."""
 
 import random
 
@@ -20,3 +21,16 @@ def settled(schema: Schema, config: OverlayConfig, subscribers: int, seed: int,
         sim.add_subscriber(workload.predicate(), at=i * arrival)
     sim.run_until(subscribers * arrival + settle)
     return sim, workload
+
+
+def publish(sim: Simulator, workload: Workload, k: int = 15, spacing: float = 0.05,
+            drain: float = 8.0) -> dict[str, dict]:
+    """``k`` seeded events from a new publisher, ``spacing`` seconds apart, then ``drain``
+    seconds for them to arrive; their values by event id."""
+    publisher = sim.add_publisher()
+    events = {}
+    for i in range(k):
+        values = workload.values()
+        events[sim.publish(publisher, values, at=sim.now + spacing * i)] = values
+    sim.run_until(sim.now + drain)
+    return events

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+from overlay_sims import publish
 
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.evaluation.random_workload import Workload
@@ -21,16 +22,6 @@ def build(routing: str, n: int = 40, seed: int = 3) -> tuple[Simulator, Workload
         sim.add_subscriber(workload.predicate(), at=i * 0.05)
     sim.run_until(n * 0.05 + 15)
     return sim, workload
-
-
-def publish(sim: Simulator, workload: Workload, k: int = 15) -> dict[str, dict]:
-    publisher = sim.add_publisher()
-    events = {}
-    for i in range(k):
-        values = workload.values()
-        events[sim.publish(publisher, values, at=sim.now + 0.05 * i)] = values
-    sim.run_until(sim.now + 8)
-    return events
 
 
 def assert_exactly_once(sim: Simulator, events: dict[str, dict]) -> None:

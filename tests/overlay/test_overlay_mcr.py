@@ -3,7 +3,7 @@ cycles (a cycle under MCR silently cuts off the fine tokens dealt into it)."""
 
 
 import pytest
-from overlay_sims import settled
+from overlay_sims import publish, settled
 
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.credentials.scheme import Event
@@ -22,12 +22,7 @@ def test_mcr_delivers_every_match_exactly_once_at_200_subscribers(mode):
     assert tree_violations(sim) == []
     assert link_cycles(sim) == []
     before = delivery_counts(sim)
-    publisher = sim.add_publisher()
-    events = {}
-    for i in range(20):
-        values = workload.values()
-        events[sim.publish(publisher, values, at=sim.now + 0.05 * i)] = values
-    sim.run_until(sim.now + 10)
+    events = publish(sim, workload, k=20, drain=10.0)
     assert delivery_errors(sim, events) == []
     pairs = sum(len(sim.metrics.deliveries.get(e, {})) for e in events)
     assert pairs > 100

@@ -5,6 +5,7 @@ import dataclasses
 import random
 
 import pytest
+from overlay_sims import publish
 
 from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials.keys import BlindedToken
@@ -57,12 +58,7 @@ def real_sim() -> tuple[Simulator, Workload]:
 def test_real_crypto_overlay_delivers_exactly_once(real_sim):
     sim, workload = real_sim
     assert tree_violations(sim) == []
-    publisher = sim.add_publisher()
-    events = {}
-    for i in range(4):
-        values = workload.values()
-        events[sim.publish(publisher, values, at=sim.now + 0.2 * i)] = values
-    sim.run_until(sim.now + 6)
+    events = publish(sim, workload, k=4, spacing=0.2, drain=6.0)
     assert delivery_errors(sim, events) == []
     assert sum(len(sim.metrics.deliveries.get(e, {})) for e in events) > 0
     assert sim.crypto.meter.calls["open_request"] > 0 and sim.crypto.meter.calls["route"] > 0
