@@ -61,13 +61,14 @@ def register(subparsers: Any) -> None:
                      "default: ibe-pubsub/published_ids.json in $XDG_STATE_HOME or "
                      "~/.local/state)")
     pub.add_argument("--stream-window", type=positive_duration, metavar="DURATION",
-                     help="publish as a stream (off by default): an attribute's ciphertext "
-                     "entry is reused while the value stays in its credential cell, for up "
-                     "to DURATION (e.g. 1s, 250ms). Much cheaper for fast feeds, but events "
-                     "that share an entry are linkable by that cell within the window, and "
-                     "the events of one run by its session key (docs/scheme.md, Streams)")
+                     help="publish as a stream (off by default): the ciphertext header is "
+                     "reused while every value stays in its credential cell, for up to "
+                     "DURATION (e.g. 1s, 250ms). Much cheaper for fast feeds whose values "
+                     "stay in their cells, but events that share a header are linkable by "
+                     "their cells within the window, and the events of one run by its "
+                     "session key (docs/scheme.md, Streams)")
     pub.add_argument("--stream-max-events", type=positive_int, metavar="N",
-                     help="with --stream-window: reuse an entry for at most N events")
+                     help="with --stream-window: reuse a header for at most N events")
     pub.set_defaults(handler=cmd_publish)
 
 

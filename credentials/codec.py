@@ -192,7 +192,7 @@ class Reader:
 
 TAG_MPK, TAG_MSK, TAG_PUB, TAG_SUBCRED, TAG_TOKEN, TAG_SUB, TAG_EVENT, TAG_HEADER = range(1, 9)
 TAG_REQUEST, TAG_REQUEST_BODY, TAG_BLINDED = 9, 10, 11
-#: Streams (v2.1); 12 is the signed digest's tag (credentials.scheme).
+#: Streams (v2.1, unchanged in v2.2); 12 is the signed digest's tag (credentials.scheme).
 TAG_CERTIFICATE, TAG_CERTIFICATE_BODY, TAG_STREAM_EVENT, TAG_STREAM_HEADER = 13, 14, 15, 16
 #: Bytes of an Ed25519 public key and signature, and of a SHA-256 hash.
 VK_BYTES, SIGNATURE_BYTES, HASH_BYTES = 32, 64, 32
@@ -401,7 +401,7 @@ def decode_request(group: PairingGroup, data: bytes) -> ConnectionRequest:
     return q
 
 
-# -- streams (v2.1) ---------------------------------------------------------------------------
+# -- streams (v2.1, v2.2) ----------------------------------------------------------------------
 
 def encode_certificate_body(c: SessionCertificate) -> bytes:
     """vk || epoch || expiry || schema id || every p_i: hashed into m_c."""

@@ -113,7 +113,7 @@ MAX_PAYLOAD = 8 * 1024 * 1024
 PAYLOAD_BUCKET = 256
 #: Tag of the signed digest's input (see docs/wire-format.md).
 TAG_DIGEST = 12
-#: Both kinds of event: version 2, or of a stream (v2.1).
+#: Both kinds of event: version 2, or of a stream (section 15).
 AnyEvent = EncryptedEvent | StreamEvent
 #: e(T, C1_i) by (T, C1_i): the position keys a peer remembers for a stream's reused C1_i.
 PositionKeys = LRU[tuple[bytes, bytes], Element]
@@ -316,6 +316,21 @@ def encrypt_attribute(pp: PublicParams, attribute: Attribute, i: int, epoch: int
                                R=tuple(tags))
 
 
+def encrypt_entries(pp: PublicParams, epoch: int, mask_id: str,
+                    paths: Sequence[Sequence[Credential]]
+                    ) -> tuple[list[int], tuple[AttributeCiphertext, ...], Element, Element]:
+    """Per attribute i a fresh b_i and :func:`encrypt_attribute` (masks bound to
+    ``mask_id``); s = sum b_i, C0 = hd^s and Y^s: every part of an event that depends on
+    the b_i but not on its payload."""
+    group = pp.group
+    b = [group.random_scalar() for _ in pp.schema.attributes]
+    attributes = tuple(encrypt_attribute(pp, a, i, epoch, mask_id, path, b_i)
+                       for i, (a, path, b_i) in enumerate(zip(pp.schema.attributes, paths, b,
+                                                              strict=True)))
+    s = sum(b) % group.order
+    return b, attributes, group.exp_secret(pp.mpk.hd, s), pp.mpk.Y ** s
+
+
 def plan_publication(pp: PublicParams, keys: Sequence[PublisherKey], event: Event
                      ) -> tuple[int, list[tuple[Credential, ...]], list[PublisherKey]]:
     """The epoch of ``keys``, each value's credential path, and per attribute the publisher
@@ -338,18 +353,13 @@ def encrypt_and_sign(pp: PublicParams, keys: Sequence[PublisherKey], event: Even
     """Per attribute i, :func:`encrypt_attribute` with a fresh b_i; C0 = hd^s with
     s = sum b_i; K = KDF(Y^s, "payload" || id) seals the payload; Sig_i = P1_i * m^b_i
     with m = M(digest), the digest covering every P2_i too."""
-    group, mpk, schema = pp.group, pp.mpk, pp.schema
+    group, schema = pp.group, pp.schema
     epoch, paths, chosen = plan_publication(pp, keys, event)
     header = EventHeader(schema_id=schema.id, epoch=epoch, event_id=event.event_id,
                          publisher_credentials=tuple(k.credential for k in chosen))
-    b = [group.random_scalar() for _ in schema.attributes]
-    attributes = tuple(encrypt_attribute(pp, a, i, epoch, event.event_id, path, b_i)
-                       for i, (a, path, b_i) in enumerate(zip(schema.attributes, paths, b,
-                                                              strict=True)))
-    s = sum(b) % group.order
-    C0 = group.exp_secret(mpk.hd, s)
+    b, attributes, C0, Ys = encrypt_entries(pp, epoch, event.event_id, paths)
     header_bytes = encode_header(header)
-    sealed = seal(payload_key(mpk.Y ** s, event.event_id), payload(event), header_bytes,
+    sealed = seal(payload_key(Ys, event.event_id), payload(event), header_bytes,
                   group.random_bytes(NONCE_BYTES))
     unsigned = [AttributeSignature(Sig=k.P1, P2=k.P2) for k in chosen]
     m = pp.M(signed_digest(header_bytes, C0, attributes, unsigned, sealed))

@@ -1,14 +1,17 @@
-"""Streams (docs/scheme.md, version 2.1): an optional publisher mode for high event rates,
+"""Streams (docs/scheme.md, version 2.2): an optional publisher mode for high event rates,
 one function per algorithm, named after it.
 
 A publisher running a stream certifies an ephemeral Ed25519 key once per session (an
 identity-based signature by its publisher keys, verified like an event signature), signs
-every event with that key, and reuses an attribute's entry ``(b_i, C1_i, E_i, R_i)`` while
-the value's credential path is unchanged and the reuse window is open. Routers and
-subscribers remember what a reused entry cost them, in bounded caches per epoch
+every event with that key, and reuses the whole header (every attribute's entry
+``(C1_i, E_i, R_i)`` with ``C0`` and ``Y^s``) while every value's credential path is
+unchanged and the reuse window is open; any change draws fresh ``b_i`` for every
+attribute. Reusing entries one attribute at a time (version 2.1) let two subscribers pool
+their keys to read an event neither matches (docs/scheme.md, 15.2). Routers and
+subscribers remember what a reused header cost them, in bounded caches per epoch
 (:class:`StreamCaches`), so a fully reused event costs a subscriber one Ed25519
-verification and one AEAD. Events sharing an entry are linkable by that attribute's cell,
-and the events of one session by ``vk``: the known limits in docs/scheme.md say so.
+verification and one AEAD. Events sharing a header are linkable by their cells, and the
+events of one session by ``vk``: the known limits in docs/scheme.md say so.
 
 The certificate travels in full in every event, next to its hash in the signed header: a
 peer that has verified it looks it up by the hash and ignores the copy; one that has not
@@ -47,13 +50,14 @@ from ibe_pubsub.credentials.messages import (
 from ibe_pubsub.credentials.scheme import (
     DecryptionError,
     Event,
+    NotAuthorized,
     PositionKeys,
     PublicParams,
     SchemeError,
     batch_verify,
     check_publisher_credentials,
     check_structure,
-    encrypt_attribute,
+    encrypt_entries,
     parse_payload,
     payload,
     payload_key,
@@ -137,13 +141,15 @@ def verify_session_certificate(pp: PublicParams, certificate: SessionCertificate
 # -- The publisher: reuse state and stream encryption ---------------------------------------------
 
 @dataclass
-class _Entry:
-    """An attribute's last entry (path_i, b_i, C1_i, E_i, R_i, Y^b_i) and its window."""
+class _Header:
+    """The last event's entries ``(path_i, C1_i, E_i, R_i)`` for every attribute, with
+    ``C0`` and ``Y^s``, and its window. The b_i are not kept: nothing needs them once C0
+    and Y^s are computed."""
 
-    path: tuple[Credential, ...]
-    b: int
-    ciphertext: AttributeCiphertext
-    Yb: Element
+    paths: tuple[tuple[Credential, ...], ...]
+    attributes: tuple[AttributeCiphertext, ...]
+    C0: Element
+    Ys: Element
     opened_at: float
     uses: int = 1
 
@@ -168,41 +174,39 @@ class Session:
 
 @dataclass
 class Stream:
-    """A publisher's stream: the session (Ed25519 key and certificate) and, per attribute,
-    the last entry. A new session starts when a value needs another publisher credential
-    p_i than the certificate names, or when the certificate has expired."""
+    """A publisher's stream: the session (Ed25519 key and certificate) and the last event's
+    header. A new session starts when a value needs another publisher credential p_i than
+    the certificate names, or when the certificate has expired."""
 
     pp: PublicParams
     keys: Sequence[PublisherKey]
     window: StreamWindow
-    #: The certificates' expiry (Unix seconds): the end of the keys' epoch, or earlier.
+    #: The end of the keys' epoch (Unix seconds): every certificate expires then, and the
+    #: stream publishes nothing after it.
     expires_at: int
     clock: Callable[[], float] = time.time
     session: Session | None = None
-    entries: list[_Entry | None] = field(default_factory=list)
-    #: (C0, Y^s) of the current entries, while every entry is reused.
-    combined: tuple[Element, Element] | None = None
+    header: _Header | None = None
 
     def begin(self, session: Session) -> Session:
-        """Run ``session`` from now on; no entry of the previous one is reused."""
+        """Run ``session`` from now on; nothing of the previous one is reused."""
         self.session = session
-        self.entries = [None] * len(self.pp.schema.attributes)
-        self.combined = None
+        self.header = None
         return session
 
-    def reusable(self, i: int, path: tuple[Credential, ...], now: float) -> _Entry | None:
-        """Attribute i's entry if its path is ``path`` and its window is open."""
-        entry = self.entries[i] if i < len(self.entries) else None
-        w = self.window
-        if (entry is None or entry.path != path or now - entry.opened_at >= w.seconds
-                or (w.max_events is not None and entry.uses >= w.max_events)):
+    def reusable(self, paths: tuple[tuple[Credential, ...], ...], now: float
+                 ) -> _Header | None:
+        """The last header if every attribute's path is unchanged and its window is open."""
+        header, w = self.header, self.window
+        if (header is None or header.paths != paths or now - header.opened_at >= w.seconds
+                or (w.max_events is not None and header.uses >= w.max_events)):
             return None
-        return entry
+        return header
 
 
 def start_session(stream: Stream, keys: Sequence[PublisherKey]) -> Session:
     """A fresh Ed25519 pair (sk, vk), certified by :func:`issue_session_certificate` for
-    the publisher keys ``keys``."""
+    the publisher keys ``keys`` until the end of their epoch."""
     sk = Ed25519PrivateKey.generate()
     vk = sk.public_key().public_bytes_raw()
     return stream.begin(Session.of(sk, issue_session_certificate(stream.pp, keys, vk,
@@ -210,47 +214,38 @@ def start_session(stream: Stream, keys: Sequence[PublisherKey]) -> Session:
 
 
 def stream_encrypt_and_sign(stream: Stream, event: Event) -> StreamEvent:
-    """Per attribute, reuse the entry while its path is unchanged and its window open, else
-    a fresh b_i and :func:`credentials.scheme.encrypt_attribute`; C0 = hd^s, s = sum b_i
-    (cached while every entry is reused); Y^s = prod Y^b_i; K = KDF(Y^s, "payload" || id)
-    seals the payload under the header (with vk and the certificate's hash); Ed25519 under
-    sk over the digest of header, C0, every C1_i, E_ij, R_ij and the sealed payload."""
+    """Whole-header reuse (version 2.2): while every attribute's credential path is unchanged
+    and the window is open, reuse every entry (C1_i, E_i, R_i) with C0 and Y^s; else draw a
+    fresh b_i for every attribute (:func:`credentials.scheme.encrypt_entries`: C0 = hd^s,
+    s = sum b_i). K = KDF(Y^s, "payload" || id) seals the payload under the header (with vk
+    and the certificate's hash); Ed25519 under sk over the digest of header, C0, every C1_i,
+    E_ij, R_ij and the sealed payload."""
     pp, group = stream.pp, stream.pp.group
     epoch, paths, chosen = plan_publication(pp, stream.keys, event)
     now = stream.clock()
+    if now >= stream.expires_at:
+        raise NotAuthorized(f"the keys' epoch {epoch} ended at {stream.expires_at}: a stream "
+                            "publishes with the keys of a running epoch")
     session = stream.session
     if (session is None or now >= session.certificate.expires_at
             or session.certificate.publisher_credentials != tuple(k.credential for k in chosen)):
         session = start_session(stream, chosen)
-    attributes, all_reused = [], True
-    for i, (a, path) in enumerate(zip(pp.schema.attributes, paths, strict=True)):
-        entry = stream.reusable(i, path, now)
-        if entry is None:
-            b = group.random_scalar()
-            entry = stream.entries[i] = _Entry(
-                path=path, b=b, Yb=pp.mpk.Y ** b, opened_at=now,
-                ciphertext=encrypt_attribute(pp, a, i, epoch,
-                                             entry_mask_id(session.certificate_hash), path, b))
-            all_reused = False
-        else:
-            entry.uses += 1
-        attributes.append(entry.ciphertext)
-    if stream.combined is None or not all_reused:
-        entries = [e for e in stream.entries if e is not None]
-        Ys = entries[0].Yb
-        for e in entries[1:]:
-            Ys = Ys * e.Yb
-        stream.combined = (group.exp_secret(pp.mpk.hd, sum(e.b for e in entries) % group.order),
-                           Ys)
-    C0, Ys = stream.combined
-    header = EventHeader(schema_id=pp.schema.id, epoch=epoch, event_id=event.event_id,
-                         publisher_credentials=session.certificate.publisher_credentials)
-    header_bytes = encode_stream_header(header, session.vk, session.certificate_hash)
-    sealed = seal(payload_key(Ys, event.event_id), payload(event), header_bytes,
+    header = stream.reusable(tuple(paths), now)
+    if header is None:
+        _, attributes, C0, Ys = encrypt_entries(pp, epoch,
+                                                entry_mask_id(session.certificate_hash), paths)
+        header = stream.header = _Header(tuple(paths), attributes, C0, Ys, now)
+    else:
+        header.uses += 1
+    event_header = EventHeader(schema_id=pp.schema.id, epoch=epoch, event_id=event.event_id,
+                               publisher_credentials=session.certificate.publisher_credentials)
+    header_bytes = encode_stream_header(event_header, session.vk, session.certificate_hash)
+    sealed = seal(payload_key(header.Ys, event.event_id), payload(event), header_bytes,
                   group.random_bytes(NONCE_BYTES))
-    digest = signed_digest(header_bytes, C0, attributes, (), sealed)
-    return StreamEvent(header=header, vk=session.vk, certificate_hash=session.certificate_hash,
-                       certificate=session.encoded, C0=C0, attributes=tuple(attributes),
+    digest = signed_digest(header_bytes, header.C0, header.attributes, (), sealed)
+    return StreamEvent(header=event_header, vk=session.vk,
+                       certificate_hash=session.certificate_hash,
+                       certificate=session.encoded, C0=header.C0, attributes=header.attributes,
                        sealed=sealed, signature=session.signing_key.sign(digest))
 
 

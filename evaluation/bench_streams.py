@@ -2,8 +2,8 @@
 four scenarios on the stock schema, each against its floor.
 
 Scenarios (a 1 s reuse window unless said otherwise):
-- ``fresh``: no reuse (at most one event per entry): every event pays in full;
-- ``reused``: the same values every event: every entry is reused;
+- ``fresh``: no reuse (at most one event per header): every event pays in full;
+- ``reused``: the same values every event: the whole header is reused;
 - ``ticks``: the symbol fixed, the price a random walk of cent steps from 150.00 (16 price
   bits: a cell is 1.5 cents wide, so most steps move it), the volume a random trade size
   of 100 to 2,000 shares (20 bits: a new cell almost every event);

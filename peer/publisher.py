@@ -7,8 +7,8 @@ decrypt with. Its
 link key is certified with no address, so roots know it as a publisher that can be
 answered but never dialed. An event outside the advertisement is refused here,
 before anything is sent. With a stream window, events are published as a stream
-(credentials.streams): one session certificate, then entries reused while values stay in
-their cells. With a bundle of ``bulk issue`` instead of enrolment, the
+(credentials.streams): one session certificate, then the header reused while every value
+stays in its cell. With a bundle of ``bulk issue`` instead of enrolment, the
 advertisement is what the bundle's credentials enclose, or a narrower one inside them
 (:mod:`peer.bundle_file`).
 """

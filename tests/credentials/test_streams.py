@@ -1,4 +1,4 @@
-"""Streams (docs/scheme.md, version 2.1) on the native backend: reuse, certificates, caches,
+"""Streams (docs/scheme.md, version 2.2) on the native backend: reuse, certificates, caches,
 and every refusal, each with its control."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_every_mix_of_reused_and_fresh_entries_decrypts(world):
         choice = tuple(1 - c if m else c for c, m in zip(choice, moved, strict=True))
         ct = T.stream_encrypt_and_sign(s, event(n, choice))
         reused = [a.C1 == b.C1 for a, b in zip(ct.attributes, previous.attributes, strict=True)]
-        assert reused == [not m for m in moved]
+        assert reused == [not any(moved)] * 3  # the whole header, or none of it (v2.2)
         assert (ct.C0 == previous.C0) == (not any(moved))
         got = T.stream_decrypt(pp, key, caches, wire(pp.group, ct), time.time())
         assert got == event(n, choice)
@@ -171,8 +171,11 @@ def test_caches_stay_bounded_under_a_flood_of_distinct_C1(world):
         assert S.route_test(pp, token, ct, caches.epoch(EPOCH).position_keys)
         T.stream_decrypt(pp, key, caches, ct, time.time())
     c = caches.epoch(EPOCH)
-    sizes = [len(x) for x in (c.position_keys, c.unmasked, c.factors, c.ys, c.verified, c.seen)]
-    assert sizes == [4] * 6  # full (the flood reached them), and no fuller
+    sizes = [len(x) for x in (c.position_keys, c.unmasked, c.ys, c.verified, c.seen)]
+    assert sizes == [4] * 5  # full (the flood reached them), and no fuller
+    # an entry recurs only with its whole header (v2.2), so Y^s by C0 serves it and no
+    # factor is needed: factors serve streams of version 2.1 publishers
+    assert len(c.factors) == 0
 
 
 def test_real_crypto_takes_both_modes(world):
@@ -236,7 +239,7 @@ def test_entries_rewrapped_under_another_session_refused(world):
     for _ in range(2):  # warm every cache: an entry's factor is cached from its 2nd sighting
         T.stream_decrypt(pp, key, caches, wire(pp.group, T.stream_encrypt_and_sign(
             victim, event(len(caches.epoch(EPOCH).seen) + 1))), time.time())
-    Ys = victim.combined[1]
+    Ys = victim.header.Ys
     own = _rewrapped(pp, source, Ys, victim.session, 10)  # control: its own session passes
     assert T.stream_decrypt(pp, key, caches, wire(pp.group, own), time.time()) == event(10)
     forged = _rewrapped(pp, source, Ys, holder.session, 11)
