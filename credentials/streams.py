@@ -289,37 +289,61 @@ class EpochCaches:
 
 
 class StreamCaches:
-    """A peer's stream caches, per epoch. Dropping an epoch (its keys expired or were
-    revoked) drops its caches and refuses its events, and those of every earlier epoch,
-    from then on."""
+    """A peer's stream caches, per epoch. An epoch gets caches only when something genuine
+    vouches for it (:meth:`admit`: a certificate that verified, or this peer's own keys),
+    never for what an unchecked event names, so forged headers can neither create cache
+    sets nor push out the live ones. Dropping an epoch (its keys expired or were revoked)
+    drops its caches and refuses its events, and those of every earlier epoch, from then on.
+    Where the peer knows when an epoch ends (:meth:`end_epoch_at`), a certificate of that
+    epoch that would outlive it is refused."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self.size = size
         self._epochs: dict[int, EpochCaches] = {}
+        self._ends: dict[int, float] = {}
         self.closed_through = -1
 
     def epoch(self, epoch: int) -> EpochCaches | None:
-        """The caches of ``epoch``, None if it was dropped, or if it lies above
-        :data:`MAX_EPOCHS` open epochs already kept."""
-        if epoch <= self.closed_through:
+        """The caches of ``epoch`` if it was admitted and not dropped, else None."""
+        return self._epochs.get(epoch)
+
+    def closed(self, epoch: int) -> bool:
+        """Whether ``epoch`` was dropped (or lies below one that was)."""
+        return epoch <= self.closed_through
+
+    def admit(self, epoch: int) -> EpochCaches | None:
+        """The caches of ``epoch``, created if need be: call it only for an epoch a verified
+        certificate or this peer's own keys vouch for. None if the epoch was dropped, or if
+        :data:`MAX_EPOCHS` later epochs are kept (the lowest kept makes room for a later
+        newcomer only, so the live epochs keep their caches)."""
+        if self.closed(epoch):
             return None
         caches = self._epochs.get(epoch)
         if caches is None:
             if len(self._epochs) >= MAX_EPOCHS:
-                # Live epochs are the lowest open ones; anything above them that would
-                # push one out is a forgery's (events of any epoch reach this before
-                # their checks), so the highest set goes, or the newcomer gets none.
-                highest = max(self._epochs)
-                if epoch > highest:
+                lowest = min(self._epochs)
+                if epoch < lowest:
                     return None
-                del self._epochs[highest]
+                del self._epochs[lowest]
             caches = self._epochs[epoch] = EpochCaches(self.size)
         return caches
+
+    def end_epoch_at(self, epoch: int, end: float) -> None:
+        """``epoch`` ends at ``end`` (Unix seconds, as the key server said when it issued
+        this peer's keys): its certificates must expire by then."""
+        if not self.closed(epoch):
+            self._ends[epoch] = end
+
+    def ends(self, epoch: int) -> float:
+        """When ``epoch`` ends, if this peer knows; else infinity."""
+        return self._ends.get(epoch, float("inf"))
 
     def drop_epoch(self, epoch: int) -> None:
         self.closed_through = max(self.closed_through, epoch)
         for old in [e for e in self._epochs if e <= epoch]:
             del self._epochs[old]
+        for old in [e for e in self._ends if e <= epoch]:
+            del self._ends[old]
 
 
 def stream_header_bytes(event: StreamEvent) -> bytes:
@@ -332,57 +356,73 @@ def stream_digest(event: StreamEvent, header_bytes: bytes) -> bytes:
     return signed_digest(header_bytes, event.C0, event.attributes, (), event.sealed)
 
 
-def _certified(pp: PublicParams, caches: EpochCaches, event: StreamEvent) -> _Certified | None:
-    """The event's certificate: from the cache by hash, else the copy it carries, checked
-    against the hash, parsed and verified by :func:`verify_session_certificate`."""
-    known = caches.certificates.get(event.certificate_hash)
-    if known is not None:
-        return known
-    if hashlib.sha256(event.certificate).digest() != event.certificate_hash:
-        return None
-    try:
-        certificate = decode_certificate(pp.group, event.certificate)
-        vk = Ed25519PublicKey.from_public_bytes(certificate.vk)
-    except ValueError:  # CodecError, or not an Ed25519 key
-        return None
-    if not verify_session_certificate(pp, certificate):
-        return None
-    return caches.certificates.remember(event.certificate_hash, _Certified(certificate, vk))
+def _binds(certificate: SessionCertificate, event: StreamEvent, now: float, ends: float
+           ) -> bool:
+    """The certificate names the event's vk, epoch, schema and publisher credentials, has
+    not expired at ``now`` and expires by the end of its epoch (``ends``)."""
+    c, header = certificate, event.header
+    return (c.vk == event.vk and c.epoch == header.epoch and c.schema_id == header.schema_id
+            and c.publisher_credentials == header.publisher_credentials
+            and now <= c.expires_at <= ends)
+
+
+def _certified(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: float
+               ) -> _Certified | None:
+    """The event's certificate, bound to it (:func:`_binds`): from the epoch's cache by
+    hash, else the copy it carries, checked against the hash, parsed, bound and verified by
+    :func:`verify_session_certificate`; only then is the epoch admitted and the certificate
+    remembered (check first, then cache)."""
+    epoch = event.header.epoch
+    epoch_caches = caches.epoch(epoch)
+    known = None if epoch_caches is None else epoch_caches.certificates.get(
+        event.certificate_hash)
+    if known is None:
+        if hashlib.sha256(event.certificate).digest() != event.certificate_hash:
+            return None
+        try:
+            certificate = decode_certificate(pp.group, event.certificate)
+            vk = Ed25519PublicKey.from_public_bytes(certificate.vk)
+        except ValueError:  # CodecError, or not an Ed25519 key
+            return None
+        if (not _binds(certificate, event, now, caches.ends(epoch))
+                or not verify_session_certificate(pp, certificate)):
+            return None
+        known = _Certified(certificate, vk)
+        epoch_caches = caches.admit(epoch)
+        if epoch_caches is not None:
+            epoch_caches.certificates.remember(event.certificate_hash, known)
+    return known if _binds(known.certificate, event, now, caches.ends(epoch)) else None
 
 
 def stream_verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: float
                   ) -> bool:
-    """The certificate verifies (once; then by hash), names this event's vk, epoch, schema
-    and publisher credentials and has not expired at ``now``, its epoch was not dropped,
-    and the Ed25519 signature under vk verifies over :func:`stream_digest`."""
+    """The epoch was not dropped; the certificate verifies (once; then by hash) and binds
+    the event (:func:`_binds`); the Ed25519 signature under vk verifies over
+    :func:`stream_digest`."""
     return _verify(pp, caches, event, now, stream_header_bytes(event))
 
 
 def _verify(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: float,
             header_bytes: bytes) -> bool:
-    header = event.header
-    epoch_caches = caches.epoch(header.epoch)
-    if epoch_caches is None:
+    if caches.closed(event.header.epoch):
         return False
     try:
         check_structure(pp, event)
     except SchemeError:
         return False
-    known = _certified(pp, epoch_caches, event)
+    known = _certified(pp, caches, event, now)
     if known is None:
         return False
-    c = known.certificate
-    if (c.vk != event.vk or c.epoch != header.epoch or c.schema_id != header.schema_id
-            or c.publisher_credentials != header.publisher_credentials or c.expires_at < now):
-        return False
     digest = stream_digest(event, header_bytes)
-    if digest + event.signature in epoch_caches.verified:
+    epoch_caches = caches.epoch(event.header.epoch)
+    if epoch_caches is not None and digest + event.signature in epoch_caches.verified:
         return True
     try:
         known.vk.verify(event.signature, digest)
     except InvalidSignature:
         return False
-    epoch_caches.verified.remember(digest + event.signature, True)
+    if epoch_caches is not None:
+        epoch_caches.verified.remember(digest + event.signature, True)
     return True
 
 
@@ -392,14 +432,15 @@ def stream_decrypt(pp: PublicParams, key: SubscriberKey, caches: StreamCaches,
     Y^s = e(D, C0) * prod_i e(C2_{i,j_i}, S2_i) / e(S1_i, C1_i), cached by C0, each factor
     cached by C1_i (:func:`_combine`); K = KDF(Y^s, "payload" || id); the AEAD; the values
     against the credentials. A (vk, event id) seen before is refused."""
-    header_bytes = stream_header_bytes(event)
-    if not _verify(pp, caches, event, now, header_bytes):
-        raise DecryptionError("stream event fails its certificate or its signature")
     header = event.header
     if header.epoch != key.epoch:
         raise DecryptionError(f"event of epoch {header.epoch}, keys of epoch {key.epoch}")
-    epoch_caches = caches.epoch(header.epoch)
-    assert epoch_caches is not None  # stream_verify checked it
+    header_bytes = stream_header_bytes(event)
+    if not _verify(pp, caches, event, now, header_bytes):
+        raise DecryptionError("stream event fails its certificate or its signature")
+    epoch_caches = caches.admit(key.epoch)  # the subscriber's own keys vouch for it
+    if epoch_caches is None:
+        raise DecryptionError(f"no stream caches for epoch {key.epoch}: later epochs fill them")
     D, C1s = bytes(key.D), tuple(bytes(a.C1) for a in event.attributes)
     scope = D + event.certificate_hash
     if (D, event.vk, header.event_id) in epoch_caches.seen:

@@ -152,6 +152,10 @@ class CryptoSuite(Protocol):
 
     def decrypt(self, key: Any, event: Any) -> Event | None: ...
 
+    def open_epoch(self, epoch: int, ends_at: float | None = None) -> None:
+        """This peer holds keys of ``epoch`` (which ends at ``ends_at``, if known): its
+        events may be cached. Nothing an event says opens an epoch."""
+
     def drop_epoch(self, epoch: int) -> None:
         """Forget what was cached for ``epoch`` (its keys expired) and refuse its events."""
 

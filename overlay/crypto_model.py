@@ -322,6 +322,9 @@ class ModeledCrypto:
                 return None
         return Event(event.event_id, dict(event.values), event.body)
 
+    def open_epoch(self, epoch: int, ends_at: float | None = None) -> None:
+        """Nothing to open: the model keeps no per-epoch cache."""
+
     def drop_epoch(self, epoch: int) -> None:
         """Nothing to forget: the model keeps no per-epoch cache."""
 

@@ -122,13 +122,16 @@ class RealCrypto:
         return event.header.epoch
 
     def route(self, token: Any, event: AnyEvent) -> bool:
-        """A stream's route tests are cached by (token, C1_i): reused entries cost none."""
+        """A stream's route tests are cached by (token, C1_i) in the epochs this peer holds
+        keys of (:meth:`open_epoch`): reused entries cost none."""
         with self.meter.timed("route"):
             if not isinstance(event, StreamEvent):
                 return scheme.route_test(self.pp, token, event)
+            if self.streams.closed(event.header.epoch):
+                return False
             caches = self.streams.epoch(event.header.epoch)
-            return caches is not None and scheme.route_test(self.pp, token, event,
-                                                            caches.position_keys)
+            return scheme.route_test(self.pp, token, event,
+                                     None if caches is None else caches.position_keys)
 
     def digest_entry(self, event: AnyEvent, attribute: str, position: int) -> bytes:
         return codec.encode_route_entry(scheme.route_entry(self.pp, event, attribute, position))
@@ -164,6 +167,11 @@ class RealCrypto:
                 return scheme.decrypt(self.pp, key, event)
             except scheme.SchemeError:
                 return None
+
+    def open_epoch(self, epoch: int, ends_at: float | None = None) -> None:
+        self.streams.admit(epoch)
+        if ends_at is not None:
+            self.streams.end_epoch_at(epoch, ends_at)
 
     def drop_epoch(self, epoch: int) -> None:
         self.streams.drop_epoch(epoch)

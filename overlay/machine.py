@@ -89,6 +89,7 @@ class PeerMachine:
             vp.roots[root.epoch] = root
         if kit is not None:
             self.family.install(kit)
+        self._open_epochs()
         j, r = self.joining, self.repair
         self._handlers: dict[type[Message], Callable[..., list[Action]]] = {
             Join: j.on_join, JoinMiss: j.on_join_miss, JoinSplit: j.on_join_split,
@@ -185,7 +186,13 @@ class PeerMachine:
                 out += self.joining.send_join(vp, now)
         for vp in self.vpeers.values():
             out += self.joining.assign_tokens(vp)
+        self._open_epochs()
         return out
+
+    def _open_epochs(self) -> None:
+        """The suite may cache the events of every epoch this peer holds keys of."""
+        for epoch in self.epochs:
+            self.crypto.open_epoch(epoch)
 
     # -- timers ------------------------------------------------------------------------------
 

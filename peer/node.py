@@ -386,6 +386,7 @@ class PeerNode:
             self.machine = PeerMachine(self.address, crypto, config, rng, kit=kit)
         # The suite runs on the event loop's thread: charge it CPU time, not waits for a core.
         self.machine.crypto.meter.clock = time.thread_time
+        self.machine.crypto.open_epoch(self.machine.epoch, self.epoch_end)
         self._refresh_at = self._refresh_time()
 
     def _bundle_kit(self, bundle: BulkBundle) -> SubscriberKit:
@@ -520,6 +521,7 @@ class PeerNode:
                 self._perform(self.machine.rekey(now, kit=kit, roots=roots, grace=grace))
                 self._install_link_certificate(certificate)
                 self.epoch_end = end
+                self.machine.crypto.open_epoch(self.machine.epoch, end)
                 self._refresh_at = self._refresh_time()
                 log.info("keys of the next epoch installed (valid until %.0f)", end)
         if self.ready.is_set() and now >= self._register_at:

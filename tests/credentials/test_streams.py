@@ -117,7 +117,7 @@ def test_expired_certificate_and_dropped_epoch_refused(world):
     assert T.stream_decrypt(pp, key, caches, ct, time.time()) == event(0)  # control
     caches.drop_epoch(EPOCH)
     assert not T.stream_verify(pp, caches, ct, time.time())
-    assert caches.epoch(EPOCH) is None and caches.epoch(EPOCH + 1) is not None
+    assert caches.admit(EPOCH) is None and caches.admit(EPOCH + 1) is not None
 
 
 def test_event_signed_by_another_streams_key_refused(world):
@@ -165,6 +165,7 @@ def test_tampered_reused_entry_refused(world):
 def test_caches_stay_bounded_under_a_flood_of_distinct_C1(world):
     pp, msk, _ = world
     key, s, caches = subscriber(pp, msk), stream(world, max_events=2), T.StreamCaches(size=4)
+    caches.admit(EPOCH)  # as a peer holding keys of the epoch does
     token = key.for_attribute("symbol")[0].token.blinded()
     for n in range(12):  # qty moves every event, the other entries live for two
         ct = wire(pp.group, T.stream_encrypt_and_sign(s, event(n, (0, 0, n % 2))))
@@ -233,6 +234,7 @@ def test_entries_rewrapped_under_another_session_refused(world):
     not carry the other session's entries, even where the subscriber's caches know them."""
     pp, msk, _ = world
     key, caches = subscriber(pp, msk), T.StreamCaches()
+    caches.admit(EPOCH)
     victim, holder = stream(world), stream(world)
     source = T.stream_encrypt_and_sign(victim, event(0))
     T.stream_encrypt_and_sign(holder, event(0))
@@ -248,11 +250,57 @@ def test_entries_rewrapped_under_another_session_refused(world):
         T.stream_decrypt(pp, key, caches, wire(pp.group, forged), time.time())
 
 
-def test_events_of_far_epochs_cannot_flood_the_caches():
-    caches = T.StreamCaches(size=4)
+def _naming_epoch(ct, epoch):
+    """``ct`` with its header (and so its signed digest) claiming ``epoch``: what a forger
+    without that epoch's keys can send."""
+    return dataclasses.replace(ct, header=dataclasses.replace(ct.header, epoch=epoch))
+
+
+@pytest.mark.parametrize("claimed", ["old", "far"])
+def test_forged_events_of_other_epochs_cannot_evict_the_live_caches(world, claimed):
+    """Forged stream events naming old (or far) epochs get no caches of their own, so they
+    cannot push out the current epoch's: its genuine events still verify and decrypt."""
+    pp, msk, _ = world
+    key, caches, s = subscriber(pp, msk), T.StreamCaches(size=4), stream(world)
+    assert T.stream_decrypt(pp, key, caches, wire(pp.group, T.stream_encrypt_and_sign(
+        s, event(0))), time.time()) == event(0)  # control: the live epoch has caches
     live = caches.epoch(EPOCH)
-    for forged in range(EPOCH + 10, EPOCH + 1000):  # what a flood of forged headers asks for
-        caches.epoch(forged)
-    assert len(caches._epochs) <= T.MAX_EPOCHS
-    assert caches.epoch(EPOCH) is live  # the live epoch kept its caches
-    assert caches.epoch(EPOCH + 1) is not None  # control: the next epoch still gets some
+    for n in range(2 * T.MAX_EPOCHS):
+        epoch = EPOCH - 1 - n % EPOCH if claimed == "old" else EPOCH + 10 + n
+        forged = _naming_epoch(T.stream_encrypt_and_sign(s, event(100 + n)), epoch)
+        assert not T.stream_verify(pp, caches, wire(pp.group, forged), time.time())
+    assert caches.epoch(EPOCH) is live and list(caches._epochs) == [EPOCH]
+    assert T.stream_decrypt(pp, key, caches, wire(pp.group, T.stream_encrypt_and_sign(
+        s, event(1))), time.time()) == event(1)
+
+
+def test_the_live_epoch_keeps_its_caches_when_later_epochs_come():
+    caches = T.StreamCaches(size=4)
+    live = caches.admit(EPOCH)
+    for later in range(EPOCH + 1, EPOCH + T.MAX_EPOCHS):
+        assert caches.admit(later) is not None
+    assert caches.admit(EPOCH - 1) is None  # full: an older newcomer gets none
+    assert caches.epoch(EPOCH) is live
+    assert caches.admit(EPOCH + T.MAX_EPOCHS) is not None  # a later one pushes out the oldest
+    assert caches.epoch(EPOCH) is None
+
+
+def test_certificate_outliving_its_epoch_refused(world):
+    """A peer that knows when the epoch ends refuses a certificate that expires later."""
+    pp = world[0]
+    ct = wire(pp.group, T.stream_encrypt_and_sign(stream(world, expires_in=100), event(0)))
+    expiry = codec.decode_certificate(pp.group, ct.certificate).expires_at
+    knows_earlier_end, knows_end = T.StreamCaches(), T.StreamCaches()
+    knows_earlier_end.end_epoch_at(EPOCH, expiry - 1)
+    knows_end.end_epoch_at(EPOCH, expiry)
+    assert not T.stream_verify(pp, knows_earlier_end, ct, time.time())
+    assert T.stream_verify(pp, knows_end, ct, time.time())  # control
+
+
+def test_stream_publishes_nothing_after_its_epoch_ended(world):
+    now = [time.time()]
+    s = stream(world, expires_in=10, clock=lambda: now[0])
+    T.stream_encrypt_and_sign(s, event(0))  # control: within the epoch
+    now[0] += 11
+    with pytest.raises(S.NotAuthorized, match="ended"):
+        T.stream_encrypt_and_sign(s, event(1))
