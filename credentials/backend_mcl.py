@@ -31,6 +31,9 @@ PYMCL_VERSION = "1.0.2"
 #: Compressed encodings of BLS12-381: G1 and G2 points (ZCash/IETF), then GT.
 BLS12_381_SIZES = MappingProxyType({G1: 48, G2: 96, GT: 576})
 FP_BYTES = 48
+#: The base field's modulus p: every coordinate of a canonical encoding lies below it.
+FIELD_MODULUS = int("1a0111ea397fe69a4b1ba7b6434bacd764774b84f38512bf6730d2a0f6b0f6241eabfff"
+                    "eb153ffffb9feffffffffaaab", 16)
 FP2_BYTES = 2 * FP_BYTES
 RAW_SIZE = {G1: 3 * FP_BYTES, G2: 6 * FP_BYTES, GT: 12 * FP_BYTES}
 FR_BYTES = 32

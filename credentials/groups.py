@@ -234,13 +234,20 @@ class PairingGroup(ABC):
 
     def _parse(self, kind: GroupKind, data: bytes) -> Any:
         """The raw element; rejects wrong lengths, points off the curve or outside the
-        prime-order subgroup, and the identity of G1/G2."""
+        prime-order subgroup, non-canonical encodings and the identity of G1/G2.
+
+        Every decoder goes through here. Backends accept some non-canonical spellings
+        (mcl: the infinity flag with a non-zero last byte), so the element is re-encoded
+        and compared: each element then has exactly one encoding, and comparing bytes
+        with the identity's recognises every spelling of it."""
         if len(data) != self.sizes[kind]:
             raise GroupError(
                 f"{kind.value} element must be {self.sizes[kind]} bytes, got {len(data)}")
         raw = self._deserialize(kind, data)
         if raw is None:
             raise GroupError(f"bytes are not a valid {kind.value} element")
+        if self._serialize(kind, raw) != data:
+            raise GroupError(f"bytes are a non-canonical encoding of a {kind.value} element")
         if kind is not GT and data == bytes(self._identities[kind]):
             raise GroupError(f"the identity of {kind.value} is not accepted")
         return raw

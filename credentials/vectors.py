@@ -3,9 +3,10 @@
 Everything an independent implementation needs to replay the scheme's equations is
 written out in hex: the MPK and MSK, the keys of one publisher and two subscribers
 (each element next to the identity bytes it was hashed from), a 1-attribute and a
-3-attribute event (per position the tag, the mask and the position key), and a
-connection request. All randomness comes from :meth:`PairingGroup.seed`, so one seed
-always gives the same bytes; the key server's Ed25519 key is derived from the seed too.
+3-attribute event (per position the tag, the mask and the position key), a
+connection request, and encodings every decoder must refuse. All randomness comes from
+:meth:`PairingGroup.seed`, so one seed always gives the same bytes; the key server's
+Ed25519 key is derived from the seed too.
 The field names are documented in docs/wire-format.md ("Test vectors").
 
 These keys are public by construction: never use them for anything but tests.
@@ -14,6 +15,7 @@ These keys are public by construction: never use them for anything but tests.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,11 +25,16 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
-from ibe_pubsub.credentials.backend_mcl import MclNativeGroup
+from ibe_pubsub.credentials.backend_mcl import (
+    BLS12_381_SIZES,
+    FIELD_MODULUS,
+    FP_BYTES,
+    MclNativeGroup,
+)
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.decomposition import enclosing_path
 from ibe_pubsub.credentials.exceptions import CredentialsError
-from ibe_pubsub.credentials.groups import G1, Element, GroupError, PairingGroup
+from ibe_pubsub.credentials.groups import G1, G2, GT, Element, GroupError, GroupKind, PairingGroup
 from ibe_pubsub.credentials.keys import MasterSecretKey, PublisherKey, SubscriberKey
 from ibe_pubsub.credentials.messages import ConnectionRequest, EncryptedEvent
 from ibe_pubsub.credentials.schema import Attribute, Schema
@@ -284,6 +291,136 @@ def _request_section(pp: S.PublicParams, msk: MasterSecretKey, request: Connecti
     }
 
 
+# -- encodings a decoder must refuse -----------------------------------------------------------
+
+#: Flag bits of a compressed G1/G2 encoding (top of byte 0), and the x bits below them.
+COMPRESSED, INFINITY, SIGN = 0x80, 0x40, 0x20
+X_BITS = 381
+REJECTION_RULE = (
+    "A decoder accepts exactly the bytes the encoder writes: decoding and re-encoding gives "
+    "the input back. G1/G2: the compression flag (0x80) is set; with the infinity flag "
+    "(0x40) every other bit is zero (c0 00..00), and the scheme refuses that identity too; "
+    "otherwise each coordinate is below p and the point lies on the curve and in the "
+    "order-q subgroup. GT: every coefficient is below p and the element lies in the order-q "
+    "subgroup. mcl decodes c0 00..00 XX for every XX in 01..ff (255 spellings per group) "
+    "as the identity, arkworks any padding after an infinity flag: compare the re-encoding.")
+
+
+def identity_spelling(kind: GroupKind, value: int, position: int = -1) -> bytes:
+    """The identity's compressed encoding (c0, then zeros) with ``value`` at ``position``
+    (not 0): non-canonical for every non-zero value. mcl decodes the last-byte spellings
+    as the identity, which is what made forged events route everywhere."""
+    out = bytearray(BLS12_381_SIZES[kind])
+    out[0] = COMPRESSED | INFINITY
+    out[position] = value
+    return bytes(out)
+
+
+def _plus_p(encoding: bytes, offset: int) -> bytes | None:
+    """``encoding`` with p added to the coordinate at byte ``offset``, its flag bits kept;
+    None when the sum reaches 2^381 and would run into the flags."""
+    field = encoding[offset:offset + FP_BYTES]
+    flags = field[0] & (COMPRESSED | INFINITY | SIGN)
+    x = int.from_bytes(field, "big") & ((1 << X_BITS) - 1)
+    if x + FIELD_MODULUS >= 1 << X_BITS:
+        return None
+    unreduced = bytearray((x + FIELD_MODULUS).to_bytes(FP_BYTES, "big"))
+    unreduced[0] |= flags
+    return encoding[:offset] + bytes(unreduced) + encoding[offset + FP_BYTES:]
+
+
+def _unreduced(group: PairingGroup, kind: GroupKind, offset: int) -> bytes:
+    """A valid point's encoding with p added to one coordinate, from the first multiple of
+    the generator where that fits."""
+    candidates = (_plus_p(bytes(group.generator(kind) ** k), offset) for k in itertools.count(1))
+    return next(c for c in candidates if c is not None)
+
+
+def _is_square(v: int) -> bool:
+    return pow(v % FIELD_MODULUS, (FIELD_MODULUS - 1) // 2, FIELD_MODULUS) == 1
+
+
+def _fp2_mul(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """(a0 + a1 u)(b0 + b1 u) with u^2 = -1."""
+    return ((a[0] * b[0] - a[1] * b[1]) % FIELD_MODULUS,
+            (a[0] * b[1] + a[1] * b[0]) % FIELD_MODULUS)
+
+
+def _has_point(kind: GroupKind, k: int) -> bool:
+    """Whether x = k (G1) or x = k + u (G2) is the x of a curve point: x^3 + b is a square
+    (in Fp2 iff its norm is a square in Fp, as p = 3 mod 4); b = 4, or 4 + 4u."""
+    if kind is G1:
+        return _is_square(k ** 3 + 4)
+    x = (k, 1)
+    cube = _fp2_mul(_fp2_mul(x, x), x)
+    return _is_square((cube[0] + 4) ** 2 + (cube[1] + 4) ** 2)
+
+
+def _x_with_curve_point(kind: GroupKind, exists: bool) -> bytes:
+    """The compressed encoding (either sign) of the first such x for which a curve point
+    exists, or does not. One that exists lies outside the order-q subgroup: the cofactor
+    is large."""
+    k = next(k for k in itertools.count(1) if _has_point(kind, k) == exists)
+    x = k.to_bytes(FP_BYTES, "big")
+    if kind is G2:
+        x = (1).to_bytes(FP_BYTES, "big") + x  # x1 = 1, then x0 = k
+    return bytes([x[0] | COMPRESSED]) + x[1:]
+
+
+def point_outside_subgroup(kind: GroupKind) -> bytes:
+    """A curve point outside G1 or G2, compressed: it parses only without the subgroup
+    check."""
+    return _x_with_curve_point(kind, exists=True)
+
+
+def _point_rejections(group: PairingGroup, kind: GroupKind) -> list[dict[str, str]]:
+    size = group.sizes[kind]
+    valid = bytes(group.generator(kind))
+    out = [("identity", identity_spelling(kind, 0)),
+           *(("non_canonical_identity", identity_spelling(kind, v)) for v in (0x01, 0x80, 0xFF)),
+           *(("non_canonical_identity", identity_spelling(kind, 0x01, j))
+             for j in (1, size // 2)),
+           ("identity_with_sign_flag", bytes([COMPRESSED | INFINITY | SIGN]) + bytes(size - 1)),
+           ("identity_without_compression_flag", bytes([INFINITY]) + bytes(size - 1)),
+           ("compression_flag_cleared", bytes([valid[0] & ~COMPRESSED]) + valid[1:]),
+           ("x_not_reduced", _unreduced(group, kind, 0))]
+    if kind is G2:
+        out += [("x0_not_reduced", _unreduced(group, kind, FP_BYTES)),
+                ("flag_in_x0", valid[:FP_BYTES] + bytes([valid[FP_BYTES] | COMPRESSED])
+                 + valid[FP_BYTES + 1:])]
+    out += [("not_on_curve", _x_with_curve_point(kind, exists=False)),
+            ("not_in_subgroup", point_outside_subgroup(kind))]
+    return [{"reason": reason, "bytes": data.hex()} for reason, data in out]
+
+
+def _gt_rejections(group: PairingGroup) -> list[dict[str, str]]:
+    generator = bytes(group.generator(GT))
+    first = int.from_bytes(generator[:FP_BYTES], "little") + FIELD_MODULUS
+    two = (2).to_bytes(FP_BYTES, "little") + bytes(group.sizes[GT] - FP_BYTES)
+    return [{"reason": "coefficient_not_reduced",
+             "bytes": (first.to_bytes(FP_BYTES, "little") + generator[FP_BYTES:]).hex()},
+            {"reason": "not_in_subgroup", "bytes": two.hex()}]
+
+
+def rejected_encodings(group: PairingGroup) -> dict[str, Any]:
+    """Encodings every decoder must refuse, per group with the reason: built from the
+    curve's constants only (no seed). Refuses to list one the group accepts."""
+    out: dict[str, Any] = {
+        "rule": REJECTION_RULE,
+        "identity_spellings": "c0, then zero bytes, then any of 01..ff: 48 bytes in G1, 96 in "
+                              "G2; 255 non-canonical spellings of the identity per group",
+        G1.value: _point_rejections(group, G1), G2.value: _point_rejections(group, G2),
+        GT.value: _gt_rejections(group)}
+    for kind in (G1, G2, GT):
+        for entry in out[kind.value]:
+            try:
+                group.deserialize(kind, bytes.fromhex(entry["bytes"]))
+            except GroupError:
+                continue
+            raise VectorError(f"{kind.value} accepts the {entry['reason']} encoding")
+    return out
+
+
 def _self_check(events: Sequence[tuple[S.PublicParams, S.Event, EncryptedEvent]],
                 matching: SubscriberKey, other: SubscriberKey, request: ConnectionRequest,
                 sws: Sequence[bytes]) -> None:
@@ -356,6 +493,7 @@ def build_vectors(seed: int = 0, values: Mapping[str, Any] | None = None) -> dic
                 "info_prefix": KDF_PREFIX.decode()},
         "epoch": EPOCH,
         "gt_generator": _hex(group.pair(mpk.g, mpk.g_hat)),
+        "rejected_encodings": rejected_encodings(group),
         "schemas": {THREE: _schema_section(schema), ONE: _schema_section(ONE_ATTRIBUTE_SCHEMA)},
         "mpk": _mpk_section(pp3),
         "msk": _msk_section(group, msk),

@@ -4,7 +4,8 @@ The vectors come from the real command (mcl underneath); every equation is re-ch
 with arkworks (py_arkworks_bls12381) for the group arithmetic and `cryptography`/hashlib
 for the symmetric parts, reading nothing but the JSON file. That makes the file a usable
 interoperability reference, and catches any drift between our encodings (points, GT,
-identity strings, KDF inputs) and the standard ones.
+identity strings, KDF inputs) and the standard ones. The listed rejected encodings are
+also handed to the project's own decoder, which must refuse each.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from py_arkworks_bls12381 import GT, G1Point, G2Point, Scalar  # the `dev` extra
 
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.groups import GroupError, GroupKind
+
 CLI = [sys.executable, "-m", "ibe_pubsub.cli"]
 SEED = "7"
 # The scheme's constants, restated from the specification rather than imported.
@@ -36,6 +40,9 @@ DST_MSG = b"IBE-PUBSUB-V2-MSG"
 KDF_PREFIX = b"IBE-PUBSUB-V2/"
 TAG_DIGEST, FORMAT_VERSION = 12, 2
 NONCE_BYTES, SW_BYTES = 12, 32
+P = int("1a0111ea397fe69a4b1ba7b6434bacd764774b84f38512bf6730d2a0f6b0f6241eabfffeb153ffffb9fe"
+        "ffffffffaaab", 16)
+Q = int("73eda753299d7d483339d80809a1d80553bda402fffe5bfeffffffff00000001", 16)
 
 
 def run_vectors(out: Path, seed: str, cwd: Path) -> bytes:
@@ -370,3 +377,59 @@ def test_connection_request(v: dict[str, Any]) -> None:
     theirs = credential_on(v["subscribers"]["non_matching"], attribute)
     with pytest.raises(InvalidTag):
         open_entry(g1(theirs["T"]), entries[theirs["credential"]["position"]])
+
+
+#: What arkworks makes of each listed reason (below); any other reason it refuses.
+ARKWORKS_READING = {"identity": "identity", "non_canonical_identity": "non_canonical_identity",
+                    "identity_with_sign_flag": "non_canonical_identity",
+                    "not_in_subgroup": "not_in_subgroup"}
+
+
+def arkworks_reading(point: Any, data: bytes) -> str:
+    """What arkworks makes of compressed bytes: refused, a curve point outside the
+    subgroup (its unchecked decoder takes it), the identity spelled canonically or not
+    (arkworks ignores the bits after an infinity flag), or a valid point."""
+    try:
+        decoded = point.from_compressed_bytes(data)
+    except ValueError:
+        try:
+            point.from_compressed_bytes_unchecked(data)
+        except ValueError:
+            return "refused"
+        return "not_in_subgroup"
+    if decoded != point.identity():
+        return "valid"
+    return "identity" if decoded.to_compressed_bytes() == data else "non_canonical_identity"
+
+
+def test_rejected_encodings(v: dict[str, Any]) -> None:
+    """The project refuses every listed encoding; arkworks agrees: it refuses it, finds it
+    off the subgroup, or decodes the identity (which the scheme refuses), re-encoding a
+    non-canonical spelling to other bytes. GT has no arkworks decoder: its entries are
+    checked with integers (a coefficient >= p; an element of Fp whose order is not q).
+    Controls: both take the generators."""
+    rejected, group = v["rejected_encodings"], load_group("mcl")
+    for name, point, generator in (("G1", G1Point, v["mpk"]["g"]),
+                                   ("G2", G2Point, v["mpk"]["g_hat"])):
+        kind = GroupKind(name)
+        assert arkworks_reading(point, bytes.fromhex(generator)) == "valid"
+        group.deserialize(kind, bytes.fromhex(generator))
+        assert set(ARKWORKS_READING) | {"x_not_reduced", "not_on_curve"} <= {
+            e["reason"] for e in rejected[name]}
+        for entry in rejected[name]:
+            data = bytes.fromhex(entry["bytes"])
+            with pytest.raises(GroupError):
+                group.deserialize(kind, data)
+            assert arkworks_reading(point, data) == ARKWORKS_READING.get(entry["reason"],
+                                                                         "refused"), entry
+    group.deserialize(GroupKind("GT"), bytes.fromhex(v["gt_generator"]))
+    for entry in rejected["GT"]:
+        data = bytes.fromhex(entry["bytes"])
+        with pytest.raises(GroupError):
+            group.deserialize(GroupKind("GT"), data)
+        coefficients = [int.from_bytes(data[k:k + 48], "little") for k in range(0, 576, 48)]
+        if entry["reason"] == "coefficient_not_reduced":
+            assert max(coefficients) >= P
+        else:
+            assert entry["reason"] == "not_in_subgroup" and not any(coefficients[1:])
+            assert 0 < coefficients[0] < P and pow(coefficients[0], Q, P) != 1
