@@ -15,6 +15,7 @@ from ibe_pubsub.cli.arguments import (
     CommandError,
     add_log_format,
     add_schema,
+    non_negative_float,
     non_negative_int,
     positive_int,
     write_json_atomically,
@@ -67,6 +68,7 @@ def cmd_rotate_admin_token(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ibe_pubsub.keyserver import (
+        ConnectionLimits,
         KeyStoreError,
         ServerConfig,
         check_listen_address,
@@ -80,6 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.tls_cert:
             check_tls_files(args.tls_cert, args.tls_key)
         check_listen_address(args.host, bool(args.tls_cert), args.insecure)
+        limits = ConnectionLimits(args.header_timeout, args.max_connections,
+                                  args.max_connections_per_address)
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
     config = ServerConfig(
@@ -100,7 +104,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         serve(config, args.host, args.port, args.tls_cert, args.tls_key,
-              "debug" if args.verbose > 1 else "info" if args.verbose else "warning", announce)
+              "debug" if args.verbose > 1 else "info" if args.verbose else "warning", announce,
+              limits)
     except (KeyStoreError, ValueError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     return 0
@@ -174,6 +179,20 @@ def register(subparsers: Any) -> None:
                        help="listening addresses one identity may hold certified at once; "
                        "certifying another is refused (409) until one of its certificates "
                        "expires, re-certifying one it holds always works")
+    serve.add_argument("--header-timeout", type=non_negative_float, default=10.0,
+                       metavar="SECONDS",
+                       help="close a connection that has not sent a complete request line "
+                       "and headers this long after it opened or after its previous answer, "
+                       "however slowly it sends them (0: never)")
+    serve.add_argument("--max-connections", type=non_negative_int, metavar="N",
+                       help="connections open at once; more get a 503 and are closed "
+                       "(default: the open-file limit less a quarter, at least 128 spare, "
+                       "at most 4096; 0: no cap)")
+    serve.add_argument("--max-connections-per-address", type=non_negative_int, default=64,
+                       metavar="N",
+                       help="connections open at once from one client address (IPv6: one "
+                       "/64); more get a 503 and are closed (0: no cap, e.g. behind a "
+                       "proxy, whose address every client then has)")
     serve.add_argument("--allow-unsafe-permissions", action="store_true",
                        help="start even if group/other users can reach the data directory or "
                        "its files (refused by default; the fix is chmod -R go= DIR)")

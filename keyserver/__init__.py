@@ -10,6 +10,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "decode_transport_certificate",
     ),
     "client": ("KeyServerClient", "KeyServerRequestError"),
+    "connections": ("ConnectionLimits",),
     "creation": ("initialise",),
     "db": ("Base",),
     "enrolment": ("plan_subscriber",),

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ibe_pubsub.keyserver.binding import check_owner, check_record, write_record
+from ibe_pubsub.keyserver.connections import ConnectionGate, ConnectionLimits
 from ibe_pubsub.keyserver.creation import database_errors
 from ibe_pubsub.keyserver.db import check_url
 from ibe_pubsub.keyserver.exceptions import ServerSettingsError
@@ -74,12 +75,15 @@ def check_tls_files(cert: str, key: str) -> None:
 
 def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
           tls_key: str | None, log_level: str = "info",
-          on_ready: Callable[[str], None] = lambda url: None) -> None:
-    """Check the data directory, unseal (failing fast with a clear message), migrate, start
-    the workers, then serve; files created from here on (SQLite's -wal/-shm) are 0600.
+          on_ready: Callable[[str], None] = lambda url: None,
+          limits: ConnectionLimits | None = None) -> None:
+    """Check the connection ``limits`` against the open-file limit and the data directory,
+    unseal (failing fast with a clear message), migrate, start the workers, then serve;
+    files created from here on (SQLite's -wal/-shm) are 0600.
     uvicorn's loggers go to the handler the command installed (``--log-format``, control
     characters escaped: its access log quotes the decoded request path), not to uvicorn's
     own formatters."""
+    gate = ConnectionGate((limits or ConnectionLimits()).resolved())
     use_private_umask()
     check_data_dir(config)
     check_url(config.url)
@@ -91,18 +95,20 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
         import uvicorn
         from uvicorn.config import STARTUP_FAILURE
 
-        from ibe_pubsub.keyserver.announcing import AnnouncingServer
+        from ibe_pubsub.keyserver.announcing import AnnouncingServer, gated_protocol
         from ibe_pubsub.keyserver.app import create_app
 
         state = build_state(config, store)
     write_record(config.data_dir, config.database_url)
     app = create_app(state)
     # h11 bounds the request line and headers (httptools buffers them without limit, so a
-    # client that never ends its headers could grow the server's memory before the gate)
+    # client that never ends its headers could grow the server's memory before the gate);
+    # the gate's protocol bounds the time to send them and the connections. No websocket
+    # upgrades: a connection handed to another protocol would leave the gate's count.
     server = AnnouncingServer(uvicorn.Config(
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
         log_level=log_level, proxy_headers=False, server_header=False,
-        timeout_graceful_shutdown=10, http="h11",
+        timeout_graceful_shutdown=10, http=gated_protocol(gate), ws="none",
         log_config=None,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES), on_ready)
     server.run()
