@@ -21,7 +21,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "credential": ("Credential", "CredentialFormatError"),
     "decomposition": (
         "covering_credential", "decompose", "enclosing_path", "fine_credentials", "fine_split",
-        "root_credential",
+        "root_credential", "virtual_peer_credentials",
     ),
     "exceptions": ("CredentialsError", "DecompositionError"),
     "faces": ("lazy_exports",),

@@ -68,6 +68,17 @@ def decompose(schema: Schema, predicate: Predicate, max_credentials: int | None 
             for a in schema.attributes}
 
 
+def virtual_peer_credentials(schema: Schema, credentials: Iterable[Credential]
+                             ) -> list[Credential]:
+    """The credentials that become virtual peers, in schema order: every constrained one,
+    else the first attribute's whole-domain credential. Their attributes are the trees a
+    subscriber joins, which the key server lets it look up."""
+    creds = list(credentials)
+    chosen = [c for name in schema.names for c in creds
+              if c.attribute == name and not c.is_root]
+    return chosen or [c for c in creds if c.attribute == schema.names[0]][:1]
+
+
 def enclosing_path(schema: Schema, attribute_name: str, value: Any) -> tuple[Credential, ...]:
     """The credentials enclosing an event value, root first; index = position."""
     attr = schema.attribute(attribute_name)

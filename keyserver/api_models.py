@@ -273,9 +273,10 @@ class DirectoryIn(Strict):
 
 
 class DirectoryEntryOut(BaseModel):
+    """An entry names no identity: lookups must not tell who constrains which attribute."""
+
     address: str
     role: Role
-    identity: str
     expires_at: float
     vouched: bool = Field(description="a root, or a member another identity saw answering "
                           "recently")
@@ -284,4 +285,5 @@ class DirectoryEntryOut(BaseModel):
 class DirectoryOut(BaseModel):
     attribute: str
     roots: list[DirectoryEntryOut]
-    members: list[DirectoryEntryOut]
+    members: list[DirectoryEntryOut] = Field(description="empty for a publisher, which sends "
+                                             "to the roots alone")

@@ -181,6 +181,9 @@ class KeyServerClient:
         self.request("DELETE", f"/v1/directory/{quote(address, safe='')}", **extra)
 
     def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
+        """The tree's roots and up to ``sample`` members, naming nobody; members only for
+        the tree's own peers and the admin (none for a publisher), 403 ``not_in_tree`` for
+        a subscriber or root outside the tree."""
         return self.request("GET", f"/v1/directory/{attribute}", params={"sample": sample})
 
 

@@ -96,6 +96,20 @@ class DirectoryEntry(Base):
     vouched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class TreeGrant(Base):
+    """A subscriber's right to look up one tree: the key server issued it credentials that
+    join it (``enrolment.joined_trees``), valid until ``expires_at``. Granted by issuance,
+    never by the subscriber's own directory registrations, which anyone could make first
+    (``routes_directory``)."""
+
+    __tablename__ = "tree_grants"
+
+    identity_id: Mapped[int] = mapped_column(
+        ForeignKey("identities.id", ondelete="CASCADE"), primary_key=True)
+    attribute: Mapped[str] = mapped_column(String(200), primary_key=True)
+    expires_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
 class PeerAddress(Base):
     """Who owns a listening address: the identity whose peer-link certificate names it, until
     that certificate expires. Only the owner may list the address in the directory."""

@@ -23,6 +23,7 @@ from ibe_pubsub.credentials import (
     fine_credentials,
     first_outside,
     parse_predicate,
+    virtual_peer_credentials,
 )
 from ibe_pubsub.keyserver.api_models import BulkCredential
 from ibe_pubsub.keyserver.epochs import Epoch
@@ -158,6 +159,13 @@ def root_attributes(schema: Schema, policy: str | None) -> tuple[str, ...]:
     the ones ``check_root_policy`` accepts."""
     parsed = stored_policy(schema, policy)
     return tuple(a for a in schema.names if parsed is None or parsed.get(a) is None)
+
+
+def joined_trees(schema: Schema, issued: Mapping[str, Sequence[str]]) -> list[str]:
+    """The trees a subscriber issued these credentials (labels per attribute) joins, as its
+    peer's virtual peers do: those of the attributes it constrains, or the first one."""
+    creds = [Credential.from_label(label) for group in issued.values() for label in group]
+    return sorted({c.attribute for c in virtual_peer_credentials(schema, creds)})
 
 
 def labels(credentials: Iterable[Credential]) -> dict[str, list[str]]:

@@ -120,8 +120,8 @@ class CatchAll:
 
 
 _MEANINGS = {401: "missing or invalid bearer token",
-             403: "identity revoked, wrong role, outside the identity's policy, or keys "
-             "only through bulk issuance",
+             403: "identity revoked, wrong role, outside the identity's policy, keys "
+             "only through bulk issuance, or a directory tree the caller is not in",
              404: "no such identity", 409: "conflict with the stored state",
              413: "request body too large", 422: "invalid request (body, parameter, "
              "predicate, attribute or key)", 429: "rate limit exceeded (see Retry-After)"}

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from ibe_pubsub.keyserver.db import AuditEntry, BulkChunk, DirectoryEntry, Identity, Setting
+from ibe_pubsub.keyserver.db import (
+    AuditEntry,
+    BulkChunk,
+    DirectoryEntry,
+    Identity,
+    Setting,
+    TreeGrant,
+)
 from ibe_pubsub.keyserver.epochs import RESCHEDULE_LEAD, EpochClock, default_grace, max_grace
 
 EPOCH_SETTING = "epoch_schedule"
@@ -119,23 +128,45 @@ def is_vouched(entry: DirectoryEntry, since: float) -> bool:
     return entry.role == "root" or (entry.vouched_at is not None and entry.vouched_at >= since)
 
 
-Listed = list[tuple[DirectoryEntry, str]]
-
-
 def lookup_peers(session: Session, attribute: str, now: float, sample: int,
-                 vouched_since: float) -> tuple[Listed, Listed]:
+                 vouched_since: float) -> tuple[list[DirectoryEntry], list[DirectoryEntry]]:
     """Live roots of the tree, and up to ``sample`` of its live other members: a random
     sample of those vouched for since ``vouched_since`` first, then others at random."""
-    rows = session.execute(
-        select(DirectoryEntry, Identity.name).join(Identity)
+    rows = list(session.scalars(
+        select(DirectoryEntry).join(Identity)
         .where(DirectoryEntry.attribute == attribute, DirectoryEntry.expires_at > now,
                Identity.revoked_at.is_(None))
-        .order_by(DirectoryEntry.id)).all()
-    roots = [(e, n) for e, n in rows if e.role == "root"]
-    vouched = [(e, n) for e, n in rows if e.role != "root" and is_vouched(e, vouched_since)]
-    others = [(e, n) for e, n in rows if e.role != "root" and not is_vouched(e, vouched_since)]
+        .order_by(DirectoryEntry.id)))
+    roots = [e for e in rows if e.role == "root"]
+    vouched = [e for e in rows if e.role != "root" and is_vouched(e, vouched_since)]
+    others = [e for e in rows if e.role != "root" and not is_vouched(e, vouched_since)]
     members = random.sample(vouched, min(sample, len(vouched)))
     return roots, members + random.sample(others, min(sample - len(members), len(others)))
+
+
+def grant_trees(session: Session, identity_id: int, attributes: Iterable[str],
+                expires_at: float) -> None:
+    """Let the identity look up these trees until ``expires_at``, when the credentials just
+    issued for them expire (a grant that lasts longer already is kept). An upsert, so that
+    concurrent issuances to one identity cannot collide."""
+    rows = [{"identity_id": identity_id, "attribute": a, "expires_at": expires_at}
+            for a in sorted(set(attributes))]
+    if not rows:
+        return
+    postgres = session.get_bind().dialect.name == "postgresql"
+    statement = (postgresql_insert if postgres else sqlite_insert)(TreeGrant).values(rows)
+    later = (func.greatest if postgres else func.max)(TreeGrant.expires_at,
+                                                      statement.excluded.expires_at)
+    session.execute(statement.on_conflict_do_update(
+        index_elements=[TreeGrant.identity_id, TreeGrant.attribute],
+        set_={"expires_at": later}))
+
+
+def holds_tree(session: Session, identity_id: int, attribute: str, now: float) -> bool:
+    """Whether the identity holds still valid credentials that join the tree of
+    ``attribute``."""
+    grant = session.get(TreeGrant, (identity_id, attribute))
+    return grant is not None and grant.expires_at > now
 
 
 def bulk_chunk(session: Session, chunk_id: str) -> BulkChunk | None:

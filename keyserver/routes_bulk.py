@@ -40,6 +40,7 @@ from ibe_pubsub.keyserver.enrolment import (
     check_issued,
     issuance_detail,
     issue_bundle,
+    joined_trees,
     parse_bulk_credential,
     stored_policy,
     target_epoch,
@@ -48,7 +49,7 @@ from ibe_pubsub.keyserver.epochs import Epoch
 from ibe_pubsub.keyserver.errors import ApiError, error_responses
 from ibe_pubsub.keyserver.keystore import b64, token_hash
 from ibe_pubsub.keyserver.locks import AdvisoryLock, holding
-from ibe_pubsub.keyserver.repository import audit, bulk_chunk, identity_by_name
+from ibe_pubsub.keyserver.repository import audit, bulk_chunk, grant_trees, identity_by_name
 from ibe_pubsub.keyserver.state import AppState
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -137,7 +138,8 @@ def _identity_states(state: AppState, caller: Caller, items: list[BulkItem], epo
 
 def _store(state: AppState, caller: Caller, body: BulkIn, request_hash: str,
            result: dict[str, Any]) -> dict[str, Any]:
-    """Store the chunk and its audit entries together; a concurrent twin wins if first."""
+    """Store the chunk, its audit entries and its subscribers' tree grants together; a
+    concurrent twin wins if first."""
     try:
         with state.sessions.begin() as session:
             session.add(BulkChunk(chunk_id=body.chunk_id, request_hash=request_hash,
@@ -148,6 +150,12 @@ def _store(state: AppState, caller: Caller, body: BulkIn, request_hash: str,
                     audit(session, caller.name, "issue_bulk", result["epoch"],
                           issuance_detail(bundle["identity"], bundle["role"], bundle)
                           | {"chunk_id": body.chunk_id})
+                    if bundle["role"] == "subscriber":
+                        identity = identity_by_name(session, bundle["identity"])
+                        assert identity is not None  # _identity_states made it
+                        grant_trees(session, identity.id,
+                                    joined_trees(state.store.schema, bundle["credentials"]),
+                                    bundle["expires_at"])
         return result
     except IntegrityError:
         stored = _stored(state, body.chunk_id, request_hash)

@@ -1,7 +1,14 @@
 """The bootstrap directory, owned: a peer lists only addresses certified to its identity
 (``keyserver.ownership``), as leases that end with its ttl or its certificate, whichever
 comes first. Joiners look up the tree's roots and a sample of its other members, those
-another identity saw answering recently (vouched) first."""
+another identity saw answering recently (vouched) first.
+
+A lookup names no identity, and shows a tree's members only to those who join it: the
+admin, a root whose policy leaves the attribute whole, a subscriber holding valid
+credentials that join the tree (granted at issuance, ``enrolment.joined_trees``; its own
+registrations count for nothing, anyone could make them first). A publisher sees the roots
+alone; roots and subscribers are refused other trees (403 ``not_in_tree``), so no caller
+reads which attributes the subscribers of other trees constrain."""
 
 from __future__ import annotations
 
@@ -12,12 +19,13 @@ from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.exc import IntegrityError
 
 from ibe_pubsub.keyserver.api_models import DirectoryEntryOut, DirectoryIn, DirectoryOut
-from ibe_pubsub.keyserver.auth import AnIdentity, AnyCaller, State
+from ibe_pubsub.keyserver.auth import AnIdentity, AnyCaller, Caller, State
 from ibe_pubsub.keyserver.db import DirectoryEntry, Identity
-from ibe_pubsub.keyserver.enrolment import check_root_policy
+from ibe_pubsub.keyserver.enrolment import check_root_policy, root_attributes
 from ibe_pubsub.keyserver.errors import ApiError, error_responses
 from ibe_pubsub.keyserver.ownership import check_canonical, check_not_owned_by_other, owned_until
 from ibe_pubsub.keyserver.repository import (
+    holds_tree,
     is_vouched,
     lookup_peers,
     register_peer,
@@ -51,9 +59,28 @@ def _register(state: AppState, identity: Identity, body: DirectoryIn, now: float
         return entry
 
 
-def _out(entry: DirectoryEntry, name: str, now: float) -> dict[str, Any]:
-    return {"address": entry.address, "role": entry.role, "identity": name,
-            "expires_at": entry.expires_at, "vouched": is_vouched(entry, now - VOUCH_WINDOW)}
+def _out(entry: DirectoryEntry, now: float) -> dict[str, Any]:
+    return {"address": entry.address, "role": entry.role, "expires_at": entry.expires_at,
+            "vouched": is_vouched(entry, now - VOUCH_WINDOW)}
+
+
+def _sees_members(state: AppState, caller: Caller, attribute: str, now: float) -> bool:
+    """Whether the caller may see the tree's members (True), only its roots (False, a
+    publisher, which sends to roots alone), or nothing (403 ``not_in_tree``)."""
+    identity = caller.identity
+    if identity is None:
+        return True
+    if identity.role == "publisher":
+        return False
+    if identity.role == "root":
+        allowed = attribute in root_attributes(state.store.schema, identity.policy)
+    else:
+        with state.sessions() as session:
+            allowed = holds_tree(session, identity.id, attribute, now)
+    if not allowed:
+        raise ApiError(403, f"identity {identity.name!r} is not in the tree of {attribute!r}: a "
+                       f"{identity.role} looks up only the trees it joins", "not_in_tree")
+    return True
 
 
 @router.post("", response_model=DirectoryEntryOut, status_code=201,
@@ -77,21 +104,25 @@ def register(body: DirectoryIn, caller: AnIdentity, state: State) -> dict[str, A
         entry = _register(state, identity, body, now)
     except IntegrityError:  # a concurrent first registration of the same entry won the insert
         entry = _register(state, identity, body, now)
-    return _out(entry, identity.name, now)
+    return _out(entry, now)
 
 
 @router.get("/{attribute}", response_model=DirectoryOut,
             responses=error_responses(401, 403, 422))
-def lookup(attribute: Annotated[str, Path(max_length=200)], _: AnyCaller, state: State,
+def lookup(attribute: Annotated[str, Path(max_length=200)], caller: AnyCaller, state: State,
            sample: Annotated[int, Query(ge=0, le=100)] = 8) -> dict[str, Any]:
     """Live roots of the tree and up to ``sample`` other live members: vouched ones first,
-    then unvouched ones to fill up."""
+    then unvouched ones to fill up. Members only for the admin, the tree's roots and its
+    subscribers; a publisher gets the roots alone; 403 ``not_in_tree`` for a root or
+    subscriber outside the tree."""
     _check_attribute(state, attribute)
     now = time.time()
+    if not _sees_members(state, caller, attribute, now):
+        sample = 0
     with state.sessions() as session:
         roots, members = lookup_peers(session, attribute, now, sample, now - VOUCH_WINDOW)
-    return {"attribute": attribute, "roots": [_out(e, n, now) for e, n in roots],
-            "members": [_out(e, n, now) for e, n in members]}
+    return {"attribute": attribute, "roots": [_out(e, now) for e in roots],
+            "members": [_out(e, now) for e in members]}
 
 
 @router.delete("/{address}", status_code=204, response_class=Response,

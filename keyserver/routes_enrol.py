@@ -50,6 +50,7 @@ from ibe_pubsub.keyserver.enrolment import (
     check_root_policy,
     issuance_detail,
     issue_bundle,
+    joined_trees,
     plan_publisher,
     plan_subscriber,
     root_attributes,
@@ -59,21 +60,28 @@ from ibe_pubsub.keyserver.enrolment import (
 )
 from ibe_pubsub.keyserver.errors import ApiError, error_responses
 from ibe_pubsub.keyserver.ownership import check_canonical, claim_addresses
-from ibe_pubsub.keyserver.repository import audit
+from ibe_pubsub.keyserver.repository import audit, grant_trees
 from ibe_pubsub.keyserver.state import AppState
 
 router = APIRouter(prefix="/v1/enrol", tags=["enrolment"])
 
 
-def _record(state: AppState, actor: str, action: str, epoch: int, detail: dict[str, Any]
-            ) -> None:
+Grant = tuple[int, list[str], float]
+"""A subscriber's identity id, the trees it joins and until when (``grant_trees``)."""
+
+
+def _record(state: AppState, actor: str, action: str, epoch: int, detail: dict[str, Any],
+            grant: Grant | None = None) -> None:
+    """Audit the issuance and grant a subscriber its trees, in one transaction."""
     with state.sessions.begin() as session:
         audit(session, actor, action, epoch, detail)
+        if grant is not None:
+            grant_trees(session, *grant)
 
 
 async def _audited(state: AppState, caller: Caller, action: str, epoch: int,
-                   detail: dict[str, Any]) -> None:
-    await run_in_threadpool(_record, state, caller.name, action, epoch, detail)
+                   detail: dict[str, Any], grant: Grant | None = None) -> None:
+    await run_in_threadpool(_record, state, caller.name, action, epoch, detail, grant)
 
 
 def _may_enrol(identity: Identity) -> None:
@@ -131,7 +139,9 @@ async def _enrol(state: AppState, caller: Caller, role: str, what: str, text: st
     charge_keys(state, caller, len(creds) + len(fine))
     bundle = await issue_bundle(state, caller.name, role, epoch, creds, fine)
     await _audited(state, caller, f"issue_{role}", epoch.number,
-                   issuance_detail(identity.name, role, bundle) | {what: str(predicate)})
+                   issuance_detail(identity.name, role, bundle) | {what: str(predicate)},
+                   (identity.id, joined_trees(schema, bundle["credentials"]),
+                    bundle["expires_at"]) if role == "subscriber" else None)
     return bundle
 
 

@@ -31,11 +31,12 @@ from ibe_pubsub.credentials import (
     load_group,
     root_credential,
     scheme,
+    virtual_peer_credentials,
 )
 from ibe_pubsub.overlay.crypto import RootKit, SubscriberKit, VirtualKeys
 from ibe_pubsub.overlay.crypto_model import CostTable, ModelDecryptKey, ModeledCrypto
 from ibe_pubsub.overlay.crypto_real import RealCrypto
-from ibe_pubsub.overlay.kits import Plan, plan_virtual_peers, real_kit, virtual_peer_credentials
+from ibe_pubsub.overlay.kits import Plan, plan_virtual_peers, real_kit
 
 
 def _plan(schema: Schema, predicate: Predicate, max_credentials: int | None,

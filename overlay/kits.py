@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ibe_pubsub.credentials import Credential, EventFilter, Schema, SubscriberKey, codec
+from ibe_pubsub.credentials import (
+    Credential,
+    EventFilter,
+    Schema,
+    SubscriberKey,
+    codec,
+    virtual_peer_credentials,
+)
 from ibe_pubsub.overlay.crypto import SubscriberKit, VirtualKeys
 
 #: [(a virtual peer's credential, the fine credentials it covers)]
@@ -22,16 +29,6 @@ Plan = list[tuple[Credential, tuple[Credential, ...]]]
 
 #: A credential's signed connection request (encoded) and its SW per position.
 RequestOf = Callable[[Credential], tuple[bytes, tuple[bytes, ...]]]
-
-
-def virtual_peer_credentials(schema: Schema, credentials: Iterable[Credential]
-                             ) -> list[Credential]:
-    """The credentials that become virtual peers, in schema order: every constrained one,
-    else the first attribute's whole-domain credential."""
-    creds = list(credentials)
-    chosen = [c for name in schema.names for c in creds
-              if c.attribute == name and not c.is_root]
-    return chosen or [c for c in creds if c.attribute == schema.names[0]][:1]
 
 
 def plan_virtual_peers(schema: Schema, credentials: Iterable[Credential],

@@ -209,7 +209,7 @@ def test_revoked_identity_gets_403_and_leaves_the_directory(keyserver):
     client, created = _identity(keyserver, "subscriber")
     certificate = _certify(client, "127.0.0.1:7001")
     client.register("127.0.0.1:7001", "volume", "subscriber", 600)
-    assert "127.0.0.1:7001" in [m["address"] for m in client.lookup("volume", 100)["members"]]
+    assert "127.0.0.1:7001" in [m["address"] for m in admin.lookup("volume", 100)["members"]]
     revoked = admin.revoke(created["id"])
     assert revoked["revoked_epoch"] is not None
     err = _status(lambda: client.enrol_subscriber("price < 5"))
@@ -235,6 +235,7 @@ def test_directory_lists_roots_and_samples_live_members(keyserver):
         _certify(m, f"10.0.0.{i + 2}:9000", *(["10.0.0.99:9000"] if i == 0 else []))
         m.register(f"10.0.0.{i + 2}:9000", "symbol", "subscriber", 600)
     members[0].register("10.0.0.99:9000", "symbol", "subscriber", 1)
+    members[1].enrol_subscriber('symbol = "IBM"')  # a subscriber looks up the trees it joins
     time.sleep(1.2)
     found = members[1].lookup("symbol", sample=3)
     assert [r["address"] for r in found["roots"]] == ["10.0.0.1:9000"]

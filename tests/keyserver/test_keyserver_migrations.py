@@ -17,8 +17,9 @@ from ibe_pubsub.keyserver.client import KeyServerClient
 from ibe_pubsub.keyserver.db import Base
 from ibe_pubsub.keyserver.migrate import downgrade, upgrade
 
-TABLES = {"settings", "identities", "audit_log", "directory", "bulk_chunks", "peer_addresses"}
-FIRST_REVISION_TABLES = TABLES - {"peer_addresses"}
+TABLES = {"settings", "identities", "audit_log", "directory", "bulk_chunks", "peer_addresses",
+          "tree_grants"}
+FIRST_REVISION_TABLES = TABLES - {"peer_addresses", "tree_grants"}
 
 
 def _tables(url: str) -> set[str]:

@@ -15,6 +15,12 @@ revocation) let a second identity certify it while the first certificate naming 
 still valid: two valid certificates for one address, so an attacker could certify a root's
 future address, free it, and pass as the root once it started there (0 of 4 events
 delivered), or collect certificates for a whole host's port range in 40 s.
+
+A later review found that lookups named each entry's identity and served any token any
+tree: a publisher limited to ``price <= 1``, in no tree, read which attributes each of four
+named subscribers constrains (``bob: price, volume``). Now entries name nobody, a publisher
+gets the roots alone, and a subscriber or root looks up only the trees it joins (403
+``not_in_tree``), subscribers by the credentials issued to them, not their registrations.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from __future__ import annotations
 import base64
 import collections
 import itertools
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from cryptography import x509
@@ -69,14 +76,18 @@ def short_server(servers: KeyServers) -> KeyServer:
 
 
 class Peer:
-    """An identity's client and name."""
+    """An identity's client and name; a subscriber enrolled for ``subscribes`` may look up
+    the trees of the attributes it constrains."""
 
-    def __init__(self, server: KeyServer, role: str, policy: str | None = None) -> None:
+    def __init__(self, server: KeyServer, role: str, policy: str | None = None,
+                 subscribes: str | None = None, name: str | None = None) -> None:
         admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
-        self.name = f"dir-{role}-{next(_names)}"
+        self.name = name or f"dir-{role}-{next(_names)}"
         self.token = admin.create_identity(self.name, role, policy)["token"]
         self.client = KeyServerClient(server.base_url, self.token, retries=0)
         self.base_url = server.base_url
+        if subscribes is not None:
+            self.client.enrol_subscriber(subscribes)
 
     def certify(self, *addresses: str) -> dict[str, Any]:
         key = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
@@ -123,7 +134,7 @@ def test_a_subscriber_cannot_take_over_the_roots_entry(server: KeyServer) -> Non
             err = _refused(attacks[i % 3])
             refusals[(err.status, err.code)] += 1
 
-    watcher = Peer(server, "subscriber")
+    watcher = Peer(server, "subscriber", subscribes='symbol = "IBM"')
     attacker = threading.Thread(target=attack)
     attacker.start()
     without_root = sum(address not in [r["address"] for r in
@@ -137,7 +148,8 @@ def test_a_subscriber_cannot_take_over_the_roots_entry(server: KeyServer) -> Non
 
     # control: the owner's own refresh succeeds
     refreshed = root.register(address, "symbol", "root")
-    assert (refreshed["identity"], refreshed["vouched"]) == (root.name, True)
+    assert (refreshed["address"], refreshed["role"], refreshed["vouched"]) == (address, "root",
+                                                                             True)
     # control: a lookup does show a missing root (here after the owner left)
     root.client.deregister(address)
     assert address not in [r["address"] for r in watcher.client.lookup("symbol")["roots"]]
@@ -157,6 +169,7 @@ def test_the_roots_address_is_refused_to_others_until_its_certificate_ends(
 
     time.sleep(max(0.0, certificate["not_after"] - time.time()) + 0.3)
     # the root's lease (ttl 600 s) ended with its certificate
+    watcher.client.enrol_subscriber("price < 10")  # keys of this epoch, to look up price
     assert address not in _listed(watcher, "price")
     assert squatter.certify(address)["addresses"] == [address]  # free again
     err = _refused(lambda: root.register(address, "price", "root"))
@@ -165,7 +178,8 @@ def test_the_roots_address_is_refused_to_others_until_its_certificate_ends(
 
 def test_one_identity_with_80_dead_addresses_is_refused_beyond_the_cap(
         server: KeyServer) -> None:
-    attacker, watcher = Peer(server, "subscriber"), Peer(server, "subscriber")
+    attacker = Peer(server, "subscriber")
+    watcher = Peer(server, "subscriber", subscribes="volume < 10")
     dead = [_dead_address() for _ in range(80)]
     refusals: collections.Counter[tuple[int, str | None]] = collections.Counter()
     issued: list[dict[str, Any]] = []
@@ -183,12 +197,10 @@ def test_one_identity_with_80_dead_addresses_is_refused_beyond_the_cap(
             continue
         attacker.register(address, "volume")
         if i == CAP - 1:  # control: up to the cap, every address is certified and listed
-            assert {a for a, e in _listed(watcher, "volume").items()
-                    if e["identity"] == attacker.name} == set(dead[:CAP])
+            assert set(_listed(watcher, "volume")) & set(dead) == set(dead[:CAP])
     print(f"80 dead addresses from one identity: refusals {dict(refusals)}")
     assert refusals == {(409, "too_many_addresses"): 80 - CAP}
-    listed = _listed(watcher, "volume")
-    assert {a for a, e in listed.items() if e["identity"] == attacker.name} == set(dead[:CAP])
+    assert set(_listed(watcher, "volume")) & set(dead) == set(dead[:CAP])
     # nothing was freed to make room: its first address is still refused to others
     err = _refused(lambda: Peer(server, "subscriber").certify(dead[0]))
     assert (err.status, err.code) == (409, "address_taken")
@@ -206,7 +218,7 @@ def test_one_identity_with_80_dead_addresses_is_refused_beyond_the_cap(
     vouched = [m["vouched"] for m in members]
     assert vouched == sorted(vouched, reverse=True), "vouched members come first"
     assert {m["address"] for m in members if m["vouched"]} == set(mine)
-    assert sorted(m["address"] for m in members if m["identity"] == attacker.name
+    assert sorted(m["address"] for m in members if m["address"] in dead
                   and not m["vouched"]) == sorted(dead[:CAP])
     for _ in range(10):  # a joiner asking for three gets the vouched honest members
         assert {m["address"] for m in watcher.client.lookup("volume", sample=3)["members"]
@@ -253,8 +265,8 @@ def test_revocation_keeps_the_address_blocked_until_the_certificate_expires(
     the revoked identity's directory entries go at once, but its address stays refused to
     others until its certificate expires."""
     admin = KeyServerClient(short_server.base_url, short_server.admin_token, retries=0)
-    mallory, root, watcher = Peer(short_server, "subscriber"), Peer(short_server, "root"), \
-        Peer(short_server, "subscriber")
+    mallory, root = Peer(short_server, "subscriber"), Peer(short_server, "root")
+    watcher = Peer(short_server, "subscriber", subscribes='symbol = "IBM"')
     target = _dead_address()
     certificate = mallory.certify(target)
     mallory.register(target, "symbol")
@@ -274,11 +286,133 @@ def test_revocation_keeps_the_address_blocked_until_the_certificate_expires(
 
     _expire(certificate)  # control: free once the revoked identity's certificate expired
     assert root.certify(target)["addresses"] == [target]
-    assert root.register(target, "symbol", "root")["identity"] == root.name
+    assert root.register(target, "symbol", "root")["address"] == target
+
+
+#: The attack review's subscribers: subscription, and the trees it joins (those whose
+#: attributes it constrains).
+SUBSCRIBERS = {"alice": ("price < 100", ("price",)),
+               "bob": ("price < 50 and volume > 1000", ("price", "volume")),
+               "carol": ("volume < 10", ("volume",)),
+               "dave": ('symbol = "IBM"', ("symbol",))}
+#: Every field of a lookup's entry: no identity name.
+ENTRY_FIELDS = {"address", "role", "expires_at", "vouched"}
+
+
+class Population(NamedTuple):
+    root: str
+    names: dict[str, str]
+    peers: dict[str, Peer]
+    addresses: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def population(server: KeyServer) -> Population:
+    """A root of every tree, and the four named subscribers registered, as their peers do,
+    in the trees they join."""
+    root, root_address = Peer(server, "root"), _dead_address()
+    root.certify(root_address)
+    run = next(_names)
+    peers, addresses = {}, {}
+    for who, (subscription, trees) in SUBSCRIBERS.items():
+        peer = peers[who] = Peer(server, "subscriber", subscribes=subscription,
+                                 name=f"{who}-{run}")
+        address = addresses[who] = _dead_address()
+        peer.certify(address)
+        for tree in trees:
+            peer.register(address, tree)
+    for tree in ("symbol", "price", "volume"):
+        root.register(root_address, tree, "root")
+    return Population(root_address, {w: p.name for w, p in peers.items()}, peers, addresses)
+
+
+def _lookup_text(server: KeyServer, token: str, attribute: str) -> tuple[int, str]:
+    """Status and raw body of a lookup of the whole tree: every byte a caller gets."""
+    with bearer_client(server.base_url, token) as http:
+        answer = http.get(f"/v1/directory/{attribute}", params={"sample": 100})
+    return answer.status_code, answer.text
+
+
+def _check_nameless(doc: dict[str, Any], text: str, names: dict[str, str]) -> None:
+    assert set(doc) == {"attribute", "roots", "members"}
+    assert all(set(e) == ENTRY_FIELDS for e in doc["roots"] + doc["members"])
+    assert not [n for n in names.values() if n in text]
+
+
+def test_a_publisher_learns_the_roots_and_nothing_of_the_subscribers(
+        server: KeyServer, population: Population) -> None:
+    """The attack review's scenario: a publisher limited to ``price <= 1``, in no tree, read
+    for each named subscriber which attributes it constrains (``bob: price, volume``). Now
+    a publisher gets each tree's roots (all it sends to) and no members, no names."""
+    publisher = Peer(server, "publisher", "price <= 1")
+    publisher.client.enrol_publisher("price <= 1")
+    admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
+    learned = {}
+    for tree in ("symbol", "price", "volume"):
+        status, text = _lookup_text(server, publisher.token, tree)
+        assert status == 200, text
+        doc = json.loads(text)
+        _check_nameless(doc, text, population.names)
+        assert doc["members"] == []
+        assert population.root in [r["address"] for r in doc["roots"]]
+        assert {r["role"] for r in doc["roots"]} == {"root"}
+        learned[tree] = {a for a in (e["address"] for e in doc["roots"] + doc["members"])
+                         if a in population.addresses.values()}
+        # control: the members are there to be leaked (the admin sees them)
+        members = {m["address"] for m in admin.lookup(tree, sample=100)["members"]}
+        joined = {population.addresses[w] for w, (_, trees) in SUBSCRIBERS.items()
+                  if tree in trees}
+        assert members >= joined
+    print(f"what a publisher learns of the subscribers' trees: {learned}")
+    assert learned == {"symbol": set(), "price": set(), "volume": set()}
+
+
+def test_a_subscriber_looks_up_only_the_trees_it_joins_and_learns_no_names(
+        server: KeyServer, population: Population) -> None:
+    """A subscriber gets the members of the trees it joins, without names,
+    and 403 ``not_in_tree`` for the others, so it cannot tell which subscribers constrain
+    an attribute it does not; registering in a tree first earns no lookup of it."""
+    alice, bob = population.peers["alice"], population.peers["bob"]
+    for tree in ("volume", "symbol"):
+        err = _refused(lambda tree=tree: alice.client.lookup(tree))
+        assert (err.status, err.code) == (403, "not_in_tree")
+        assert set(err.body) == {"error"} and set(err.body["error"]) == {"status", "code",
+                                                                          "message"}
+    # control: its own tree, with the members that joined it, and no name
+    status, text = _lookup_text(server, alice.token, "price")
+    assert status == 200, text
+    doc = json.loads(text)
+    _check_nameless(doc, text, population.names)
+    assert {m["address"] for m in doc["members"]} >= {population.addresses["alice"],
+                                                     population.addresses["bob"]}
+    assert population.addresses["carol"] not in {m["address"] for m in doc["members"]}
+    assert population.addresses["carol"] in _listed(bob, "volume")  # bob's other tree
+
+    mallory, address = Peer(server, "subscriber", subscribes="price < 10"), _dead_address()
+    mallory.certify(address)
+    mallory.register(address, "symbol")  # a lease in a tree it holds no credential of
+    err = _refused(lambda: mallory.client.lookup("symbol"))
+    assert (err.status, err.code) == (403, "not_in_tree")
+
+
+def test_a_bulk_issued_subscriber_looks_up_the_trees_of_its_bundle(server: KeyServer) -> None:
+    """Bulk issuance grants the trees of the credentials it issues, as enrolment does."""
+    admin = KeyServerClient(server.base_url, server.admin_token, retries=0)
+    name = f"dir-bulk-{next(_names)}"
+    bundle = admin.bulk(f"chunk-{name}", [{"identity": name, "role": "subscriber",
+                                           "credentials": [{"attribute": "volume",
+                                                            "credential": "volume:0",
+                                                            "fine": False, "position": 1}]}]
+                        )["bundles"][0]
+    client = KeyServerClient(server.base_url, bundle["token"], retries=0)
+    assert set(client.lookup("volume")) == {"attribute", "roots", "members"}
+    err = _refused(lambda: client.lookup("price"))
+    assert (err.status, err.code) == (403, "not_in_tree")
 
 
 def test_a_root_is_listed_only_for_trees_its_policy_leaves_whole(server: KeyServer) -> None:
-    root, watcher = Peer(server, "root", "price < 10"), Peer(server, "subscriber")
+    root = Peer(server, "root", "price < 10")
+    watcher = Peer(server, "subscriber", subscribes="price < 10 and volume < 10")
     address = _dead_address()
     issued = root.certify(address)
     binding = read_peer_certificate(
@@ -290,10 +424,15 @@ def test_a_root_is_listed_only_for_trees_its_policy_leaves_whole(server: KeyServ
     # control: the same root, a tree its policy leaves whole
     assert root.register(address, "volume", "root")["role"] == "root"
     assert _listed(watcher, "volume")[address]["role"] == "root"
+    # and it looks up only the trees it may serve
+    err = _refused(lambda: root.client.lookup("price"))
+    assert (err.status, err.code) == (403, "not_in_tree")
+    assert address in _listed(root, "volume")
 
 
 def test_only_the_owner_removes_its_address(server: KeyServer) -> None:
-    owner, other = Peer(server, "subscriber"), Peer(server, "subscriber")
+    owner = Peer(server, "subscriber")
+    other = Peer(server, "subscriber", subscribes="price < 10 and volume < 10")
     address = _dead_address()
     owner.certify(address)
     for tree in ("volume", "price"):
@@ -317,7 +456,7 @@ def test_only_the_owner_removes_its_address(server: KeyServer) -> None:
 
 
 def test_vouches_count_only_from_other_identities(server: KeyServer) -> None:
-    a, b, c = (Peer(server, "subscriber") for _ in range(3))
+    a, b, c = (Peer(server, "subscriber", subscribes="price < 10") for _ in range(3))
     aa, bb, cc, cc2 = (_dead_address() for _ in range(4))
     for peer, addresses in ((a, (aa,)), (b, (bb,)), (c, (cc, cc2))):
         peer.certify(*addresses)
@@ -371,10 +510,9 @@ def test_concurrent_claims_of_one_address_have_one_winner(racing_server: KeyServ
         winners = race()
         assert len(winners) == 1, f"round {round_}: {len(winners)} owners"
         winner = winners[0]
-        winner.register(address, "symbol")  # control: the winner owns it
+        until = winner.register(address, "symbol")["expires_at"]  # control: the winner owns it
         loser = next(p for p in peers if p is not winner)
         assert _refused(lambda loser=loser: loser.register(address, "symbol")).status == 403
-        until = _listed(winner, "symbol")[address]["expires_at"]
         time.sleep(max(0.0, until - time.time()) + 0.3)
 
 
@@ -402,13 +540,30 @@ def test_concurrent_claims_of_one_identity_stay_within_its_cap(
         peer.register(address, "symbol")
 
 
+def test_concurrent_enrolments_of_one_subscriber_grant_all_its_trees(
+        racing_server: KeyServer) -> None:
+    """Eight enrolments of one subscriber at once, each joining other trees: all succeed
+    (the grants are upserts, never a 500 on a duplicate key) and every tree is granted."""
+    peer = Peer(racing_server, "subscriber")
+    epoch = KeyServerClient(racing_server.base_url).epoch()
+    if epoch["epoch_end"] - time.time() < 4:  # the grants must not expire before the check
+        time.sleep(max(0.0, epoch["epoch_end"] - time.time()) + 0.2)
+    subscriptions = ["price < 10", "volume < 10", 'symbol = "IBM"',
+                     "price < 10 and volume < 10"] * 2
+    with ThreadPoolExecutor(len(subscriptions)) as pool:
+        list(pool.map(peer.client.enrol_subscriber, subscriptions))
+    for tree in ("symbol", "price", "volume"):
+        assert peer.client.lookup(tree)["attribute"] == tree
+
+
 def test_the_cap_is_configurable(keyserver_factory: KeyServers,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``--max-peer-addresses``, here through its environment variable (the TOML file and
     the flag work the same way, ``peer.config``)."""
     monkeypatch.setenv("IBE_PUBSUB_MAX_PEER_ADDRESSES", "2")
     server = keyserver_factory.start(serve_args=("--workers", "1"))
-    peer, watcher = Peer(server, "subscriber"), Peer(server, "subscriber")
+    peer = Peer(server, "subscriber")
+    watcher = Peer(server, "subscriber", subscribes='symbol = "IBM"')
     addresses = [_dead_address() for _ in range(3)]
     err = _refused(lambda: peer.certify(*addresses))
     assert (err.status, err.code) == (422, "too_many_addresses")
