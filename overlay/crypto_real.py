@@ -112,11 +112,15 @@ class RealCrypto:
         return int(token.epoch)
 
     def decode_event(self, data: bytes) -> AnyEvent:
+        """The event, if it decodes and has this schema's shape (every attribute, each with
+        its number of positions): what every later step indexes by."""
         with self.meter.timed("decode_event"):
             try:
-                return codec.decode_any_event(self.pp.group, data)
-            except codec.CodecError as exc:
+                event = codec.decode_any_event(self.pp.group, data)
+                scheme.check_structure(self.pp, event)
+            except (codec.CodecError, scheme.SchemeError) as exc:
                 raise CryptoRejected(str(exc)) from None
+            return event
 
     def event_epoch(self, event: AnyEvent) -> int:
         return event.header.epoch

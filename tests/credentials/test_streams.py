@@ -16,6 +16,7 @@ from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import streams as T
 from ibe_pubsub.credentials.symmetric import NONCE_BYTES, seal
+from ibe_pubsub.overlay.crypto import CryptoRejected
 from ibe_pubsub.overlay.crypto_real import RealCrypto
 
 __all__ = ["world"]  # the fixture (group, master secret, a publisher of everything)
@@ -193,6 +194,31 @@ def test_real_crypto_takes_both_modes(world):
         assert crypto.decrypt(key, ct) == event(n)
     crypto.drop_epoch(EPOCH)  # a dropped epoch refuses the stream's events
     assert not crypto.verify(crypto.decode_event(stream_event))
+
+
+@pytest.mark.parametrize("kind", ["version 2", "stream"])
+@pytest.mark.parametrize("cut", ["an attribute", "a position"])
+def test_events_of_another_shape_refused_at_decoding(world, kind, cut):
+    """An event that decodes but lacks an attribute or a position of the schema is refused
+    before anything indexes into it (listing it for watchers raised IndexError)."""
+    pp, _, publisher = world
+    crypto = RealCrypto(pp, Ed25519PrivateKey.generate().public_key())
+    ct = (S.encrypt_and_sign(pp, publisher, event(0)) if kind == "version 2"
+          else T.stream_encrypt_and_sign(stream(world), event(0)))
+    encode = codec.encode_event if kind == "version 2" else codec.encode_stream_event
+    assert crypto.digest_entry(crypto.decode_event(encode(ct)), "qty", 1)  # control
+    if cut == "an attribute":
+        short = dataclasses.replace(ct, attributes=ct.attributes[:1], header=dataclasses.replace(
+            ct.header, publisher_credentials=ct.header.publisher_credentials[:1]))
+        if kind == "version 2":
+            short = dataclasses.replace(short, signatures=ct.signatures[:1])
+    else:
+        last = ct.attributes[2]
+        cut_entry = dataclasses.replace(last, E=last.E[:-1], R=last.R[:-1])
+        short = dataclasses.replace(ct, attributes=(*ct.attributes[:2], cut_entry))
+    assert codec.decode_any_event(pp.group, encode(short))  # the bytes themselves decode
+    with pytest.raises(CryptoRejected):
+        crypto.decode_event(encode(short))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "extend", "inner tag"])
