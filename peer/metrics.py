@@ -139,7 +139,8 @@ class _NodeCollector(Collector):
         yield _labelled("ibe_peer_transport_bytes", "Bytes of data frames through sockets.",
                         "direction", {"sent": transport.bytes_sent,
                                       "received": transport.bytes_received})
-        yield _labelled("ibe_peer_transport_refused", "Connections refused, by reason.",
+        yield _labelled("ibe_peer_transport_refused", "Connections refused, by reason "
+                        "(held_full: reading one paused, its held frames at a cap).",
                         "reason", dict(transport.refused))
         yield CounterMetricFamily("ibe_peer_transport_dropped", "Frames dropped unsent (a "
                                   "full queue, or a neighbour given up on).",

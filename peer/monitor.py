@@ -10,9 +10,13 @@ Whoever can connect must not be able to starve the peer: at most :data:`MAX_CONN
 connections are open at once (more are closed on arrival, before they hold a file
 descriptor the overlay needs), each must send a whole request within
 :data:`REQUEST_TIMEOUT` seconds of opening or of the previous response, and uvicorn's
-lines about bad requests are rate-limited. A Host header that names neither an IP address,
-``localhost``, the bound host nor an allowed name is refused (421), so a web page whose
-DNS name is rebound to this machine cannot read ``/status`` through a browser.
+lines about bad requests are rate-limited. Nor can one client starve the others: a client
+address (an IPv6 client's /64) holds at most :data:`MAX_CONNECTIONS_PER_ADDRESS` of the
+slots, so a scraper at another address finds one free unless clients at
+``MAX_CONNECTIONS // MAX_CONNECTIONS_PER_ADDRESS`` other addresses fill them together.
+A Host header that names neither an IP address, ``localhost``, the bound host nor an
+allowed name is refused (421), so a web page whose DNS name is rebound to this machine
+cannot read ``/status`` through a browser.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 #: Connections open at once; a scraper needs one or two.
 MAX_CONNECTIONS = 64
+#: Connections open at once from one client address (an IPv6 client's /64, which one host
+#: usually holds whole): a client holding and reopening half-sent requests takes no more.
+MAX_CONNECTIONS_PER_ADDRESS = 8
 #: Seconds a connection has for a whole request, from its opening or the last response.
 REQUEST_TIMEOUT = 5.0
 Handler = Callable[[], tuple[int, str, bytes]]
@@ -148,6 +155,18 @@ class _DeadlineProtocol(H11Protocol):
         self._deadline = self.loop.call_later(REQUEST_TIMEOUT, self.transport.abort)
 
 
+@functools.lru_cache(maxsize=1024)
+def client_group(host: str) -> str:
+    """The share of slots a client counts against: its IPv4 address (also when mapped into
+    IPv6), or its IPv6 /64, so that a host cannot take more by changing its interface id."""
+    address = ipaddress.ip_address(host)
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address.packed[:8] + bytes(8), 64)))
+    return str(address)
+
+
 def _rate_limit(logger: logging.Logger) -> None:
     if not any(isinstance(f, RateLimit) for f in logger.filters):
         logger.addFilter(RateLimit())
@@ -165,8 +184,9 @@ class Monitor:
 
     Connections are accepted here, one at a time, rather than by uvicorn's asyncio server,
     which accepts a whole backlog in one go and so holds a descriptor for every waiting
-    connection before any protocol could refuse it. A connection beyond the cap is closed
-    right after ``accept``, so the endpoint never holds more than the cap plus one."""
+    connection before any protocol could refuse it. A connection beyond the cap, or beyond
+    its address's share, is closed right after ``accept``, so the endpoint never holds more
+    than the cap plus one."""
 
     def __init__(self, host: str, port: int, routes: dict[str, Handler],
                  allowed_hosts: Collection[str] = ()) -> None:
@@ -212,7 +232,7 @@ class Monitor:
                                      server_state=state, app_state={})
         while True:
             try:
-                connection, _ = await loop.sock_accept(sock)
+                connection, client = await loop.sock_accept(sock)
             except OSError as exc:  # out of descriptors: wait rather than spin
                 log.warning("the monitoring endpoint cannot accept: %s", exc)
                 await asyncio.sleep(1.0)
@@ -221,6 +241,13 @@ class Monitor:
                 connection.close()
                 log.warning("closed monitoring connections beyond %d open at once",
                             MAX_CONNECTIONS)
+                continue
+            group = client_group(client[0])
+            if sum(1 for p in state.connections if p.client is not None
+                   and client_group(p.client[0]) == group) >= MAX_CONNECTIONS_PER_ADDRESS:
+                connection.close()
+                log.warning("closed monitoring connections beyond %d open at once from "
+                            "one address", MAX_CONNECTIONS_PER_ADDRESS)
                 continue
             await loop.connect_accepted_socket(protocol, connection)
 

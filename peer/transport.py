@@ -8,10 +8,11 @@ When two peers dial each other at once, both keep writing on the newest connecti
 dialed by the smaller address and close the others after a short drain, so each pair
 settles on one connection; a side that moves to a newer connection ends the older one
 with an END frame, and the receiver keeps the newer one's frames until then, so frames
-stay in order. A message to the peer's own address is handed back to it without a
-socket. A peer that does not listen (a publisher) says hello with an empty address and
-is named ``~host:port`` by the other side; it can be answered while connected but never
-dialed.
+stay in order; it keeps no more than :class:`HoldLimits` allows, and stops reading a
+connection whose next frame would pass a cap until there is room. A message to the
+peer's own address is handed back to it without a socket. A peer that does not listen (a
+publisher) says hello with an empty address and is named ``~host:port`` by the other
+side; it can be answered while connected but never dialed.
 
 A secure transport (the default) runs mutual TLS 1.3 on every connection with the
 credentials in :class:`peer.tls.PeerTLS`, and a peer's name is an address its certificate
@@ -131,6 +132,21 @@ class Backoff:
         return base * (1 + self.jitter * (2 * rng.random() - 1))
 
 
+@dataclass(frozen=True)
+class HoldLimits:
+    """How much DATA a link keeps while the peer still owes frames on an older connection,
+    per connection and for all of the link's connections together. An honest peer's frames
+    wait there only until its END crosses the older connection; a certified peer that writes
+    on a second connection without ending the first would otherwise grow the buffer at will.
+    A frame that does not fit stays unread with everything after it (refused as
+    ``held_full``), so TCP slows the sender down and nothing is lost."""
+
+    connection_frames: int = 256
+    connection_bytes: int = 1 << 20
+    link_frames: int = 1024
+    link_bytes: int = 4 << 20
+
+
 @dataclass(eq=False)
 class _Connection:
     reader: asyncio.StreamReader
@@ -144,6 +160,9 @@ class _Connection:
     closing: bool = False
     #: DATA that arrived while the peer still owed frames on an older connection.
     held: list[bytes] = field(default_factory=list)
+    held_bytes: int = 0
+    #: Not read until the frame in hand fits within the caps, or may be delivered.
+    paused: bool = False
     #: The peer sent END: no more DATA comes on this connection.
     ended: bool = False
 
@@ -163,19 +182,28 @@ class _Link:
     renewed_for: float | None = None
     #: After a failed renewal, not before this (Unix time).
     renew_retry_at: float = 0.0
+    #: Set when held frames leave or the connection written on changes: paused
+    #: connections look again.
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def held(self) -> tuple[int, int]:
+        """Frames, and their bytes, that its connections hold."""
+        return sum(len(c.held) for c in self.conns), sum(c.held_bytes for c in self.conns)
 
 
 class Transport:
     """Moves opaque payloads between peers; ``on_message(sender, payload)`` gets each one.
 
     ``secure=True`` (the default) authenticates every connection with ``tls``, which may
-    be set later (:attr:`tls`); ``secure=False`` with no ``tls`` is plaintext."""
+    be set later (:attr:`tls`); ``secure=False`` with no ``tls`` is plaintext. ``hold`` caps
+    the frames kept while a link moves to a newer connection."""
 
     def __init__(self, on_message: MessageHandler, *, tls: PeerTLS | None = None,
                  secure: bool = True, max_frame: int = frames.DEFAULT_MAX_FRAME,
                  backoff: Backoff | None = None, queue_limit: int = 4096,
                  rng: random.Random | None = None,
-                 refusal_log_interval: float = REFUSAL_LOG_INTERVAL) -> None:
+                 refusal_log_interval: float = REFUSAL_LOG_INTERVAL,
+                 hold: HoldLimits | None = None) -> None:
         if tls is not None and not secure:
             raise TransportError("a plaintext transport takes no TLS credentials")
         self.on_message = on_message
@@ -184,6 +212,7 @@ class Transport:
         self.max_frame = max_frame
         self.backoff = backoff or Backoff()
         self.queue_limit = queue_limit
+        self.hold = hold or HoldLimits()
         self.rng = rng or random.Random()
         #: This peer's dialable address, "" until :meth:`listen` (or for a publisher).
         self.address = ""
@@ -196,7 +225,8 @@ class Transport:
         self._handshaking = 0
         #: Connections refused, in either direction, by reason: ``busy``, ``not_ready``,
         #: ``tls``, ``no_certificate``, ``foreign_ca``, ``expired``, ``bad_certificate``,
-        #: ``address_mismatch``, ``bad_hello``, ``too_many_connections``.
+        #: ``address_mismatch``, ``bad_hello``, ``too_many_connections``; and ``held_full``,
+        #: a connection no longer read for a while (see :class:`HoldLimits`).
         self.refused: Counter[str] = Counter()
         self.refusal_log_interval = refusal_log_interval
         self._refusal_logged_at: dict[str, float] = {}
@@ -490,7 +520,7 @@ class Transport:
         certificate = _certificate_of(writer)
         return certificate, min(own.not_after, certificate.not_after)
 
-    def _count_refusal(self, refusal: _Refused, peer: str) -> None:
+    def _count_refusal(self, refusal: _Refused, peer: str, what: str = "a connection") -> None:
         """Count and log a refusal; its text quotes what the peer sent, hence escaped."""
         reason = refusal.reason
         self.refused[reason] += 1
@@ -500,7 +530,7 @@ class Transport:
             return
         self._refusal_logged_at[reason] = now
         more = self._refusals_unlogged.pop(reason, 0)
-        log.warning("refused a connection %s (%s): %s%s", escape(peer), reason,
+        log.warning("refused %s %s (%s): %s%s", what, escape(peer), reason,
                     escape(str(refusal)),
                     f" (and {more} more for this reason since the last such line)" if more
                     else "")
@@ -585,9 +615,8 @@ class Transport:
         conn.writer.close()
         if link.receiving is conn:
             self._hand_over(link)
-        elif conn.held:  # it never became the one the peer writes on: late, not lost
-            held, conn.held = conn.held, []
-            for payload in held:
+        else:  # it never became the one the peer writes on: late, not lost
+            for payload in self._release(link, conn):
                 self._deliver(link, payload)
 
     async def _receive(self, link: _Link, conn: _Connection) -> None:
@@ -607,25 +636,59 @@ class Transport:
                     assert isinstance(frame.payload, bytes)
                     self.frames_received += 1
                     self.bytes_received += frame.size
-                    self._arrived(link, conn, frame.payload)
+                    if not self._arrived(link, conn, frame.payload):
+                        await self._paused(link, conn, frame.payload)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             log.info("connection from %s closed", escape(link.address))
         finally:
             self._drop(link, conn)
 
-    def _arrived(self, link: _Link, conn: _Connection, payload: bytes) -> None:
+    def _arrived(self, link: _Link, conn: _Connection, payload: bytes) -> bool:
         """Deliver DATA, or hold it while the peer still owes frames on an older
-        connection (one it wrote on and has not ended)."""
+        connection (one it wrote on and has not ended); False, doing neither, when holding
+        it would pass a cap of :attr:`hold`."""
         if conn.ended:
             log.warning("dropped a frame from %s sent after END", escape(link.address))
-            return
+            return True
+        if conn not in link.conns:  # read after it was dropped: late, not lost
+            self._deliver(link, payload)
+            return True
         current = link.receiving
         if current is not None and current is not conn and current in link.conns \
                 and not current.ended:
+            if not self._room(link, conn, len(payload)):
+                return False
             conn.held.append(payload)
-            return
+            conn.held_bytes += len(payload)
+            return True
         link.receiving = conn
         self._deliver(link, payload)
+        return True
+
+    def _room(self, link: _Link, conn: _Connection, size: int) -> bool:
+        """Whether ``conn`` may hold one more frame of ``size`` bytes."""
+        hold = self.hold
+        link_frames, link_bytes = link.held()
+        return (len(conn.held) < hold.connection_frames
+                and conn.held_bytes + size <= hold.connection_bytes
+                and link_frames < hold.link_frames and link_bytes + size <= hold.link_bytes)
+
+    async def _paused(self, link: _Link, conn: _Connection, payload: bytes) -> None:
+        """Back-pressure: read nothing more from ``conn`` until ``payload`` can be held or
+        delivered; what the peer writes meanwhile waits in its socket, not in memory."""
+        held, size = link.held()
+        self._count_refusal(_Refused("held_full", f"the link holds {held} frames ({size} "
+                                     "bytes) until an older connection ends; reading paused"),
+                            f"from {link.address}", what="to read more")
+        conn.paused = True
+        try:
+            while True:
+                link.released.clear()
+                await link.released.wait()
+                if self._arrived(link, conn, payload):
+                    return
+        finally:
+            conn.paused = False
 
     def _ended(self, link: _Link, conn: _Connection) -> None:
         conn.ended = True
@@ -634,17 +697,25 @@ class Transport:
 
     def _hand_over(self, link: _Link) -> None:
         """The connection the peer wrote on ended or closed: deliver what the peer wrote
-        next, connection by connection (those that already ended first)."""
+        next, connection by connection (those that already ended first; a paused one
+        counts as having written)."""
         link.receiving = None
-        while waiting := [c for c in link.conns if c.held]:
+        link.released.set()
+        while waiting := [c for c in link.conns if c.held or c.paused]:
             nxt = min(waiting, key=lambda c: not c.ended)
-            held, nxt.held = nxt.held, []
             link.receiving = nxt
-            for payload in held:
+            for payload in self._release(link, nxt):
                 self._deliver(link, payload)
             if not nxt.ended:
                 return
             link.receiving = None
+
+    @staticmethod
+    def _release(link: _Link, conn: _Connection) -> list[bytes]:
+        """Take what ``conn`` holds; paused connections of ``link`` look again for room."""
+        held, conn.held, conn.held_bytes = conn.held, [], 0
+        link.released.set()
+        return held
 
     def _deliver(self, link: _Link, payload: bytes) -> None:
         if self._closed:

@@ -1,5 +1,6 @@
 """A peer's --http endpoint against hostile clients: idle and half-sent connections are
 closed (a cap and a request deadline) without starving the overlay of file descriptors,
+one address holding and reopening half-sent requests cannot starve a scraper at another,
 other Host names are refused (DNS rebinding), websocket and garbage requests neither
 fail nor flood the log; and the small conveniences of `peer status` and the ready file."""
 
@@ -8,8 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import select
 import socket
+import struct
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -18,9 +23,19 @@ from ibe_pubsub.cli.peer import host_names
 from ibe_pubsub.cli.status_view import fetch_status
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.peer.log_limits import RateLimit
-from ibe_pubsub.peer.monitor import MAX_CONNECTIONS, REQUEST_TIMEOUT, host_allowed
+from ibe_pubsub.peer.monitor import (
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    REQUEST_TIMEOUT,
+    client_group,
+    host_allowed,
+)
 
 FD_LIMIT = 256
+#: The scraper's address; the attackers' are 127.0.0.1 and 127.0.0.3 on (all loopback).
+SCRAPER = "127.0.0.2"
+#: Seconds a scrape may take while the endpoint is under attack.
+SCRAPE_BOUND = 2.0
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
@@ -134,3 +149,99 @@ def test_host_check_takes_ip_addresses_and_the_allowed_names_only():
         assert host_allowed(header, names), header
     for header in (b"evil.example", b"scraper.internal.evil.example:9464", b""):
         assert not host_allowed(header, names), header
+
+
+def _half_sent(port: int, source: str) -> socket.socket:
+    """A request from ``source`` that is never finished. Closing it resets the connection,
+    so however often it is reopened, no TIME_WAIT is left to use up ports."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.bind((source, 0))
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    return sock
+
+
+def _hold_and_reopen(port: int, sources: Sequence[str], each: int, seconds: float) -> int:
+    """The attacker: ``each`` half-sent requests from every source address, each reopened
+    as soon as the peer closes it (it never answers one), for ``seconds``; returns how many
+    it reopened."""
+    held = [_half_sent(port, source) for source in sources for _ in range(each)]
+    reopened, stop = 0, time.monotonic() + seconds
+    try:
+        while time.monotonic() < stop:
+            readable, _, _ = select.select(held, [], [], 0.05)
+            for sock in readable:
+                source = sock.getsockname()[0]
+                sock.close()
+                held[held.index(sock)] = _half_sent(port, source)
+                reopened += 1
+    finally:
+        for sock in held:
+            sock.close()
+    return reopened
+
+
+def _scrape(port: int) -> float | None:
+    """Seconds a scraper at :data:`SCRAPER` took to get /metrics; None if not answered
+    (closed at once, or not within :data:`SCRAPE_BOUND`)."""
+    started = time.monotonic()
+    answer = b""
+    try:
+        with socket.socket() as sock:
+            sock.bind((SCRAPER, 0))
+            sock.settimeout(SCRAPE_BOUND)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Connection: close\r\n\r\n")
+            while chunk := sock.recv(65536):
+                answer += chunk
+    except OSError:
+        return None
+    took = time.monotonic() - started
+    return took if answer.startswith(b"HTTP/1.1 200 ") and took <= SCRAPE_BOUND else None
+
+
+def _scrapes_under_attack(port: int, sources: Sequence[str], each: int) -> list[float | None]:
+    """Scrape every 0.25 s while ``sources`` attack, for long enough that the attackers'
+    requests reach their deadline and are reopened at least once."""
+    seconds = REQUEST_TIMEOUT + 2.5
+    with ThreadPoolExecutor(1) as pool:
+        attacker = pool.submit(_hold_and_reopen, port, sources, each, seconds)
+        time.sleep(1.0)  # the attacker has taken what it can
+        scrapes = []
+        stop = time.monotonic() + seconds - 1.0 - SCRAPE_BOUND
+        while time.monotonic() < stop:
+            scrapes.append(_scrape(port))
+            time.sleep(0.25)
+        assert attacker.result() > MAX_CONNECTIONS  # it did reopen what the peer closed
+    return scrapes
+
+
+def test_one_address_holding_and_reopening_half_sent_requests_cannot_starve_a_scraper(root):
+    """From 127.0.0.1, more half-sent requests than the endpoint has slots, each reopened as
+    soon as it is closed; a scraper at 127.0.0.2 is answered within SCRAPE_BOUND every time.
+    Control: the same attack from enough addresses to fill every slot (which one address
+    alone did before the per-address cap) leaves the scraper unanswered."""
+    port = int((root.http or "").rsplit(":", 1)[1])
+    started, seen = time.monotonic(), len(root.log_file.read_text())
+    scrapes = _scrapes_under_attack(port, ["127.0.0.1"], MAX_CONNECTIONS + 16)
+    assert len(scrapes) >= 10 and None not in scrapes, scrapes
+    addresses = MAX_CONNECTIONS // MAX_CONNECTIONS_PER_ADDRESS
+    attackers = ["127.0.0.1", *(f"127.0.0.{i}" for i in range(3, addresses + 2))]
+    assert SCRAPER not in attackers and len(attackers) == addresses
+    starved = _scrapes_under_attack(port, attackers, MAX_CONNECTIONS_PER_ADDRESS + 4)
+    assert len(starved) >= 10 and starved.count(None) >= 2 * len(starved) // 3, starved
+    assert root.get("/healthz").status_code == 200  # and once it stops, all is well
+    assert time.monotonic() - started < 30
+    log = root.log_file.read_text()[seen:]
+    assert "Traceback" not in log
+    assert log.count(f"beyond {MAX_CONNECTIONS_PER_ADDRESS} open at once from one address") <= 3
+
+
+def test_client_groups_are_ipv4_addresses_and_ipv6_64s():
+    assert client_group("127.0.0.1") != client_group("127.0.0.2")
+    assert client_group("::ffff:10.0.0.1") == client_group("10.0.0.1") == "10.0.0.1"
+    assert client_group("2001:db8::1") == client_group("2001:db8::ffff:2") == "2001:db8::/64"
+    assert client_group("2001:db8:0:1::1") != client_group("2001:db8::1")

@@ -6,13 +6,15 @@ proper credentials goes through.
 A peer's name on a link is an address its certificate binds: a dialer claiming another
 address, a listener whose certificate names another address, a certificate of another CA,
 an expired one or none are refused. Strings the attacker chose reach the logs escaped.
-Certificates renewed before they expire replace the links' connections without losing or
-reordering a frame.
+What a peer writes on a newer connection of its link while the older one is open is held
+within caps, the rest left unread in the socket. Certificates renewed before they expire
+replace the links' connections without losing or reordering a frame.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 import time
@@ -29,6 +31,7 @@ from ibe_pubsub.peer.tls import PeerTLS
 from ibe_pubsub.peer.transport import (
     MAX_CONNECTIONS_PER_IDENTITY,
     MAX_HANDSHAKES,
+    HoldLimits,
     Transport,
     split_address,
 )
@@ -269,6 +272,135 @@ def test_strangers_stalling_handshakes_are_bounded():
         assert await answered(reader)
         assert (await inbox.wait_for(1))[0][1] == b"hi"
         writer.close()
+        await victim.close()
+    asyncio.run(main())
+
+
+CLAIMED = "127.0.0.1:1"  # certified to the peers below, which dial but do not listen
+#: Frames a hostile peer writes on each newer connection of its link, and their size.
+FLOOD, FLOOD_SIZE = 300, 1000
+LIFTED = HoldLimits(10**9, 10**12, 10**9, 10**12)
+
+
+def data(*payloads: bytes) -> bytes:
+    return b"".join(frames.encode(frames.data(p)) for p in payloads)
+
+
+async def link_connection(victim: Transport, tls: PeerTLS) -> asyncio.StreamWriter:
+    """A connection of the peer at :data:`CLAIMED` to ``victim``, once ``victim`` took it."""
+    reader, writer = await raw_link(victim, CLAIMED, tls.client_context)
+    assert await answered(reader)
+    return writer
+
+
+def watch_held(victim: Transport) -> dict[str, int]:
+    """The most ``victim`` ever held for links moving to a newer connection, under the names
+    of :class:`HoldLimits`' fields; taken after every DATA frame it reads."""
+    peak = dict.fromkeys((f.name for f in dataclasses.fields(HoldLimits)), 0)
+    arrived = victim._arrived
+
+    def watched(link: Any, conn: Any, payload: bytes) -> bool:
+        done = arrived(link, conn, payload)
+        conns = [*link.conns, conn]
+        now = dict(zip(peak, (max(len(c.held) for c in conns),
+                              max(c.held_bytes for c in conns), *link.held()), strict=True))
+        peak.update({name: max(peak[name], now[name]) for name in peak})
+        return done
+
+    victim._arrived = watched  # type: ignore[method-assign]
+    return peak
+
+
+def within(peak: dict[str, int], hold: HoldLimits) -> bool:
+    return all(peak[name] <= limit for name, limit in dataclasses.asdict(hold).items())
+
+
+async def flood_newer_connections(hold: HoldLimits) -> tuple[dict[str, int], int, Transport]:
+    """A certified peer writes one frame on a connection of its link that it then leaves
+    open without END, and :data:`FLOOD` frames on each of two newer ones; returns what the
+    victim held at most and the frames it had read a second later (before the first
+    connection's drain ends), and the victim, closed."""
+    ca, inbox = PeerCA(), Inbox()
+    victim = await secure_peer(ca, inbox, hold=hold, refusal_log_interval=60)
+    peak = watch_held(victim)
+    hostile = ca.credentials((CLAIMED,), identity="mallory")
+    first = await link_connection(victim, hostile)
+    first.write(data(b"first"))
+    await inbox.wait_for(1)
+    newer = [await link_connection(victim, hostile) for _ in range(2)]
+    for writer in newer:
+        writer.write(data(*(bytes(FLOOD_SIZE) for _ in range(FLOOD))))  # never drained
+    await asyncio.sleep(1.0)
+    read = victim.frames_received
+    for writer in (first, *newer):
+        writer.close()
+    await victim.close()
+    return peak, read, victim
+
+
+@pytest.mark.parametrize("hold", [HoldLimits(32, 1 << 20, 48, 1 << 20),
+                                  HoldLimits(10**4, 24 * FLOOD_SIZE, 10**4, 40 * FLOOD_SIZE)],
+                         ids=["frames", "bytes"])
+def test_a_certified_peer_cannot_make_another_hold_frames_without_bound(hold):
+    """Frames on newer connections of a link wait for the older one's END, but only up to
+    the caps, per connection and per link: past them the victim reads no more from that
+    connection (the frames stay in the sockets) and counts ``held_full``. Control: with
+    the caps lifted, the same peer makes the victim read and hold everything it sends."""
+    peak, read, victim = asyncio.run(flood_newer_connections(hold))
+    assert within(peak, hold), peak
+    assert peak["link_frames"] == hold.link_frames \
+        or peak["link_bytes"] > hold.link_bytes - FLOOD_SIZE, peak  # the link's cap bound
+    assert read <= 1 + peak["link_frames"] + 2  # and one frame in hand per newer connection
+    assert set(victim.refused) == {"held_full"} and victim.refused["held_full"] >= 2
+
+    peak, read, victim = asyncio.run(flood_newer_connections(LIFTED))
+    assert peak["link_frames"] == read - 1 == 2 * FLOOD  # held all it was sent
+    assert peak["link_bytes"] == 2 * FLOOD * FLOOD_SIZE
+    assert not within(peak, hold)
+    assert not victim.refused
+
+
+def test_an_honest_hand_over_past_the_caps_pauses_reading_and_loses_nothing():
+    """A peer that writes more on a newer connection than the caps allow before its END
+    crosses the older one is merely read later: every frame arrives, in the order written,
+    and the victim never holds more than the caps. As before, closing the older connection
+    ends it too."""
+    hold = HoldLimits(connection_frames=8, connection_bytes=1 << 20, link_frames=8,
+                      link_bytes=1 << 20)
+    numbered = [b"%d" % i for i in range(301)]
+
+    async def main():
+        ca, inbox = PeerCA(), Inbox()
+        victim = await secure_peer(ca, inbox, hold=hold, refusal_log_interval=60)
+        peak = watch_held(victim)
+        peer = ca.credentials((CLAIMED,))
+
+        def payloads() -> list[bytes]:
+            return [p for _, p in inbox.items]
+
+        first = await link_connection(victim, peer)
+        first.write(data(numbered[0]))
+        await inbox.wait_for(1)
+        second = await link_connection(victim, peer)
+        second.write(data(*numbered[2:150]))
+        await asyncio.sleep(0.3)
+        assert payloads() == numbered[:1]
+        assert victim.frames_received == 1 + hold.connection_frames + 1  # held, and in hand
+        first.write(data(numbered[1]) + frames.encode(frames.end()))
+        await inbox.wait_for(150)
+        assert payloads() == numbered[:150]
+        third = await link_connection(victim, peer)
+        third.write(data(*numbered[151:]))
+        second.write(data(numbered[150]))
+        await asyncio.sleep(0.3)
+        assert payloads() == numbered[:151]
+        second.close()
+        await inbox.wait_for(301)
+        assert payloads() == numbered
+        assert within(peak, hold)
+        assert victim.refused == {"held_full": 2}  # each newer connection paused once
+        for writer in (first, third):
+            writer.close()
         await victim.close()
     asyncio.run(main())
 
