@@ -48,6 +48,7 @@ from ibe_pubsub.credentials.messages import (
     StreamEvent,
 )
 from ibe_pubsub.credentials.scheme import (
+    AnyEvent,
     DecryptionError,
     Event,
     NotAuthorized,
@@ -346,6 +347,16 @@ class StreamCaches:
             del self._ends[old]
 
 
+def event_origin(pp: PublicParams, event: AnyEvent) -> bytes:
+    """SHA-256 of the P2_i of the publisher keys a *verified* event is signed under: a
+    version-2 event's signatures carry them (signed), a stream's certificate does (bound by
+    its hash in the signed header). Only the holder of those keys signs under them, so this
+    names the event's publisher (for the epoch and its cells), the same for both kinds."""
+    parts = (decode_certificate(pp.group, event.certificate).parts
+             if isinstance(event, StreamEvent) else event.signatures)
+    return hashlib.sha256(b"".join(bytes(p.P2) for p in parts)).digest()
+
+
 def stream_header_bytes(event: StreamEvent) -> bytes:
     return encode_stream_header(event.header, event.vk, event.certificate_hash)
 
@@ -368,17 +379,17 @@ def _binds(certificate: SessionCertificate, event: StreamEvent, now: float, ends
 
 def _certified(pp: PublicParams, caches: StreamCaches, event: StreamEvent, now: float
                ) -> _Certified | None:
-    """The event's certificate, bound to it (:func:`_binds`): from the epoch's cache by
-    hash, else the copy it carries, checked against the hash, parsed, bound and verified by
-    :func:`verify_session_certificate`; only then is the epoch admitted and the certificate
-    remembered (check first, then cache)."""
+    """The event's certificate, bound to it (:func:`_binds`): the copy it carries must match
+    the hash in its signed header; then from the epoch's cache by hash, else the copy,
+    parsed, bound and verified by :func:`verify_session_certificate`; only then is the
+    epoch admitted and the certificate remembered (check first, then cache)."""
+    if hashlib.sha256(event.certificate).digest() != event.certificate_hash:
+        return None  # also when known by hash: every byte of a verified event is bound
     epoch = event.header.epoch
     epoch_caches = caches.epoch(epoch)
     known = None if epoch_caches is None else epoch_caches.certificates.get(
         event.certificate_hash)
     if known is None:
-        if hashlib.sha256(event.certificate).digest() != event.certificate_hash:
-            return None
         try:
             certificate = decode_certificate(pp.group, event.certificate)
             vk = Ed25519PublicKey.from_public_bytes(certificate.vk)
