@@ -48,7 +48,6 @@ from ibe_pubsub.credentials.messages import (
     StreamEvent,
 )
 from ibe_pubsub.credentials.scheme import (
-    AnyEvent,
     DecryptionError,
     Event,
     NotAuthorized,
@@ -345,16 +344,6 @@ class StreamCaches:
             del self._epochs[old]
         for old in [e for e in self._ends if e <= epoch]:
             del self._ends[old]
-
-
-def event_origin(pp: PublicParams, event: AnyEvent) -> bytes:
-    """SHA-256 of the P2_i of the publisher keys a *verified* event is signed under: a
-    version-2 event's signatures carry them (signed), a stream's certificate does (bound by
-    its hash in the signed header). Only the holder of those keys signs under them, so this
-    names the event's publisher (for the epoch and its cells), the same for both kinds."""
-    parts = (decode_certificate(pp.group, event.certificate).parts
-             if isinstance(event, StreamEvent) else event.signatures)
-    return hashlib.sha256(b"".join(bytes(p.P2) for p in parts)).digest()
 
 
 def stream_header_bytes(event: StreamEvent) -> bytes:

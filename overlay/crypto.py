@@ -145,11 +145,6 @@ class CryptoSuite(Protocol):
 
     def verify(self, event: Any) -> bool: ...
 
-    def event_origin(self, event: Any) -> bytes:
-        """Whose keys signed a verified event: an event id is its publisher's to give, so
-        a subscriber drops a repeated id per origin, and no other publisher can take it."""
-        ...
-
     def encrypt(self, key: Any, event: Event) -> bytes:
         """A publisher's encoded, encrypted and signed ``event`` under its ``key`` (raises
         ``credentials.scheme.NotAuthorized`` if the key does not cover the event's values)."""

@@ -322,10 +322,6 @@ class ModeledCrypto:
                 return None
         return Event(event.event_id, dict(event.values), event.body)
 
-    def event_origin(self, event: ModelEvent) -> bytes:
-        """The model's events carry no publisher: one origin for all."""
-        return b""
-
     def open_epoch(self, epoch: int, ends_at: float | None = None) -> None:
         """Nothing to open: the model keeps no per-epoch cache."""
 

@@ -154,9 +154,6 @@ class RealCrypto:
                 return streams.stream_verify(self.pp, self.streams, event, self.clock())
             return scheme.verify(self.pp, event)
 
-    def event_origin(self, event: AnyEvent) -> bytes:
-        return streams.event_origin(self.pp, event)
-
     def encrypt(self, key: Sequence[PublisherKey] | streams.Stream, event: Event) -> bytes:
         """With a publisher's keys, a version-2 event; with its stream, the stream's next
         event (entries reused while values stay in their cells)."""

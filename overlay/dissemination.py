@@ -46,7 +46,7 @@ class Dissemination:
         cap = config.dedup_capacity
         self._seen: Bounded[tuple[str, bytes], None] = Bounded(cap)
         self._processed: Bounded[bytes, None] = Bounded(cap)
-        self._delivered: Bounded[tuple[bytes, str], None] = Bounded(cap)
+        self._delivered: Bounded[str, None] = Bounded(cap)
         self._verified: Bounded[bytes, None] = Bounded(cap)
         self._events: Bounded[bytes, Any] = Bounded(64)
         self._routes: Bounded[tuple[bytes, bytes], bool] = Bounded(cap)
@@ -179,13 +179,11 @@ class Dissemination:
         if not self._verify(digest, event):
             self.stats.forged += 1
             return [Log("warning", "event fails verification, not delivered")]
-        origin = (self.crypto.event_origin(event), plain.event_id)
-        if origin in self._delivered:
+        if plain.event_id in self._delivered:
             self.stats.duplicates += 1
             self.stats.repeated_ids += 1
-            return [Log("info", f"dropped event {plain.event_id!r}: an event of this id and "
-                        f"publisher was delivered before ({self.stats.repeated_ids} dropped "
-                        "so far)")]
-        self._delivered.put(origin, None)
+            return [Log("info", f"dropped event {plain.event_id!r}: an event of this id was "
+                        f"delivered before ({self.stats.repeated_ids} dropped so far)")]
+        self._delivered.put(plain.event_id, None)
         self.stats.delivered += 1
         return [Deliver(plain, now)]
