@@ -5,8 +5,9 @@ descriptors, forever. About a thousand such connections would exhaust the usual 
 1,024 open files and the server would refuse everyone.
 
 :class:`ConnectionLimits` holds the settings: the time a connection may take to send a
-complete request head (from its opening or the end of the previous answer, so it bounds
-idle keep-alive time too), and caps on open connections, in total and per client address.
+complete request head (from its opening, TLS handshake included, or the end of the previous
+answer, so it bounds idle keep-alive time too), and caps on open connections, in total and
+per client address, counted from the TCP connection's acceptance.
 :class:`ConnectionGate` keeps the counts. Both are plain Python, checked before unsealing;
 the HTTP protocol applying them (``keyserver.announcing``) loads with the web stack.
 """
@@ -33,9 +34,10 @@ IPV6_PREFIX = 64
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """``head_timeout`` seconds for a complete request head; at most ``max_connections``
-    open at once (None: derived from the open-file limit) and ``max_per_address`` per client
-    address. 0 turns a limit off, e.g. behind a proxy enforcing its own."""
+    """``head_timeout`` seconds for a complete request head (over TLS, the handshake
+    included); at most ``max_connections`` open at once (None: derived from the open-file
+    limit) and ``max_per_address`` per client address. 0 turns a limit off, e.g. behind a
+    proxy enforcing its own."""
 
     head_timeout: float = 10.0
     max_connections: int | None = None

@@ -57,33 +57,36 @@ def check_listen_address(host: str, tls: bool, insecure: bool) -> None:
                 "unencrypted", host)
 
 
-def check_tls_files(cert: str, key: str) -> None:
-    """Load the certificate and key once before unsealing (ValueError), so a missing,
-    unreadable, malformed, mismatched or passphrase-protected file stops start-up in one
-    line naming it, not after unsealing with a message naming no file (or a prompt)."""
+def check_tls_files(cert: str, key: str) -> ssl.SSLContext:
+    """The server's TLS context (Python's defaults for servers: TLS 1.2 at least), loaded
+    before unsealing (ValueError), so a missing, unreadable, malformed, mismatched or
+    passphrase-protected file stops start-up in one line naming it, not after unsealing
+    with a message naming no file (or a prompt)."""
     for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
         if not Path(path).is_file():
             raise ServerSettingsError(f"{flag} {path}: no such file (or not a regular file)")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-            cert, key, password=lambda: b"")
+        context.load_cert_chain(cert, key, password=lambda: b"")
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
         raise ServerSettingsError(f"cannot use --tls-cert {cert} with --tls-key {key}: {reason} "
                                   "(a PEM certificate chain and its unencrypted PEM key)") from exc
+    return context
 
 
 def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
           tls_key: str | None, log_level: str = "info",
           on_ready: Callable[[str], None] = lambda url: None,
           limits: ConnectionLimits | None = None) -> None:
-    """Check the connection ``limits`` against the open-file limit and the data directory,
-    unseal (failing fast with a clear message), migrate, start the workers, then serve;
-    files created from here on (SQLite's -wal/-shm) are 0600.
+    """Check the connection ``limits`` against the open-file limit, the TLS files (both or
+    neither) and the data directory, unseal (failing fast with a clear message), migrate,
+    start the workers, then serve; files created from here on (SQLite's -wal/-shm) are 0600.
     uvicorn's loggers go to the handler the command installed (``--log-format``, control
     characters escaped: its access log quotes the decoded request path), not to uvicorn's
     own formatters."""
     gate = ConnectionGate((limits or ConnectionLimits()).resolved())
+    tls = check_tls_files(tls_cert or "", tls_key or "") if tls_cert or tls_key else None
     use_private_umask()
     check_data_dir(config)
     check_url(config.url)
@@ -103,14 +106,15 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
     app = create_app(state)
     # h11 bounds the request line and headers (httptools buffers them without limit, so a
     # client that never ends its headers could grow the server's memory before the gate);
-    # the gate's protocol bounds the time to send them and the connections. No websocket
-    # upgrades: a connection handed to another protocol would leave the gate's count.
+    # the gate's protocol bounds the time to send them and the connections, and does the
+    # TLS handshake itself, so that it counts and times connections from their opening
+    # (uvicorn, given TLS, would hand it only the connections done with their handshakes).
+    # No websocket upgrades: a connection handed to another protocol would leave the count.
     server = AnnouncingServer(uvicorn.Config(
-        app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
-        log_level=log_level, proxy_headers=False, server_header=False,
-        timeout_graceful_shutdown=10, http=gated_protocol(gate), ws="none",
-        log_config=None,
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES), on_ready)
+        app, host=host, port=port, log_level=log_level, proxy_headers=False,
+        server_header=False, timeout_graceful_shutdown=10, http=gated_protocol(gate, tls),
+        ws="none", log_config=None,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES), on_ready, tls=tls is not None)
     server.run()
     if not server.started:  # as uvicorn.run: a failed start-up is not a clean exit
         sys.exit(STARTUP_FAILURE)

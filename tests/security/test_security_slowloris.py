@@ -10,26 +10,52 @@ connections than that, each sending a head without its final blank line. With th
 per-address or total cap get a 503 and are closed, and the slow ones are closed at the head
 timeout, however they trickle. The control turns the limits off (0) and shows the same
 attack starving /healthz, so the test would catch the flaw.
+
+Over TLS, asyncio hands a connection to the HTTP protocol only once its handshake is over,
+so connections that never sent (or never finished) a ClientHello escaped the limits and
+held their files for asyncio's 60 s handshake timeout. The TLS tests repeat the attack
+with such connections against a server serving HTTPS, and its control.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import selectors
+import signal
 import socket
+import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from keyserver_fixtures import KeyServer, KeyServers
+import uvicorn
+from keyserver_fixtures import PASSPHRASE, KeyServer, KeyServers
+from tls_certificates import self_signed
 
-from ibe_pubsub.evaluation.launcher import child_env, cli_command
+from ibe_pubsub.evaluation.launcher import (
+    child_env,
+    cli_command,
+    free_port,
+    init_keyserver,
+    start_keyserver,
+    stop,
+)
 from ibe_pubsub.keyserver import ServerSettingsError
-from ibe_pubsub.keyserver.connections import FD_RESERVE, ConnectionLimits, address_key
+from ibe_pubsub.keyserver.announcing import AnnouncingServer, gated_protocol
+from ibe_pubsub.keyserver.connections import (
+    FD_RESERVE,
+    ConnectionGate,
+    ConnectionLimits,
+    address_key,
+)
+from ibe_pubsub.keyserver.server import check_tls_files
 
 FD_LIMIT = 256
 ATTACK = FD_LIMIT + 44  # connections, more than the server may have files
@@ -111,8 +137,9 @@ def _still_open(socks: list[socket.socket], settle: float = 0.5) -> list[bool]:
     return [sock not in ready for sock in socks]
 
 
-def _health(server: KeyServer, source: str, timeout: float = 5.0) -> httpx.Response:
-    transport = httpx.HTTPTransport(local_address=source)
+def _health(server: KeyServer, source: str, timeout: float = 5.0,
+            verify: ssl.SSLContext | bool = True) -> httpx.Response:
+    transport = httpx.HTTPTransport(local_address=source, verify=verify)
     with httpx.Client(transport=transport, timeout=timeout) as client:
         return client.get(server.base_url + "/healthz")
 
@@ -210,6 +237,194 @@ def test_control_without_the_limits_the_same_attack_starves_healthz(tmp_path):
             assert 200 not in served
     finally:
         servers.stop_all()
+
+
+# -- over TLS ----------------------------------------------------------------------------------
+
+@contextmanager
+def _tls_server(directory: Path, *serve_args: str
+                ) -> Iterator[tuple[KeyServer, int, ssl.SSLContext]]:
+    """A key server serving HTTPS (a self-signed certificate for 127.0.0.1) under the
+    lowered file limit; with its process id and a client context trusting it."""
+    cert, key = self_signed(directory)
+    data = directory / "ks"
+    init_keyserver(data, PASSPHRASE)
+    port = free_port()
+    with open_files(FD_LIMIT):
+        process = start_keyserver(data, port, PASSPHRASE, ("--workers", "1", "--tls-cert", cert,
+                                                           "--tls-key", key, *serve_args),
+                                  log=directory / "server.log")
+    try:
+        server = KeyServer(f"https://127.0.0.1:{port}", "", data)
+        trust = ssl.create_default_context(cafile=cert)
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (directory / "server.log").read_text()
+            with suppress(httpx.TransportError):
+                if _health(server, "127.0.0.1", 2.0, trust).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the TLS key server did not start"
+            time.sleep(0.1)
+        yield server, process.pid, trust
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def guarded_tls(tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[tuple[KeyServer, int, ssl.SSLContext]]:
+    """A TLS server with the default caps and a short head timeout."""
+    with _tls_server(tmp_path_factory.mktemp("guarded-tls"),
+                     "--header-timeout", str(HEAD_TIMEOUT)) as served:
+        yield served
+
+
+def _client_hello() -> bytes:
+    """A real TLS client's first flight, its ClientHello."""
+    outgoing = ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), outgoing,
+                                                server_hostname="127.0.0.1")
+    with suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def _stalled_handshakes(stack: ExitStack, port: int, count: int) -> list[socket.socket]:
+    """``count`` connections from 127.0.0.1 that never finish a TLS handshake: most send
+    nothing, every fourth the first 100 bytes of a ClientHello; closed with ``stack``."""
+    part = _client_hello()[:100]
+    socks = []
+    for i in range(count):
+        sock = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5,
+                                                            source_address=("127.0.0.1", 0)))
+        if i % 4 == 3:
+            sock.sendall(part)
+        socks.append(sock)
+    return socks
+
+
+def test_tls_handshakes_never_finished_are_capped_and_timed_out(guarded_tls):
+    server, pid, trust = guarded_tls
+    baseline = _open_fds(pid)
+    with ExitStack() as stack:
+        started = time.monotonic()
+        attack = _stalled_handshakes(stack, _port(server), ATTACK)
+        held, surplus = attack[:PER_ADDRESS], attack[PER_ADDRESS:]
+        # Counted from their opening: beyond the per-address cap, closed at once, unanswered
+        # (nothing can be said before a handshake).
+        assert _still_open(attack) == [True] * PER_ADDRESS + [False] * len(surplus)
+        assert {_answer_within(sock, 0.0) for sock in surplus} == {b""}
+        assert _open_fds(pid) <= baseline + PER_ADDRESS + 4
+        # Another address is served over HTTPS, several requests on one connection.
+        asked = time.monotonic()
+        transport = httpx.HTTPTransport(local_address=OTHER, verify=trust)
+        with httpx.Client(transport=transport, timeout=5.0) as client:
+            answers = [client.get(server.base_url + "/healthz") for _ in range(3)]
+            connections = {a.extensions["network_stream"].get_extra_info("client_addr")
+                           for a in answers}
+        assert [a.status_code for a in answers] == [200] * 3
+        assert len(connections) == 1
+        assert time.monotonic() - asked < 1.0
+        assert _answer_within(held[0], 0.0) is None
+        # The stalled handshakes are closed at the head timeout.
+        closed = [_answer_within(sock, started + HEAD_TIMEOUT + SLACK - time.monotonic())
+                  for sock in held]
+        assert closed == [b""] * PER_ADDRESS
+        assert time.monotonic() - started >= HEAD_TIMEOUT * 0.9
+    assert _health(server, "127.0.0.1", verify=trust).status_code == 200  # count released
+
+
+def test_a_tls_client_hello_waiting_when_the_server_accepts_is_not_lost(guarded_tls):
+    """A busy server accepts a connection whose ClientHello has already arrived, and (with
+    uvloop) reads it before the handshake begins: it must reach the handshake."""
+    server, pid, trust = guarded_tls
+    answer: list[int] = []
+    asking = threading.Thread(target=lambda: answer.append(
+        _health(server, "127.0.0.5", verify=trust).status_code))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        asking.start()
+        time.sleep(0.3)  # the TCP handshake completes in the kernel, the ClientHello waits
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    asking.join(10)
+    assert answer == [200]
+
+
+def _request_with_the_handshake_end(port: int, trust: ssl.SSLContext) -> bytes:
+    """A TLS handshake done by hand whose last message (the client's Finished) goes in one
+    write with a request, so the server decrypts the request as its handshake ends; the
+    answer."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = trust.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        for _ in range(20):
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(sock.recv(65536))
+        tls.write(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        sock.sendall(outgoing.read())
+        while not answer.endswith(b"https") and (chunk := sock.recv(65536)):
+            incoming.write(chunk)
+            with suppress(ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                while data := tls.read(65536):
+                    answer += data
+    return answer
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_tls_is_done_by_the_gated_protocol_on_either_event_loop(tmp_path, loop):
+    """In process, so that the app shows what uvicorn made of the connection: the scheme is
+    https, and bytes arriving with the handshake reach the app, on both event loops."""
+    async def scheme(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = scope["scheme"].encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+    cert, key = self_signed(tmp_path)
+    gate = ConnectionGate(ConnectionLimits(HEAD_TIMEOUT, 16))
+    urls: list[str] = []
+    server = AnnouncingServer(uvicorn.Config(
+        scheme, host="127.0.0.1", port=0, loop=loop, lifespan="off", log_config=None,
+        http=gated_protocol(gate, check_tls_files(cert, key)), ws="none"), urls.append, tls=True)
+    serving = threading.Thread(target=server.run)
+    serving.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not urls:
+            assert serving.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert urls[0].startswith("https://")
+        trust = ssl.create_default_context(cafile=cert)
+        with httpx.Client(verify=trust, timeout=5.0) as client:
+            assert [client.get(urls[0]).text for _ in range(3)] == ["https"] * 3
+        port = int(urls[0].rsplit(":", 1)[1])
+        assert _request_with_the_handshake_end(port, trust).endswith(b"\r\n\r\nhttps")
+    finally:
+        server.should_exit = True
+        serving.join(15)
+    assert gate.total == 0
+
+
+def test_control_without_the_limits_stalled_tls_handshakes_starve_healthz(tmp_path):
+    with ExitStack() as stack:
+        server, _, trust = stack.enter_context(_tls_server(
+            tmp_path, "--header-timeout", "0", "--max-connections", "0",
+            "--max-connections-per-address", "0"))
+        assert _health(server, OTHER, verify=trust).status_code == 200
+        _stalled_handshakes(stack, _port(server), ATTACK)
+        served = []
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            with suppress(httpx.TransportError):
+                served.append(_health(server, OTHER, 1.0, trust).status_code)
+            time.sleep(0.1)
+        assert 200 not in served
 
 
 def test_limits_are_derived_from_the_file_limit_and_checked_against_it():
