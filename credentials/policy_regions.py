@@ -11,8 +11,9 @@ So a policy's region is its inner approximation: on numeric attributes the
 cells lying entirely inside its range (``numeric.inner_interval``; a cell that
 straddles a bound is left out), on string attributes the credentials whose
 every value has the policy's prefix (or is its value). A request is cut to that
-region and coarsened only inside it; where nothing remains, or ``max_credentials``
-cannot be met inside, the request is refused (``OutsidePolicy``).
+region and coarsened only inside it, down to ``max_credentials`` blocks or, where the
+policy's region cannot be covered with so few, to the fewest that can; where nothing
+remains, the request is refused (``OutsidePolicy``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def first_outside(schema: Schema, credentials: Iterable[Credential],
 
 def numeric_within(attr: Attribute, request: NumericRange | None, policy: NumericRange,
                    max_credentials: int | None) -> tuple[Credential, ...]:
-    """The cover of ``request`` cut to the policy's inner cells (OutsidePolicy if impossible)."""
+    """The cover of ``request`` cut to the policy's inner cells, in at most ``max_credentials``
+    blocks or the fewest inside (OutsidePolicy if no cell is left)."""
     clause = clause_text(attr.name, policy)
     cells = inner_cells(attr, policy)
     if cells is None:
@@ -117,12 +119,14 @@ def numeric_within(attr: Attribute, request: NumericRange | None, policy: Numeri
                                          max_credentials, within=cells)
     except numeric.OutsideCells as exc:
         if exc.needed is None:
-            reason = (f"every cell of {attr.name!r} that the request touches straddles a "
-                      "bound of the policy")
-        else:
-            reason = (f"max_credentials={max_credentials} cannot cover the request on "
-                      f"{attr.name!r} inside the policy: at least {exc.needed} are needed")
-        raise OutsidePolicy(attr.name, clause, reason) from exc
+            raise OutsidePolicy(attr.name, clause, f"every cell of {attr.name!r} that the "
+                                "request touches straddles a bound of the policy") from exc
+        fewest = exc.needed
+    # The cap asks for blocks coarser than the policy's region holds (a subscription equal
+    # to its policy, say): the cap only trades virtual peers for false positives, so it
+    # gives way to the fewest blocks that stay inside, rather than refusing the request.
+    return numeric.range_credentials(attr, r.lo, r.hi, r.lo_open, r.hi_open, fewest,
+                                     within=cells)
 
 
 def string_within(attr: Attribute, cred: Credential, policy: StringConstraint) -> Credential:

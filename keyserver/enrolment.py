@@ -116,7 +116,9 @@ def flat(credentials: Mapping[str, Sequence[Credential]]) -> list[Credential]:
     out = [c for creds in credentials.values() for c in creds]
     if len(out) > MAX_CREDENTIALS:
         raise ApiError(422, f"{len(out)} credentials exceed the limit of {MAX_CREDENTIALS}; "
-                       "set max_credentials", "too_many_credentials")
+                       "set max_credentials (`peer run --max-credentials N`) to at most "
+                       f"{MAX_CREDENTIALS // len(credentials)} per attribute",
+                       "too_many_credentials")
     return out
 
 
@@ -130,7 +132,8 @@ def plan_subscriber(schema: Schema, predicate: Predicate, max_credentials: int |
         fine = [c for cs in fine_credentials(schema, creds, fine_depth).values() for c in cs]
     if len(fine) > MAX_FINE_CREDENTIALS:
         raise ApiError(422, f"{len(fine)} fine credentials exceed the limit of "
-                       f"{MAX_FINE_CREDENTIALS}; lower fine_depth", "too_many_credentials")
+                       f"{MAX_FINE_CREDENTIALS}; lower fine_depth (`peer run --fine-depth`, "
+                       f"now {fine_depth})", "too_many_credentials")
     _refuse_outside(schema, creds + fine, policy)
     return creds, fine
 

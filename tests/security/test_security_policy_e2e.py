@@ -119,12 +119,10 @@ def test_subscriber_cap_cannot_widen_the_policy(probe):
         assert not probe.opens(bundle, low)
         assert probe.opens(bundle, mid)  # the served keys do work inside the policy
     print(f"price in [100, 200] by max_credentials: {outcomes}")
-    assert outcomes[1] == "403" and outcomes[None] == "served"
-    # the 403 says why
-    with pytest.raises(KeyServerRequestError) as info:
-        subscriber.enrol_subscriber("price in [100, 200]", max_credentials=1)
-    assert "max_credentials" in info.value.body["error"]["message"]
-    assert info.value.body["error"]["detail"]["attribute"] == "price"
+    # a cap the policy's region cannot meet gives way to the fewest blocks inside it
+    assert set(outcomes.values()) == {"served"}
+    fewest = subscriber.enrol_subscriber("price in [100, 200]", max_credentials=1)
+    assert len(fewest["credentials"]["price"]) > 1
     # control: where the policy allows price 50, the same cap-1 request gets price:00
     # (what the attacker used to get) and it decrypts the same event
     allowed = probe.identity("subscriber", "price in [0, 250]")
@@ -146,7 +144,7 @@ def test_publisher_cap_cannot_widen_the_policy(probe):
         assert not probe.signs(bundle, 450.0)
         assert probe.signs(bundle, 100.0) or advertisement.startswith("price in")
     print(f"publisher price <= 300: {outcomes}")
-    assert outcomes["price <= 300 / 1"] == "403" and outcomes["price <= 300 / None"] == "served"
+    assert set(outcomes.values()) == {"served"}  # the caps gave way, inside the policy
     # control: a publisher whose policy allows 450 gets price:0 with cap 1 and its event verifies
     wide = probe.publisher("price <= 500").enrol_publisher("price <= 500", 1)
     assert wide["credentials"]["price"] == ["price:0"]
