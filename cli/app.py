@@ -16,14 +16,16 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from ibe_pubsub.cli import bench, bulk, crypto, demo, identity, keyserver, peer, publish
-from ibe_pubsub.cli.arguments import CommandError
+from ibe_pubsub.cli.arguments import CommandError, Interrupted
 from ibe_pubsub.cli.config import ConfigError, apply_layers, check_tables, load_config_file
 from ibe_pubsub.cli.parser import CommandParser
 from ibe_pubsub.credentials import log_formatter, use_log_format
 from ibe_pubsub.evaluation import PlotsUnavailable
 
-#: In the order ``ibe-pubsub --help`` lists them.
-COMMAND_GROUPS = (crypto, bench, keyserver, identity, bulk, peer, publish, demo)
+#: In the order ``ibe-pubsub --help`` lists them, the order a new user meets them in the
+#: README: the demo, then an overlay by hand (key server, identities, peers, publishing),
+#: bulk enrolment, and last the benchmarks and the scheme's test vectors.
+COMMAND_GROUPS = (demo, keyserver, identity, peer, publish, bulk, bench, crypto)
 
 
 def _version() -> str:
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = _main(argv)
         sys.stdout.flush()  # a closed pipe shows here, rather than at exit
         return status
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         print("ibe-pubsub: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
@@ -95,10 +97,12 @@ def _main(argv: Sequence[str] | None) -> int:
         leaf, path = _leaf(parser, args_list)
         if path:
             apply_layers(leaf, path, config)
-    except ConfigError as exc:
-        print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
-        return 2
-    args = parser.parse_args(args_list)
+    except (ConfigError, CommandError) as exc:  # CommandError: a file a value names
+        return _failed(exc)
+    try:
+        args = parser.parse_args(args_list)
+    except CommandError as exc:  # a file an option names is wrong, not the command line
+        return _failed(exc)
     # Log lines quote peers' strings: either formatter escapes control characters in every
     # line, so none can forge another.
     log_handler = logging.StreamHandler()
@@ -114,6 +118,11 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return int(handler(args) or 0)
     except (CommandError, PlotsUnavailable) as exc:
-        print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
-        return 2
+        return _failed(exc)
+
+
+def _failed(exc: ConfigError | CommandError | PlotsUnavailable) -> int:
+    """One error line; the status a CommandError carries, else 2."""
+    print(f"ibe-pubsub: error: {exc}", file=sys.stderr)
+    return getattr(exc, "status", 2)
 

@@ -26,7 +26,15 @@ if TYPE_CHECKING:
 
 
 class CommandError(CliError):
-    """A user-facing failure: the dispatcher prints it as one line and exits with status 2."""
+    """A user-facing failure: the dispatcher prints it as one line and exits with
+    ``status`` (2; a subclass may document another, as the demo's "could not run")."""
+
+    status = 2
+
+
+class Interrupted(CliError):
+    """Ctrl-C, once the command has cleaned up after it (a peer left the overlay): the
+    dispatcher reports it as it reports KeyboardInterrupt, "interrupted" and status 130."""
 
 
 def positive_int(text: str) -> int:
@@ -92,13 +100,16 @@ def ca_file(text: str) -> str:
 
 def schema_argument(text: str) -> Schema:
     """``--schema``: a built-in schema name (``stocks``) or a schema TOML file, loaded and
-    checked while parsing, so a wrong one fails with argparse's usage and error line
-    before any work."""
-    from ibe_pubsub.credentials import SchemaError, resolve_schema
+    checked while parsing, before any work. An unknown name is a mistake of the command
+    line (argparse's usage and error line); a file that does not conform is the file's
+    (one error line, no usage)."""
+    from ibe_pubsub.credentials import BUILTIN_SCHEMAS, SchemaError, resolve_schema
 
     try:
         return resolve_schema(text)
     except SchemaError as exc:
+        if text not in BUILTIN_SCHEMAS and Path(text).is_file():
+            raise CommandError(str(exc)) from exc
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
@@ -115,13 +126,37 @@ def add_schema(parser: argparse.ArgumentParser, required: bool = False) -> None:
                             metavar="NAME|FILE", help=help_text + " (default: %(default)s)")
 
 
+def key_server_url(text: str) -> str:
+    """``--server``: an http:// or https:// URL, or ``HOST:PORT`` as ``peer status`` takes
+    it, with the scheme the key server serves there by default: plain HTTP on loopback
+    only, TLS anywhere else (``keyserver serve`` refuses plain HTTP off loopback)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    url = str(text).strip()
+    if "://" not in url:
+        host = urlsplit(f"//{url}").hostname or ""
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        url = f"{'http' if loopback else 'https'}://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"expected the key server's URL, http://HOST:PORT or https://HOST:PORT (or "
+            f"HOST:PORT), got {text!r}")
+    return url
+
+
 def add_key_server(parser: argparse.ArgumentParser, admin: bool = False) -> None:
     """The options of every command that talks to the key server: ``--server``, the
     credential it presents (the admin token with ``admin``, read with :func:`admin_token`;
     else an identity's token and how the server's signing key is trusted, read with
     :func:`identity_token`, :func:`server_key` and :func:`known_servers`) and ``--ca-file``."""
-    parser.add_argument("--server", required=True,
-                        help="key server URL, e.g. http://127.0.0.1:8700")
+    parser.add_argument("--server", required=True, type=key_server_url,
+                        help="key server URL, e.g. http://127.0.0.1:8700 or https://HOST:PORT; "
+                        "HOST:PORT alone means http:// on loopback, https:// elsewhere")
     if admin:
         parser.add_argument("--admin-token", metavar="TOKEN",
                             help="the key server's admin token (better: "

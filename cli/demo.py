@@ -10,6 +10,13 @@ from typing import Any
 from ibe_pubsub.cli.arguments import CommandError, add_insecure_transport, positive_int
 
 
+class CouldNotRun(CommandError):
+    """The demo could not run (its key server or a peer process failed): status 3, neither
+    1 (a delivery went wrong) nor 2 (a mistake of the command line)."""
+
+    status = 3
+
+
 def register(subparsers: Any) -> None:
     demo = subparsers.add_parser(
         "demo", help="run a whole overlay on this machine and check every delivery",
@@ -18,7 +25,8 @@ def register(subparsers: Any) -> None:
                     "subscriptions and one publisher process; publish a stream of stock "
                     "quotes; print per subscriber the events delivered and expected, false "
                     "positives filtered and the mean delivery delay. Exits 1 if any "
-                    "subscriber missed an event or got one it should not have.")
+                    "subscriber missed an event or got one it should not have, 3 if the "
+                    "demo could not run (its key server or a peer process failed).")
     demo.add_argument("--peers", type=positive_int, default=8, help="subscriber processes")
     demo.add_argument("--routing", choices=("ohf", "mcr"), default="ohf",
                       help="one-hop flooding or multi-credential routing")
@@ -46,7 +54,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                           seed=args.seed, workdir=args.workdir, max_children=args.max_children,
                           insecure_transport=args.insecure_transport, graph=args.graph)
     except DemoError as exc:
-        raise CommandError(str(exc)) from exc
+        raise CouldNotRun(str(exc)) from exc
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True))
     return 0 if report["ok"] else 1

@@ -30,6 +30,10 @@ def _call(args: argparse.Namespace, action: Any) -> Any:
         raise CommandError(str(exc)) from exc
 
 
+#: Credentials ``identity list`` shows of a bulk-only identity (``--json`` has them all).
+MAX_LABELS = 6
+
+
 def cmd_identity_add(args: argparse.Namespace) -> int:
     created = _call(args, lambda c: c.create_identity(args.name, args.role, args.allow))
     print(f"identity {created['name']!r} (id {created['id']}, {created['role']}) created; "
@@ -46,8 +50,24 @@ def cmd_identity_list(args: argparse.Namespace) -> int:
     print(f"{'id':>5}  {'name':<24} {'role':<10} {'state':<20} policy")
     for r in rows:
         state = f"revoked in epoch {r['revoked_epoch']}" if r["revoked_at"] else "active"
-        print(f"{r['id']:>5}  {r['name']:<24} {r['role']:<10} {state:<20} {r['policy'] or '*'}")
+        if r.get("bulk_only"):
+            state += ", bulk-only"
+        print(f"{r['id']:>5}  {r['name']:<24} {r['role']:<10} {state:<20} {_bounds(r)}")
     return 0
+
+
+def _bounds(row: dict[str, Any]) -> str:
+    """What bounds the identity: its policy, or for one that bulk issuance created (it has
+    none, and gets keys only that way) the credentials it was last issued."""
+    if not row.get("bulk_only"):
+        return row["policy"] or "*"
+    issued = row.get("bulk_issued")
+    if issued is None:
+        return "(bulk: nothing issued yet)"
+    labels = [label for labels in issued["credentials"].values() for label in labels]
+    shown = " ".join(labels[:MAX_LABELS]) + (f" ... ({len(labels)} in all)"
+                                             if len(labels) > MAX_LABELS else "")
+    return f"(bulk, epoch {issued['epoch']}) {shown}"
 
 
 def cmd_identity_revoke(args: argparse.Namespace) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import errno
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.tls_cert:
             check_tls_files(args.tls_cert, args.tls_key)
         check_listen_address(args.host, bool(args.tls_cert), args.insecure)
+        _check_port_free(args.host, args.port)
         limits = ConnectionLimits(args.header_timeout, args.max_connections,
                                   args.max_connections_per_address)
     except ValueError as exc:
@@ -109,6 +112,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (KeyStoreError, ValueError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` as uvicorn will (``SO_REUSEADDR``), before the slow unsealing: a
+    port another process listens on is a one-line error here, not uvicorn's log line and
+    exit 3 once everything else has started. (A process binding it in between still meets
+    uvicorn's.)"""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family) as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host.strip("[]"), port))
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        hint = " (another process serves there: stop it, or choose another --port)" \
+            if exc.errno == errno.EADDRINUSE else ""
+        raise CommandError(f"cannot listen on {host}:{port}: "
+                           f"{reason[:1].lower()}{reason[1:]}{hint}") from exc
 
 
 def register(subparsers: Any) -> None:

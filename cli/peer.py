@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibe_pubsub.cli.arguments import (
     CommandError,
+    Interrupted,
     add_insecure_transport,
     add_key_server,
     add_log_format,
@@ -94,7 +95,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
     if not started:
         if writer is not None:
             writer.close()
-        return 130 if signal.SIGINT in received else 0
+        return _stopped_by(received)
 
     async def announce() -> None:
         await WaitAnnouncer(f"a parent for every virtual peer in tree(s) "
@@ -121,6 +122,14 @@ async def _run_peer(args: argparse.Namespace) -> int:
         write_json_atomically(args.stats_out, node.stats())
     if node.failure is not None:
         raise CommandError(node.failure)
+    return _stopped_by(received)
+
+
+def _stopped_by(received: list[signal.Signals]) -> int:
+    """0 after SIGTERM (a service stopped); after SIGINT, once the peer has left, Ctrl-C is
+    reported as for every command ("interrupted", status 130)."""
+    if signal.SIGINT in received:
+        raise Interrupted
     return 0
 
 
@@ -198,7 +207,9 @@ def register(subparsers: Any) -> None:
     add_insecure_transport(run)
     run.add_argument("--listen", default="127.0.0.1:0",
                      help="HOST:PORT to accept peers on, an address they can dial (not "
-                     "0.0.0.0 or [::]; port 0: any free port)")
+                     "0.0.0.0 or [::]; port 0: the port of an address the key server already "
+                     "certified to this identity on HOST, if free, so restarts take no new "
+                     "one of its addresses; else any free port)")
     run.add_argument("--subscribe", metavar="PREDICATE",
                      help='subscribe, e.g. \'symbol prefix "IB" and price < 100\'')
     run.add_argument("--root", action="append", metavar="ATTRIBUTE",
@@ -214,7 +225,9 @@ def register(subparsers: Any) -> None:
     run.add_argument("--max-children", type=positive_int, default=4,
                      help="children per virtual peer")
     run.add_argument("--max-credentials", type=positive_int, default=4,
-                     help="credentials per numeric attribute (coarser: fewer virtual peers)")
+                     help="credentials per numeric attribute (coarser: fewer virtual peers); "
+                     "where the identity's policy needs more to cover the subscription inside "
+                     "it, the key server issues the fewest that do")
     run.add_argument("--fine-depth", type=int, choices=range(5), default=1,
                      help="split depth of fine credentials for multi-credential routing")
     run.add_argument("--heartbeat", type=non_negative_float, default=1.0,

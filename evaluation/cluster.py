@@ -23,7 +23,7 @@ import httpx
 from ibe_pubsub.credentials import Event
 from ibe_pubsub.evaluation.exceptions import EvaluationError
 from ibe_pubsub.evaluation.launcher import child_env, cli_command
-from ibe_pubsub.keyserver import KeyServerClient
+from ibe_pubsub.keyserver import KeyServerClient, KeyServerRequestError
 from ibe_pubsub.peer import WaitAnnouncer, event_line, read_deliveries
 
 
@@ -109,7 +109,10 @@ class Cluster:
 
     def identity(self, name: str, role: str, policy: str | None = None) -> str:
         """Create an identity; returns its token."""
-        return str(self.admin.create_identity(name, role, policy)["token"])
+        try:
+            return str(self.admin.create_identity(name, role, policy)["token"])
+        except KeyServerRequestError as exc:
+            raise ClusterError(f"could not create the identity {name}: {exc}") from exc
 
     def _env(self, token: str | None) -> dict[str, str]:
         """The children's environment; without ``token`` they take it from their bundle."""

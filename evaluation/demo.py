@@ -21,7 +21,7 @@ from typing import Any
 
 from ibe_pubsub.credentials import Event, default_schema, parse_predicate
 from ibe_pubsub.evaluation.cluster import Cluster, ClusterError
-from ibe_pubsub.evaluation.exceptions import EvaluationError
+from ibe_pubsub.evaluation.exceptions import BenchRunError, EvaluationError
 from ibe_pubsub.evaluation.launcher import (
     free_port,
     init_keyserver,
@@ -134,7 +134,7 @@ def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_childr
     progress(f"key server: creating master keys in {data}")
     try:
         init_keyserver(data, passphrase)
-    except RuntimeError as exc:
+    except BenchRunError as exc:
         raise DemoError(str(exc)) from exc
     url = f"http://127.0.0.1:{free_port()}"
     server = start_keyserver(data, int(url.rsplit(":", 1)[1]), passphrase,
@@ -169,7 +169,7 @@ def _run(root: Path, peers: int, routing: str, count: int, seed: int, max_childr
             progress(f"drew the trees in {graph}")
         cluster.stop_all()
         rows = compare(cluster, expected, cluster.sent_times("publisher"))
-    except ClusterError as exc:
+    except (ClusterError, BenchRunError) as exc:  # its key server or a peer failed
         raise DemoError(str(exc)) from exc
     finally:
         if cluster is not None:

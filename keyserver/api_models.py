@@ -118,6 +118,11 @@ class IdentityIn(Strict):
     policy: Text | None = Field(default=None, max_length=MAX_PREDICATE)
 
 
+class BulkIssuedOut(BaseModel):
+    epoch: int
+    credentials: dict[str, list[str]] = Field(description="credential labels per attribute")
+
+
 class IdentityOut(BaseModel):
     id: int
     name: str
@@ -126,6 +131,10 @@ class IdentityOut(BaseModel):
     created_at: float
     revoked_at: float | None
     revoked_epoch: int | None
+    bulk_only: bool = Field(description="created by bulk issuance: it gets keys only that "
+                            "way, so its policy is what it was issued, not ``policy``")
+    bulk_issued: BulkIssuedOut | None = Field(
+        default=None, description="its latest bulk issuance (in the listing; None if none)")
 
 
 class IdentityCreated(BaseModel):
@@ -189,6 +198,17 @@ class TransportCertificateOut(BaseModel):
     role: Role
     addresses: list[str]
     attributes: list[str] = Field(description="trees a root may serve (others: none)")
+
+
+class HeldAddressOut(BaseModel):
+    address: str
+    expires_at: float = Field(description="when the identity's latest certificate naming it "
+                              "expires (Unix time)")
+
+
+class HeldAddressesOut(BaseModel):
+    addresses: list[HeldAddressOut] = Field(description="the caller's live certified "
+                                            "addresses, latest expiry first")
 
 
 class CallerOut(BaseModel):

@@ -145,6 +145,10 @@ class KeyServerClient:
         return self.request("POST", "/v1/enrol/transport", json={
             "public_key": public_key_b64, "addresses": list(addresses), "epoch": epoch})
 
+    def held_addresses(self) -> list[dict[str, Any]]:
+        """This identity's live certified addresses, ``{address, expires_at}``, latest first."""
+        return list(self.request("GET", "/v1/enrol/transport")["addresses"])
+
     # -- admin --
     def create_identity(self, name: str, role: str, policy: str | None = None
                         ) -> dict[str, Any]:

@@ -129,6 +129,16 @@ def claim_addresses(session: Session, identity_id: int, addresses: Sequence[str]
     _check_cap(session, identity_id, addresses, held, now, cap)
 
 
+def held_addresses(session: Session, identity_id: int, now: float) -> list[tuple[str, float]]:
+    """The identity's live addresses with their expiry, latest first: a restarted peer
+    certifies one of them again rather than take a new one toward its cap."""
+    rows = session.execute(
+        select(PeerAddress.address, PeerAddress.expires_at)
+        .where(PeerAddress.identity_id == identity_id, PeerAddress.expires_at > now)
+        .order_by(PeerAddress.expires_at.desc(), PeerAddress.address)).all()
+    return [(address, until) for address, until in rows]
+
+
 def owned_until(session: Session, identity_id: int, address: str, now: float) -> float:
     """When the identity's ownership of ``address`` ends; 403 ``address_not_certified``
     unless it owns it now."""

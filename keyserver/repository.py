@@ -65,6 +65,17 @@ def audit(session: Session, actor: str, action: str, epoch: int | None,
                            epoch=epoch, detail=detail))
 
 
+def latest_bulk_issuances(session: Session) -> dict[str, dict[str, Any]]:
+    """Per identity name, the epoch and credentials of its latest bulk issuance (the audit
+    log's ``issue_bulk`` entries), which is all a bulk-only identity may hold."""
+    latest: dict[str, dict[str, Any]] = {}
+    for entry in session.scalars(select(AuditEntry).where(AuditEntry.action == "issue_bulk")
+                                 .order_by(AuditEntry.id)):
+        latest[entry.detail["identity"]] = {"epoch": entry.epoch,
+                                            "credentials": entry.detail["credentials"]}
+    return latest
+
+
 def audit_entries(session: Session, after: int, limit: int) -> list[AuditEntry]:
     return list(session.scalars(select(AuditEntry).where(AuditEntry.id > after)
                                 .order_by(AuditEntry.id).limit(limit)))

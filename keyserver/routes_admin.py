@@ -18,6 +18,7 @@ from ibe_pubsub.keyserver.repository import (
     audit,
     audit_entries,
     identities,
+    latest_bulk_issuances,
     remove_directory_entries,
 )
 
@@ -25,10 +26,11 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 IdentityId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
-def _out(identity: Identity) -> dict[str, Any]:
+def _out(identity: Identity, bulk_issued: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": identity.id, "name": identity.name, "role": identity.role,
             "policy": identity.policy, "created_at": identity.created_at,
-            "revoked_at": identity.revoked_at, "revoked_epoch": identity.revoked_epoch}
+            "revoked_at": identity.revoked_at, "revoked_epoch": identity.revoked_epoch,
+            "bulk_only": identity.bulk_only, "bulk_issued": bulk_issued}
 
 
 @router.post("/identities", response_model=IdentityCreated, status_code=201,
@@ -59,8 +61,11 @@ def create_identity(body: IdentityIn, caller: Admin,
 @router.get("/identities", response_model=list[IdentityOut], responses=error_responses(401))
 def list_identities(_: Admin,
                     state: State) -> list[dict[str, Any]]:
+    """Every identity; with what bulk issuance last gave it, if anything (for a bulk-only
+    identity, whose policy is empty, that is all it may hold)."""
     with state.sessions() as session:
-        return [_out(i) for i in identities(session)]
+        issued = latest_bulk_issuances(session)
+        return [_out(i, issued.get(i.name)) for i in identities(session)]
 
 
 @router.get("/identities/{identity_id}", response_model=IdentityOut,

@@ -34,6 +34,7 @@ from ibe_pubsub.credentials import (
 from ibe_pubsub.credentials import RootCertificate as SignedRootCertificate
 from ibe_pubsub.keyserver.api_models import (
     CallerOut,
+    HeldAddressesOut,
     PublisherBundle,
     PublisherEnrolment,
     RootCertificate,
@@ -59,7 +60,7 @@ from ibe_pubsub.keyserver.enrolment import (
     within_policy,
 )
 from ibe_pubsub.keyserver.errors import ApiError, error_responses
-from ibe_pubsub.keyserver.ownership import check_canonical, claim_addresses
+from ibe_pubsub.keyserver.ownership import check_canonical, claim_addresses, held_addresses
 from ibe_pubsub.keyserver.repository import audit, grant_trees
 from ibe_pubsub.keyserver.state import AppState
 
@@ -214,6 +215,19 @@ def _claim_and_record(state: AppState, identity: Identity, addresses: list[str],
         claim_addresses(session, identity.id, addresses, now, not_after,
                         state.config.max_peer_addresses)
         audit(session, identity.name, "issue_transport", epoch, detail)
+
+
+@router.get("/transport", response_model=HeldAddressesOut,
+            responses=error_responses(401, 403))
+def held_transport_addresses(caller: AnIdentity, state: State) -> dict[str, Any]:
+    """The addresses certified to the caller's identity and still live, for its own peers
+    only (no identity sees another's): a peer restarted without a fixed port takes one of
+    them again, so restarts do not use up the cap."""
+    identity = caller.identity
+    assert identity is not None
+    with state.sessions() as session:
+        held = held_addresses(session, identity.id, time.time())
+    return {"addresses": [{"address": a, "expires_at": until} for a, until in held]}
 
 
 @router.post("/transport", response_model=TransportCertificateOut,

@@ -25,6 +25,7 @@ performs, so they agree with what it delivered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -74,7 +75,7 @@ from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.log_limits import RateLimit, limit_accept_errors
 from ibe_pubsub.peer.retry import Backoff
 from ibe_pubsub.peer.tls import PeerTLS
-from ibe_pubsub.peer.transport import Transport, split_address
+from ibe_pubsub.peer.transport import Transport, TransportError, join_address, split_address
 from ibe_pubsub.peer.waiting import WaitAnnouncer, in_daemon_thread
 
 if TYPE_CHECKING:
@@ -289,11 +290,22 @@ class PeerNode:
 
     # -- life cycle ---------------------------------------------------------------------------
 
+    @property
+    def _keys_awaited(self) -> str:
+        return f"keys from the key server at {self.client.base_url}"
+
     async def start(self) -> None:
         """Listen, enrol, register, join; returns once joining has begun (see ``ready``)."""
         limit_accept_errors(asyncio.get_running_loop(), RateLimit())
         host, port = split_address(self.options.listen)
-        await self.transport.listen(host, port)
+        if port == 0:
+            for held in await WaitAnnouncer(self._keys_awaited).wait(
+                    in_daemon_thread(functools.partial(self._held_ports, host))):
+                with contextlib.suppress(TransportError):  # in use: try the next one
+                    await self.transport.listen(host, held)
+                    break
+        if not self.transport.address:
+            await self.transport.listen(host, port)
         try:
             canonical_address(self.address)
         except PeerCertificateError as exc:
@@ -309,8 +321,7 @@ class PeerNode:
                 raise NodeError(f"--http: {exc}") from exc
             log.info("serving /healthz, /metrics and /status at %s", self.monitor.url)
         try:
-            await WaitAnnouncer(f"keys from the key server at {self.client.base_url}"
-                                ).wait(in_daemon_thread(self._enrol))
+            await WaitAnnouncer(self._keys_awaited).wait(in_daemon_thread(self._enrol))
             self._install_link_certificate(await in_daemon_thread(
                 functools.partial(self._certify, False)))
         except Exception:
@@ -395,6 +406,20 @@ class PeerNode:
                                           "--subscribe")
         return enrolment.kit_from_bundle(self.params, bundle.keys, wanted)
 
+    def _held_ports(self, host: str) -> list[int]:
+        """Ports of ``host`` whose addresses the key server certified to this identity and
+        still counts as its own, latest first: a peer restarted without a fixed port takes
+        one of them again, so restarts do not use up the identity's cap of addresses. Only
+        the identity's own token reads them, and an address another identity holds is never
+        among them, so reusing one gives this peer no address it could not certify anyway."""
+        try:
+            prefix = canonical_address(join_address(host, 1)).rpartition(":")[0]
+        except PeerCertificateError:
+            return []  # start() says what is wrong with --listen
+        held = (split_address(a["address"]) for a in self.client.held_addresses())
+        return [port for held_host, port in held
+                if join_address(held_host, 0).rpartition(":")[0] == prefix]
+
     def _certify(self, next_epoch: bool) -> TransportCertificate:
         """The key server's certificate of this peer's link key for its address."""
         assert self.params is not None
@@ -438,8 +463,11 @@ class PeerNode:
         contacts = {}
         for attribute in self.attributes:
             doc = self.client.lookup(attribute)
-            vouched = [e["address"] for e in doc["roots"] + doc["members"] if e["vouched"]]
-            contacts[attribute] = vouched or [e["address"] for e in doc["members"]]
+            # its own address may still be listed, by this peer before a crash
+            roots, members = ([e for e in doc[k] if e["address"] != self.address]
+                              for k in ("roots", "members"))
+            vouched = [e["address"] for e in roots + members if e["vouched"]]
+            contacts[attribute] = vouched or [e["address"] for e in members]
         return contacts
 
     async def _wait_for_contacts(self, timeout: float = 30.0) -> dict[str, list[str]]:

@@ -22,6 +22,7 @@ from ibe_pubsub.evaluation.launcher import (
     init_keyserver,
     wait_ready,
 )
+from ibe_pubsub.keyserver.client import KeyServerClient
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,8 @@ def _stopped(process: subprocess.Popen[str], sig: signal.Signals, status: int) -
     assert process.returncode == status, rest
     assert took < 2.0
     assert "Traceback" not in rest and "no peer of tree" not in rest, rest
+    if sig == signal.SIGINT:  # Ctrl-C: said as every command says it
+        assert rest.splitlines()[-1] == "ibe-pubsub: interrupted", rest
 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
@@ -107,6 +110,30 @@ def _interrupted(process: subprocess.Popen[str], group: bool = False) -> str:
     rest = (out or "") + (err or "")
     assert process.returncode == 130, rest
     return rest
+
+
+def test_ctrl_c_on_a_ready_peer_says_interrupted_after_leaving(keyserver_factory, tmp_path):
+    server = keyserver_factory.start()
+    admin = KeyServerClient(server.base_url, server.admin_token)
+    token = admin.create_identity("root", "root")["token"]
+    peer = subprocess.Popen(
+        cli_command("peer", "run", "--server", server.base_url, "--root", "symbol"),
+        env=child_env() | {"IBE_PUBSUB_TOKEN": token}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_as_from_a_terminal)
+    assert peer.stderr is not None
+    try:
+        line = peer.stderr.readline()
+        while line and not line.startswith("peer ready at"):
+            line = peer.stderr.readline()
+        assert line, "the peer never got ready"
+        assert admin.lookup("symbol")["roots"]  # the control: listed while it runs
+        rest = _interrupted(peer)
+    finally:
+        peer.kill()
+    assert rest.splitlines() == ["ibe-pubsub: interrupted"]
+    assert not admin.lookup("symbol")["roots"]  # it left the directory first
+    admin.close()
 
 
 def test_ctrl_c_stops_a_waiting_publisher_quietly(lonely_server, tmp_path):

@@ -1,0 +1,64 @@
+"""Restarting a peer with the default ``--listen 127.0.0.1:0``: it takes the address its
+identity already holds, so restarts neither use up the cap of certified addresses nor leave
+a dead address of their own in the directory to slow the next join."""
+
+from __future__ import annotations
+
+import json
+
+from ibe_pubsub.evaluation.cluster import Cluster
+from ibe_pubsub.keyserver.client import KeyServerClient
+
+
+def test_restarts_on_the_default_listen_reuse_the_held_address(keyserver_factory, tmp_path):
+    """With a cap of 2 addresses, the third start on a new random port was refused (409
+    ``too_many_addresses``); now every start takes the one address the identity holds."""
+    server = keyserver_factory.start(serve_args=("--max-peer-addresses", "2"))
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path)
+    token = cluster.identity("restarted", "root")
+    addresses = []
+    try:
+        for start in range(4):
+            root = cluster.start_root(f"root-{start}", ["symbol"], token=token)
+            cluster.wait_ready([root], timeout=30)
+            addresses.append(root.address)
+            root.process.terminate()
+            assert root.process.wait(10) == 0
+    finally:
+        cluster.stop_all()
+    print(f"addresses of four starts: {addresses}")
+    assert len(set(addresses)) == 1
+    with KeyServerClient(server.base_url, token) as own:
+        assert [a["address"] for a in own.held_addresses()] == addresses[:1]
+    with KeyServerClient(server.base_url, server.admin_token) as admin:
+        assert admin.lookup("symbol")["roots"] == []  # each stop left the directory
+
+
+def test_a_crashed_subscriber_restarts_without_waiting_on_its_own_dead_entry(
+        keyserver_factory, tmp_path):
+    server = keyserver_factory.start()
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path)
+    root_token = cluster.identity("root", "root")
+    try:
+        root = cluster.start_root("root", ["symbol"], token=root_token)
+        cluster.wait_ready([root])
+        token = cluster.identity("crashing", "subscriber")
+        first = cluster.start_subscriber("first", 'symbol = "IBM"', token=token)
+        cluster.wait_ready([first])
+        cluster.kill("first")  # SIGKILL: its entry stays listed
+        # the root vouches for it, as at its next renewal (every 10 s): a newcomer would
+        # dial the dead entry first
+        with KeyServerClient(server.base_url, root_token) as vouching:
+            vouching.register(root.address, "symbol", "root", 30, seen=[first.address])
+        with KeyServerClient(server.base_url, server.admin_token) as admin:
+            assert first.address in {e["address"] for e in admin.lookup("symbol")["members"]
+                                     if e["vouched"]}
+        again = cluster.start_subscriber("again", 'symbol = "IBM"', token=token)
+        cluster.wait_ready([again], timeout=30)
+    finally:
+        cluster.stop_all()
+    joined = json.loads(again.ready_file.read_text())["join_seconds"]
+    print(f"restarted at {again.address} (was {first.address}), joined in {joined:.2f} s")
+    assert again.address == first.address
+    assert joined < 1.0  # 2.2 s when it dialled its own dead entry first
+    assert "gave up on" not in again.log_tail(100)
