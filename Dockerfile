@@ -22,6 +22,7 @@ RUN arch="${TARGETARCH:-$(uname -m)}"; case "$arch" in amd64|x86_64) ;; *) \
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY cli cli
+COPY client client
 COPY credentials credentials
 COPY evaluation evaluation
 COPY keyserver keyserver

@@ -132,14 +132,22 @@ class EventPublisher:
 
     def publish(self, event: Event) -> None:
         """Encrypt, sign and queue ``event`` for every root (sent by the event loop)."""
+        self.send(self.encrypt(event))
+
+    def encrypt(self, event: Event) -> bytes:
+        """``event`` encrypted and signed, or PublishRefused. It touches no event loop, so
+        it may run in a worker thread (one at a time: a stream's state is not shared)."""
         assert self.crypto is not None and self.keys is not None
         if not self.advertisement.matches(event.values):
             raise PublishRefused(f"event {event.event_id!r} lies outside the advertisement")
         try:
-            ciphertext = self.crypto.encrypt(
+            return self.crypto.encrypt(
                 self.keys.keys if self.stream is None else self.stream, event)
         except NotAuthorized as exc:
             raise PublishRefused(f"event {event.event_id!r}: {exc}") from exc
+
+    def send(self, ciphertext: bytes) -> None:
+        """Queue an encrypted event for every root (on the event loop)."""
         for send in publication(ciphertext, self.roots):
             self.transport.send(send.to, send.message.to_bytes())
         self.sent += 1

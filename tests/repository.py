@@ -7,7 +7,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: The library packages, lowest first, and everything installed under ``ibe_pubsub``.
-LIBRARIES = ("credentials", "overlay", "keyserver", "migrations", "pipelines", "peer")
+LIBRARIES = ("credentials", "overlay", "keyserver", "migrations", "pipelines", "peer",
+             "client")
 PACKAGES = (*LIBRARIES, "evaluation", "cli")
 
 

@@ -5,6 +5,7 @@
 - ``pipelines`` imports ``credentials`` and the key server's client;
 - ``peer`` imports ``overlay``, ``credentials`` and the key server's client (with its
   bundle decoding);
+- ``client`` (the application API) imports ``peer`` and what ``peer`` may;
 - ``evaluation`` and ``cli`` sit on top (and no library package imports them).
 
 Across packages, code imports only the names a package's ``__init__`` exports (its
@@ -27,12 +28,13 @@ MAY_IMPORT = {
     "migrations": {"keyserver"},
     "pipelines": {"credentials", "keyserver"},
     "peer": {"credentials", "overlay", "keyserver"},
+    "client": {"credentials", "overlay", "keyserver", "peer"},
     "evaluation": set(LIBRARIES),
     "cli": {*LIBRARIES, "evaluation"},
 }
 #: The key server's modules that its callers among the libraries may use: the client.
 KEY_SERVER_CLIENT = {"client", "bundles", "exceptions"}
-LIMITED_TO_THE_CLIENT = {"pipelines", "peer"}
+LIMITED_TO_THE_CLIENT = {"pipelines", "peer", "client"}
 
 
 @dataclass(frozen=True)

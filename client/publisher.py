@@ -1,0 +1,240 @@
+"""An application's publisher: enrols for its advertisement, then encrypts each event off the
+event loop and hands it to the root of every attribute tree, waiting while the roots are
+slow to take what was sent.
+
+Encryption (tens of milliseconds of pairings) runs in a worker thread, so the event loop
+stays free for the transport and the application: mcl is called through ctypes, which
+releases the GIL. One thread, although two would encrypt faster on idle cores, because a
+stream's state and the public parameters' caches are not made for concurrent use, and one
+keeps the events in the order they were published.
+
+Keys last an epoch: the first ``publish`` after the rollover enrols again for the new
+epoch's keys (and link certificate), once the events under way are encrypted; until that
+succeeds, the old keys serve until the end of their grace window.
+
+Back-pressure, so that memory stays bounded and the transport never drops: at most
+``max_in_flight`` events are between ``publish`` being called and their frames being
+queued (more calls wait for a slot), and an event's frames are queued only once the
+transport's send queues hold at most ``max_queued`` frames with them (the transport drops
+the oldest frame beyond its own limit; the client never lets it come to that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from ibe_pubsub.client.config import identity_token, server_trust
+from ibe_pubsub.client.events import EventIds, Value
+from ibe_pubsub.client.exceptions import (
+    ConfigError,
+    ConnectError,
+    PublishRefused,
+    SendFailed,
+    wrapped,
+)
+from ibe_pubsub.credentials import Event, Schema, StreamWindow
+from ibe_pubsub.peer import EventPublisher, KnownServers
+
+log = logging.getLogger(__name__)
+
+#: Events at most between ``publish`` and the send queues.
+MAX_IN_FLIGHT = 64
+#: Frames at most in the transport's send queues (each event is one frame per tree).
+MAX_QUEUED = 256
+#: Seconds between looks at the send queues while they are full.
+ROOM_POLL = 0.005
+#: Seconds before enrolling for the new epoch's keys is tried again.
+RENEW_RETRY = 2.0
+
+
+class Publisher:
+    """Publishes events inside its advertisement; make one with :meth:`connect`."""
+
+    def __init__(self, publisher: EventPublisher, max_in_flight: int = MAX_IN_FLIGHT,
+                 max_queued: int = MAX_QUEUED) -> None:
+        self.event_publisher = publisher
+        self.ids = EventIds()
+        self.max_in_flight = max_in_flight
+        #: Events taken by ``publish`` and not yet queued (at most ``max_in_flight``).
+        self.in_flight = 0
+        frames = len(publisher.roots)
+        self.max_queued = min(max(max_queued, frames), publisher.transport.queue_limit)
+        self._slots = asyncio.Semaphore(max_in_flight)
+        #: Events handed to the worker and not yet encrypted.
+        self._encrypting = 0
+        #: Cleared while the keys are renewed: nothing is handed to the worker meanwhile.
+        self._keys_ready = asyncio.Event()
+        self._keys_ready.set()
+        self._renew_after = 0.0
+        self._sending = asyncio.Lock()
+        self._worker = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="ibe-pubsub-encrypt")
+        self._loop = asyncio.get_running_loop()
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, server: str, token: str | None = None,
+                      advertisement: str | None = None, *, bundle: str | None = None,
+                      server_key: bytes | str | None = None,
+                      known_servers: str | Path | KnownServers | None = None,
+                      ca_file: str | None = None, insecure_transport: bool = False,
+                      stream_window: float | None = None, stream_max_events: int | None = None,
+                      root_timeout: float = 30.0, max_in_flight: int = MAX_IN_FLIGHT,
+                      max_queued: int = MAX_QUEUED) -> Publisher:
+        """Enrol for ``advertisement`` (``""``: everything the identity may publish; or take
+        the keys of ``bundle``) and find the root of every tree (waiting up to
+        ``root_timeout`` s); ConnectError if refused. With ``stream_window`` (seconds),
+        events go out as a stream (see ``publish --stream-window``)."""
+        if advertisement is None and bundle is None:
+            raise ConfigError("an advertisement (or a bundle) is required")
+        pinned, known = server_trust(server_key, known_servers)
+        with wrapped(ConnectError):
+            window = (StreamWindow(stream_window, stream_max_events)
+                      if stream_window is not None else None)
+            publisher = EventPublisher(server, identity_token(token, bundle), advertisement,
+                                       server_key=pinned, known_servers=known, ca_file=ca_file,
+                                       insecure_transport=insecure_transport, bundle=bundle,
+                                       stream_window=window)
+        try:
+            with wrapped(ConnectError):
+                await publisher.start(root_timeout)
+        except BaseException:
+            await publisher.close(0)
+            raise
+        return cls(publisher, max_in_flight, max_queued)
+
+    @property
+    def schema(self) -> Schema:
+        assert self.event_publisher.params is not None
+        return self.event_publisher.params.pp.schema
+
+    @property
+    def advertisement(self) -> str:
+        """What this publisher may publish, as a predicate (``""``: everything)."""
+        return str(self.event_publisher.advertisement)
+
+    @property
+    def sent(self) -> int:
+        """Events queued for the roots."""
+        return self.event_publisher.sent
+
+    @property
+    def queued(self) -> int:
+        """Frames in the send queues, not yet written to a root's connection."""
+        return self.event_publisher.transport.queued()
+
+    @property
+    def dropped(self) -> int:
+        """Frames the transport dropped (a root it gave up on); 0 while all goes well."""
+        return self.event_publisher.transport.dropped
+
+    async def publish(self, values: Mapping[str, Value], body: bytes | str = b"",
+                      event_id: str | None = None) -> str:
+        """Encrypt and sign an event (a value for every attribute of the schema; ``body``
+        text is sent as UTF-8) and queue it for every root; returns its id, made up unless
+        given. Waits while ``max_in_flight`` events are under way or the send queues are
+        full. PublishRefused, with nothing sent, for values the schema refuses or outside
+        the advertisement."""
+        if self._closed:
+            raise PublishRefused("the publisher is closed")
+        event_id = event_id or self.ids.next()
+        with wrapped(PublishRefused):
+            event = Event(event_id, self.schema.validate_values(values),
+                          body.encode() if isinstance(body, str) else body)
+        await self._slots.acquire()
+        self.in_flight += 1
+        try:
+            await self._current_keys()
+        except BaseException:
+            self._free_slot()
+            raise
+        self._encrypting += 1
+        encrypted = self._worker.submit(self.event_publisher.encrypt, event)
+        encrypted.add_done_callback(self._worker_done)
+        try:
+            with wrapped(PublishRefused):
+                ciphertext = await asyncio.wrap_future(encrypted)
+            async with self._sending:  # in order, one at a time
+                await self._room()
+                self.event_publisher.send(ciphertext)
+        finally:
+            # The slot is free once the worker is done with the event, even if the caller
+            # gave up waiting for it.
+            encrypted.add_done_callback(self._release)
+        return event_id
+
+    async def _current_keys(self) -> None:
+        """Keys of the current epoch: after the rollover, enrol again once the worker is
+        idle. PublishRefused once the old keys expired (end of epoch and grace) without
+        new ones, since every peer would drop what they encrypt."""
+        while not self._keys_ready.is_set():
+            await self._keys_ready.wait()
+        keys, params = self.event_publisher.keys, self.event_publisher.params
+        assert keys is not None and params is not None
+        now = time.time()
+        if now >= max(keys.epoch_end, self._renew_after):
+            self._keys_ready.clear()
+            try:
+                while self._encrypting:
+                    await asyncio.sleep(ROOM_POLL)
+                with wrapped(PublishRefused):
+                    await self.event_publisher.enrol()
+            except PublishRefused as exc:
+                log.warning("could not get the new epoch's publisher keys: %s", exc)
+            finally:
+                self._keys_ready.set()
+            keys = self.event_publisher.keys
+            assert keys is not None
+            if time.time() >= keys.epoch_end:  # refused, or the server's epoch not over yet
+                self._renew_after = time.time() + RENEW_RETRY
+        if time.time() >= keys.epoch_end + params.grace:
+            raise PublishRefused(f"the publisher's keys of epoch {keys.epoch} have expired "
+                                 "and no new ones could be had")
+
+    async def _room(self) -> None:
+        """Until one more event's frames fit within ``max_queued``."""
+        frames = len(self.event_publisher.roots)
+        while self.queued + frames > self.max_queued:
+            if self._closed:
+                raise PublishRefused("the publisher was closed before the event was sent")
+            await asyncio.sleep(ROOM_POLL)
+
+    def _worker_done(self, _: concurrent.futures.Future[bytes]) -> None:
+        self._loop.call_soon_threadsafe(self._count_encrypted)
+
+    def _count_encrypted(self) -> None:
+        self._encrypting -= 1
+
+    def _release(self, _: concurrent.futures.Future[bytes]) -> None:
+        self._loop.call_soon_threadsafe(self._free_slot)
+
+    def _free_slot(self) -> None:
+        self.in_flight -= 1
+        self._slots.release()
+
+    async def close(self, flush_timeout: float = 10.0) -> None:
+        """Hand what is queued to the roots (within ``flush_timeout`` s) and disconnect;
+        SendFailed if some of it could not be."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._worker.shutdown)
+        if not await self.event_publisher.close(flush_timeout):
+            raise SendFailed(f"some events could not be handed to a root ({self.dropped} "
+                             f"frame(s) dropped, {self.queued} unsent)")
+
+    async def __aenter__(self) -> Publisher:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            await self.close()
+        except SendFailed as exc:
+            if exc_type is None:
+                raise
+            log.warning("%s", exc)  # the error that ended the block is the one to see
