@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import tomllib
-from pathlib import Path
 from typing import Any
 
 from ibe_pubsub.cli.exceptions import CliError
 from ibe_pubsub.cli.parser import GLOBAL_DESTS
 
 ENV_PREFIX = "IBE_PUBSUB_"
-DEFAULT_CONFIG_FILE = "ibe-pubsub.toml"
 
 
 class ConfigError(CliError):
@@ -30,19 +27,15 @@ class ConfigError(CliError):
 
 
 def load_config_file(path: str | None) -> dict[str, Any]:
-    """Read the TOML file named by the flag, the environment or the working directory."""
-    chosen = path or os.environ.get(ENV_PREFIX + "CONFIG")
-    if chosen is None:
-        if not Path(DEFAULT_CONFIG_FILE).is_file():
-            return {}
-        chosen = DEFAULT_CONFIG_FILE
+    """Read the TOML file named by the flag, the environment or the working directory, as
+    applications using ``ibe_pubsub.client`` read it."""
+    from ibe_pubsub.client import ConfigError as FileError
+    from ibe_pubsub.client import read_config_file
+
     try:
-        with open(chosen, "rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"configuration file not found: {chosen}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"configuration file {chosen} is not valid TOML: {exc}") from exc
+        return read_config_file(path)
+    except FileError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def section_for(config: dict[str, Any], command_path: list[str]) -> dict[str, Any]:

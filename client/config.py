@@ -46,7 +46,7 @@ def load_options(role: Role, *, config_file: str | Path | None = None,
     ``Publisher.connect`` (``"publisher"``): ``explicit`` ones that are not None over the
     environment over the file. ConfigError if the file or a value cannot be used."""
     env = os.environ if environ is None else environ
-    table = _table(_read_file(config_file, env), TABLES[role])
+    table = _table(read_config_file(config_file, env), TABLES[role])
     found: dict[str, Any] = {}
     for name in OPTIONS[role]:
         if (env_name := ENV_PREFIX + name.upper()) in env:
@@ -57,7 +57,10 @@ def load_options(role: Role, *, config_file: str | Path | None = None,
     return options | {k: v for k, v in explicit.items() if v is not None}
 
 
-def _read_file(path: str | Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+def read_config_file(path: str | Path | None, env: Mapping[str, str] = os.environ
+                     ) -> dict[str, Any]:
+    """The TOML file the CLI reads too: ``path``, else ``$IBE_PUBSUB_CONFIG``, else
+    ``./ibe-pubsub.toml`` if it exists (ConfigError if it cannot be read or parsed)."""
     chosen = path or env.get(ENV_PREFIX + "CONFIG")
     if chosen is None:
         if not Path(DEFAULT_CONFIG_FILE).is_file():
