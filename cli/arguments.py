@@ -109,7 +109,7 @@ def schema_argument(text: str) -> Schema:
         return resolve_schema(text)
     except SchemaError as exc:
         if text not in BUILTIN_SCHEMAS and Path(text).is_file():
-            raise CommandError(str(exc)) from exc
+            raise CommandError(f"the schema file {exc}") from exc
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 

@@ -121,7 +121,8 @@ def test_a_schema_file_that_does_not_conform_is_one_error_line(tmp_path):
         env = child_env() | ({} if how else {"IBE_PUBSUB_SCHEMA": str(schema)})
         done = _run("keyserver", "init", "--data", str(tmp_path / "ks"), *how, env=env)
         assert done.stderr.splitlines() == [
-            f"ibe-pubsub: error: {schema}: schema needs an 'attributes' array of tables"]
+            f"ibe-pubsub: error: the schema file {schema}: schema needs an 'attributes' array "
+            "of tables"]
         assert done.returncode == 2 and not (tmp_path / "ks").exists()
     unknown = _run("keyserver", "init", "--data", str(tmp_path / "ks"), "--schema", "stock")
     assert unknown.stderr.startswith("usage:")  # the command line is wrong: its usage
