@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import httpx
+
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.keyserver.client import KeyServerClient
 
@@ -16,6 +18,7 @@ def test_restarts_on_the_default_listen_reuse_the_held_address(keyserver_factory
     server = keyserver_factory.start(serve_args=("--max-peer-addresses", "2"))
     cluster = Cluster(server.base_url, server.admin_token, tmp_path)
     token = cluster.identity("restarted", "root")
+    stranger_token = cluster.identity("stranger", "root")
     addresses = []
     try:
         for start in range(4):
@@ -30,6 +33,11 @@ def test_restarts_on_the_default_listen_reuse_the_held_address(keyserver_factory
     assert len(set(addresses)) == 1
     with KeyServerClient(server.base_url, token) as own:
         assert [a["address"] for a in own.held_addresses()] == addresses[:1]
+    # the list is the caller's own: another identity's token, or none, reads nothing of it
+    with KeyServerClient(server.base_url, stranger_token) as stranger:
+        assert stranger.held_addresses() == []
+    anonymous = httpx.get(server.base_url + "/v1/enrol/transport")
+    assert anonymous.status_code == 401 and addresses[0] not in anonymous.text
     with KeyServerClient(server.base_url, server.admin_token) as admin:
         assert admin.lookup("symbol")["roots"] == []  # each stop left the directory
 
