@@ -126,6 +126,15 @@ def _answer_within(sock: socket.socket, seconds: float) -> bytes | None:
     return answer
 
 
+def _assert_closed_at_the_head_timeout(held: list[socket.socket], started: float) -> None:
+    """Every one of ``held`` (opened at ``started``) is closed unanswered, not before about
+    the head timeout and not much after it."""
+    closed = [_answer_within(sock, started + HEAD_TIMEOUT + SLACK - time.monotonic())
+              for sock in held]
+    assert closed == [b""] * PER_ADDRESS
+    assert time.monotonic() - started >= HEAD_TIMEOUT * 0.9
+
+
 def _still_open(socks: list[socket.socket], settle: float = 0.5) -> list[bool]:
     """After ``settle`` seconds, which of ``socks`` the server has neither answered nor
     closed (it sends nothing else to a connection without a complete head)."""
@@ -166,10 +175,7 @@ def test_slow_heads_beyond_the_file_limit_leave_another_address_served(guarded):
         assert time.monotonic() - asked < 1.0
         assert _answer_within(held[0], 0.0) is None
         # The held connections are closed at the head timeout, none of them answered.
-        closed = [_answer_within(sock, started + HEAD_TIMEOUT + SLACK - time.monotonic())
-                  for sock in held]
-        assert closed == [b""] * PER_ADDRESS
-        assert time.monotonic() - started >= HEAD_TIMEOUT * 0.9
+        _assert_closed_at_the_head_timeout(held, started)
     assert _health(server, "127.0.0.1").status_code == 200  # the address's count is released
 
 
@@ -327,10 +333,7 @@ def test_tls_handshakes_never_finished_are_capped_and_timed_out(guarded_tls):
         assert time.monotonic() - asked < 1.0
         assert _answer_within(held[0], 0.0) is None
         # The stalled handshakes are closed at the head timeout.
-        closed = [_answer_within(sock, started + HEAD_TIMEOUT + SLACK - time.monotonic())
-                  for sock in held]
-        assert closed == [b""] * PER_ADDRESS
-        assert time.monotonic() - started >= HEAD_TIMEOUT * 0.9
+        _assert_closed_at_the_head_timeout(held, started)
     assert _health(server, "127.0.0.1", verify=trust).status_code == 200  # count released
 
 
