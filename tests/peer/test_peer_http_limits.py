@@ -31,6 +31,8 @@ from ibe_pubsub.peer.monitor import (
     host_allowed,
 )
 
+pytestmark = pytest.mark.serial
+
 FD_LIMIT = 256
 #: The scraper's address; the attackers' are 127.0.0.1 and 127.0.0.3 on (all loopback).
 SCRAPER = "127.0.0.2"

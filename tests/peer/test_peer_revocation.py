@@ -16,7 +16,7 @@ from ibe_pubsub.credentials.scheme import Event
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.peer.publisher import EventPublisher
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serial]
 
 EPOCH, GRACE = 10, 4
 

@@ -32,7 +32,7 @@ from ibe_pubsub.keyserver.client import KeyServerClient
 from ibe_pubsub.peer import frames
 from ibe_pubsub.peer.tls import PeerTLS
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.serial]
 
 #: Short failure detection, so a parent cut off by the attack is given up within seconds.
 PEER_ARGS = ("--heartbeat", "0.5", "--failure-timeout", "3")

@@ -25,10 +25,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import pytest
 from keyserver_fixtures import bearer_client
 
 from ibe_pubsub.keyserver.client import KeyServerClient
 
+pytestmark = pytest.mark.serial
 WORKERS = "2"
 ATTACKERS = 20
 BIG = 'price in [0.02, 999.97] and volume in [3, 999997] and symbol prefix "A"'

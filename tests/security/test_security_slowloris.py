@@ -57,6 +57,7 @@ from ibe_pubsub.keyserver.connections import (
 )
 from ibe_pubsub.keyserver.server import check_tls_files
 
+pytestmark = pytest.mark.serial
 FD_LIMIT = 256
 ATTACK = FD_LIMIT + 44  # connections, more than the server may have files
 HEAD_TIMEOUT = 2.0  # seconds, --header-timeout of the guarded server
