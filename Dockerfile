@@ -21,6 +21,7 @@ RUN arch="${TARGETARCH:-$(uname -m)}"; case "$arch" in amd64|x86_64) ;; *) \
         exit 1;; esac
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
+COPY bridges bridges
 COPY cli cli
 COPY client client
 COPY credentials credentials

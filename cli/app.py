@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from ibe_pubsub.cli import bench, bulk, crypto, demo, identity, keyserver, peer, publish
+from ibe_pubsub.cli import bench, bridge, bulk, crypto, demo, identity, keyserver, peer, publish
 from ibe_pubsub.cli.arguments import CommandError, Interrupted
 from ibe_pubsub.cli.config import ConfigError, apply_layers, check_tables, load_config_file
 from ibe_pubsub.cli.parser import CommandParser
@@ -25,7 +25,7 @@ from ibe_pubsub.evaluation import PlotsUnavailable
 #: In the order ``ibe-pubsub --help`` lists them, the order a new user meets them in the
 #: README: the demo, then an overlay by hand (key server, identities, peers, publishing),
 #: bulk enrolment, and last the benchmarks and the scheme's test vectors.
-COMMAND_GROUPS = (demo, keyserver, identity, peer, publish, bulk, bench, crypto)
+COMMAND_GROUPS = (demo, keyserver, identity, peer, publish, bridge, bulk, bench, crypto)
 
 
 def _version() -> str:

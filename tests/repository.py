@@ -8,7 +8,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: The library packages, lowest first, and everything installed under ``ibe_pubsub``.
 LIBRARIES = ("credentials", "overlay", "keyserver", "migrations", "pipelines", "peer",
-             "client")
+             "client", "bridges")
 PACKAGES = (*LIBRARIES, "evaluation", "cli")
 
 

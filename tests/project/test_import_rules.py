@@ -29,6 +29,7 @@ MAY_IMPORT = {
     "pipelines": {"credentials", "keyserver"},
     "peer": {"credentials", "overlay", "keyserver"},
     "client": {"credentials", "overlay", "keyserver", "peer"},
+    "bridges": {"credentials", "overlay", "keyserver", "peer", "client"},
     "evaluation": set(LIBRARIES),
     "cli": {*LIBRARIES, "evaluation"},
 }

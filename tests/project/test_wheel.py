@@ -44,8 +44,8 @@ def test_the_wheel_installs_one_namespace(wheel: Path):
                                                  + ".dist-info"}
     assert "ibe_pubsub/__init__.py" not in names  # a namespace package
     packages = {n.split("/")[1] for n in names if n.startswith("ibe_pubsub/")}
-    assert packages == {"cli", "client", "credentials", "evaluation", "keyserver", "migrations",
-                        "overlay", "peer", "pipelines"}
+    assert packages == {"bridges", "cli", "client", "credentials", "evaluation", "keyserver",
+                        "migrations", "overlay", "peer", "pipelines"}
     for resource in ("ibe_pubsub/migrations/script.py.mako", "ibe_pubsub/credentials/stocks.toml",
                      "ibe_pubsub/migrations/versions/0001_initial.py"):
         assert resource in names

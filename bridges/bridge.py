@@ -1,0 +1,181 @@
+"""The two directions, over any :class:`link.Broker`.
+
+In: a receiver keeps a subscription to the broker topic and queues each message; a
+forwarder maps it to an event and publishes it through the client API's Publisher, which
+waits while the overlay is slow, so the bounded queue is where a burst waits (and, past
+its bound, where the oldest is dropped and counted).
+
+Out: the client API's Subscriber hands each delivered event to the queue; a sender
+publishes the oldest and takes it off the queue only once the broker acknowledged it, so
+while the broker is down events wait (up to the bound) and go out, in order, once it
+is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from ibe_pubsub.bridges.exceptions import MessageRefused
+from ibe_pubsub.bridges.link import (
+    Backoff,
+    BoundedQueue,
+    Broker,
+    Counters,
+    Session,
+    keep_connected,
+)
+from ibe_pubsub.bridges.mapping import TopicTemplate, delivery_payload, message_event
+from ibe_pubsub.client import Delivery, Publisher, PublishRefused, Subscriber
+
+log = logging.getLogger(__name__)
+
+#: Messages (in) or events (out) held while the other side is slow or down.
+QUEUE_SIZE = 10_000
+
+
+class _Bridge:
+    """The counters, queue, tasks and closing both directions share."""
+
+    direction = ""
+
+    def __init__(self, broker: Broker, topic: str, queue_size: int,
+                 max_backoff: float) -> None:
+        self.broker = broker
+        self.topic = topic
+        self.counters = Counters()
+        self.queue: BoundedQueue[tuple[str, bytes]] = BoundedQueue(
+            queue_size, self.counters, "messages" if self.direction == "in" else "events")
+        self.backoff = Backoff(most=max_backoff)
+        #: Set once connected (and, in, subscribed) the first time.
+        self.ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        task.add_done_callback(_log_failure)
+        self._tasks.append(task)
+
+    async def close(self, flush_timeout: float = 10.0) -> None:
+        """Hand on what is queued (within ``flush_timeout`` s), stop, and count what was
+        left in ``counters.unsent``."""
+        await self._stop_taking()
+        await self.queue.drained(flush_timeout)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.counters.unsent = len(self.queue)
+
+    async def _stop_taking(self) -> None:
+        """Take nothing more (the receiver's subscription, in)."""
+
+    def summary(self) -> str:
+        return f"bridge {self.direction} ({self.broker.name}, {self.topic}): " \
+               f"{self.counters.summary()}"
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("bridge task failed", exc_info=task.exception())
+
+
+class InBridge(_Bridge):
+    """Publishes each message of a broker topic (filter) into the overlay as an event."""
+
+    direction = "in"
+
+    def __init__(self, broker: Broker, topic: str, publisher: Publisher, *,
+                 queue_size: int = QUEUE_SIZE, max_backoff: float = 5.0) -> None:
+        super().__init__(broker, topic, queue_size, max_backoff)
+        self.publisher = publisher
+        self._receiver: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        self._spawn(keep_connected(self.broker, self._receive, self.counters, self.backoff))
+        self._receiver = self._tasks[-1]
+        self._spawn(self._forward())
+
+    async def _receive(self, session: Session) -> None:
+        await session.receive(self.topic, self._take, self.ready.set)
+
+    def _take(self, topic: str, payload: bytes) -> None:
+        self.counters.received += 1
+        self.queue.put((topic, payload))
+
+    async def _forward(self) -> None:
+        schema = self.publisher.schema
+        while True:
+            (topic, payload), _ = await self.queue.take()
+            where = f"message from {topic}"
+            try:
+                event = message_event(payload, schema, where)
+                await self.publisher.publish(event.values, event.body, event.event_id or None)
+            except MessageRefused as exc:
+                self._refused(str(exc))
+            except PublishRefused as exc:
+                self._refused(f"{where}: {exc}")
+            else:
+                self.counters.forwarded += 1
+            finally:
+                self.queue.done()
+
+    def _refused(self, reason: str) -> None:
+        self.counters.refused += 1
+        log.warning("refused %s", reason)
+
+    async def _stop_taking(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._receiver
+
+    async def __aenter__(self) -> InBridge:
+        self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+
+class OutBridge(_Bridge):
+    """Publishes each event a subscriber delivers to the broker, on a topic made from
+    ``template``; close the subscriber before the bridge so its last events go out too."""
+
+    direction = "out"
+
+    def __init__(self, broker: Broker, template: TopicTemplate, subscriber: Subscriber, *,
+                 queue_size: int = QUEUE_SIZE, max_backoff: float = 5.0) -> None:
+        super().__init__(broker, template.template, queue_size, max_backoff)
+        self.template = template
+        self.subscriber = subscriber
+
+    def start(self) -> None:
+        params = self.subscriber.node.params
+        assert params is not None  # a connected subscriber has the server's parameters
+        self.template.check(params.pp.schema)
+        self.subscriber.on_event(self._take)
+        self._spawn(keep_connected(self.broker, self._send, self.counters, self.backoff))
+
+    def _take(self, delivery: Delivery) -> None:
+        self.counters.received += 1
+        self.queue.put((self.template.topic(delivery), delivery_payload(delivery)))
+
+    async def _send(self, session: Session) -> None:
+        self.ready.set()
+        while True:
+            (topic, payload), earlier = await self.queue.take()
+            if earlier:
+                self.counters.resent += 1
+            await session.send(topic, payload)
+            self.queue.done()
+            self.counters.forwarded += 1
+
+    async def __aenter__(self) -> OutBridge:
+        self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
