@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ibe_pubsub.cli.arguments import (
@@ -22,6 +23,14 @@ from ibe_pubsub.cli.arguments import (
     positive_int,
     server_key,
     write_json_atomically,
+)
+from ibe_pubsub.cli.delivery_sinks import (
+    CommandSink,
+    Deliveries,
+    FileSink,
+    Sink,
+    SinkError,
+    SocketSink,
 )
 from ibe_pubsub.credentials import notice
 from ibe_pubsub.peer import WaitAnnouncer
@@ -63,10 +72,8 @@ async def _start_unless_stopped(node: PeerNode, stop: asyncio.Event) -> bool:
 # -- peer run ------------------------------------------------------------------------------
 
 async def _run_peer(args: argparse.Namespace) -> int:
-    from ibe_pubsub.credentials import PredicateError
-    from ibe_pubsub.keyserver import BundleError, KeyServerRequestError
     from ibe_pubsub.overlay import OverlayConfig
-    from ibe_pubsub.peer import EventWriter, NodeError, NodeOptions, PeerNode, TransportError
+    from ibe_pubsub.peer import NodeError, NodeOptions, PeerNode
 
     options = NodeOptions(
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
@@ -83,19 +90,37 @@ async def _run_peer(args: argparse.Namespace) -> int:
         node = PeerNode(options)
     except NodeError as exc:
         raise CommandError(str(exc)) from exc
-    writer = EventWriter(args.events_out) if not options.roots else None
-    if writer is not None:
-        node.on_deliver(writer.write)
+    deliveries = Deliveries(_delivery_sinks(args) if not options.roots else [])
+    try:
+        await deliveries.start()
+    except SinkError as exc:
+        await deliveries.close()
+        raise CommandError(str(exc)) from exc
+    node.on_deliver(deliveries.deliver)
     stop = asyncio.Event()
     received = _stop_on_signals(stop)
+    gone = asyncio.get_running_loop().create_task(deliveries.failure.event.wait())
+    gone.add_done_callback(lambda _: stop.set())
+    try:
+        return await _run_started(args, node, stop, received, deliveries)
+    finally:
+        gone.cancel()
+        await deliveries.close()
+
+
+async def _run_started(args: argparse.Namespace, node: PeerNode, stop: asyncio.Event,
+                       received: list[signal.Signals], deliveries: Deliveries) -> int:
+    """Start the node, run it until ``stop`` is set, and stop it."""
+    from ibe_pubsub.credentials import PredicateError
+    from ibe_pubsub.keyserver import BundleError, KeyServerRequestError
+    from ibe_pubsub.peer import NodeError, TransportError
+
     try:
         started = await _start_unless_stopped(node, stop)
     except (NodeError, KeyServerRequestError, BundleError, PredicateError, TransportError) as exc:
         raise CommandError(f"peer could not start: {exc}") from exc
     if not started:
-        if writer is not None:
-            writer.close()
-        return _stopped_by(received)
+        return _failed_deliveries(deliveries) or _stopped_by(received)
 
     async def announce() -> None:
         await WaitAnnouncer(f"a parent for every virtual peer in tree(s) "
@@ -116,13 +141,38 @@ async def _run_peer(args: argparse.Namespace) -> int:
     announcer.cancel()
     failed.cancel()
     await node.stop()
-    if writer is not None:
-        writer.close()
     if args.stats_out:
         write_json_atomically(args.stats_out, node.stats())
     if node.failure is not None:
         raise CommandError(node.failure)
-    return _stopped_by(received)
+    return _failed_deliveries(deliveries) or _stopped_by(received)
+
+
+def _delivery_sinks(args: argparse.Namespace) -> list[Sink]:
+    """A subscriber's destinations of deliveries: --events-out, --deliver-to-command,
+    --deliver-to-socket; stdout if none is given."""
+    from ibe_pubsub.peer import EventWriter
+
+    sinks: list[Sink] = []
+    if args.deliver_to_command:
+        sinks.append(CommandSink(args.deliver_to_command, args.deliver_buffer))
+    if args.deliver_to_socket:
+        sinks.append(SocketSink(Path(args.deliver_to_socket), args.deliver_buffer))
+    if args.events_out or not sinks:
+        try:
+            writer = EventWriter(args.events_out)
+        except OSError as exc:
+            raise CommandError(f"cannot open --events-out {args.events_out}: "
+                               f"{exc.strerror or exc}") from exc
+        sinks.insert(0, FileSink(writer, args.events_out or "stdout"))
+    return sinks
+
+
+def _failed_deliveries(deliveries: Deliveries) -> int:
+    """0, or CommandError if deliveries could not go on (the reason the peer stopped)."""
+    if deliveries.failure.why is not None:
+        raise CommandError(deliveries.failure.why)
+    return 0
 
 
 def _stopped_by(received: list[signal.Signals]) -> int:
@@ -257,7 +307,23 @@ def register(subparsers: Any) -> None:
                      "gets 421 (a guard against DNS rebinding); e.g. the name a scraper "
                      "uses (default: none)")
     add_log_format(run)
-    run.add_argument("--events-out", metavar="FILE", help="append delivered events here")
+    run.add_argument("--events-out", metavar="FILE",
+                     help="append delivered events here (default: stdout, unless "
+                     "--deliver-to-command or --deliver-to-socket is given)")
+    run.add_argument("--deliver-to-command", metavar="COMMAND",
+                     help="also run COMMAND once (by /bin/sh, in a session of its own) and "
+                     "write each delivery to its stdin as one JSON line, e.g. 'jq -c .'; "
+                     "if it exits, the peer says so and stops with status 2; when the peer "
+                     "stops, its input ends and it has 10 s to finish")
+    run.add_argument("--deliver-to-socket", metavar="PATH",
+                     help="also listen on a Unix stream socket at PATH (mode 0600: this "
+                     "user only) and write each delivery as one JSON line to every "
+                     "connected reader, e.g. `socat - UNIX-CONNECT:PATH`")
+    run.add_argument("--deliver-buffer", type=positive_int, default=1 << 20, metavar="BYTES",
+                     help="bytes of deliveries the command or a socket reader may leave "
+                     "unread: beyond that, deliveries to the command are dropped (a warning "
+                     "says how many) and a socket reader is disconnected, so a slow "
+                     "consumer never stalls the peer")
     run.add_argument("--ready-file", metavar="FILE",
                      help="write {address, pid, attributes, join_seconds, http} as JSON here "
                      "once joined")

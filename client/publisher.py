@@ -50,6 +50,9 @@ MAX_QUEUED = 256
 ROOM_POLL = 0.005
 #: Seconds before enrolling for the new epoch's keys is tried again.
 RENEW_RETRY = 2.0
+#: Seconds before a stream's keys expire when it stops encrypting with them (an event
+#: checked just before would be encrypted just after).
+STREAM_MARGIN = 0.5
 
 
 class Publisher:
@@ -176,6 +179,7 @@ class Publisher:
             await self._keys_ready.wait()
         keys, params = self.event_publisher.keys, self.event_publisher.params
         assert keys is not None and params is not None
+        await self._stream_rollover(keys.epoch_end)
         now = time.time()
         if now >= max(keys.epoch_end, self._renew_after):
             self._keys_ready.clear()
@@ -195,6 +199,18 @@ class Publisher:
         if time.time() >= keys.epoch_end + params.grace:
             raise PublishRefused(f"the publisher's keys of epoch {keys.epoch} have expired "
                                  "and no new ones could be had")
+
+    async def _stream_rollover(self, epoch_end: float) -> None:
+        """A stream publishes nothing once its session certificates expire, at the epoch's
+        end in whole seconds, and no grace window follows: close to it, wait for the end of
+        the epoch (a second at most), when new keys can be had, rather than be refused."""
+        stream = self.event_publisher.stream
+        if stream is not None and time.time() >= stream.expires_at - STREAM_MARGIN:
+            self._keys_ready.clear()
+            try:
+                await asyncio.sleep(max(0.0, epoch_end - time.time()))
+            finally:
+                self._keys_ready.set()
 
     async def _room(self) -> None:
         """Until one more event's frames fit within ``max_queued``."""

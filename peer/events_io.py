@@ -4,7 +4,9 @@ A line is ``{"id": str, "values": {attribute: value}, "body": str}``; the body i
 UTF-8 text (a delivered body that is not UTF-8 is written as ``body_base64``).
 Delivered lines also carry ``delivered_at`` (Unix seconds) so delays can be
 measured. Every written line is flushed at once, so a reader tailing the file
-sees each delivery as it happens.
+sees each delivery as it happens. Input is read and checked line by line, each line
+decoded on its own, so that a live feed (stdin, a FIFO) is published as it arrives and a
+bad line spoils only itself.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from ibe_pubsub.credentials import Event, EventFilter, Schema, SchemaError
+from ibe_pubsub.overlay import OverlayConfig
 from ibe_pubsub.peer.exceptions import PeerError
 
 MAX_ID = 200
+#: Ids a reader of events remembers to refuse a repeat: as many as a subscriber does.
+REMEMBERED_IDS = OverlayConfig().dedup_capacity
 
 
 class EventFileError(PeerError, ValueError):
@@ -49,9 +55,18 @@ class EventWriter:
         self._out: IO[str] = open(path, "a", encoding="utf-8") if self._owned \
             else sys.stdout  # type: ignore[arg-type]  # noqa: SIM115
 
+    @staticmethod
+    def line(event: Event, delivered_at: float) -> str:
+        """The JSON line of a delivery, as every destination of deliveries gets it."""
+        return json.dumps(event_line(event, delivered_at), sort_keys=True) + "\n"
+
     def write(self, event: Event, delivered_at: float | None = None) -> None:
-        stamp = time.time() if delivered_at is None else delivered_at
-        self._out.write(json.dumps(event_line(event, stamp), sort_keys=True) + "\n")
+        self.write_line(self.line(event, time.time() if delivered_at is None else delivered_at))
+
+    def write_line(self, text: str) -> None:
+        """Write one line made by :meth:`line` (OSError, e.g. BrokenPipeError, if the file or
+        the reader of stdout is gone)."""
+        self._out.write(text)
         self._out.flush()
 
     def close(self) -> None:
@@ -82,41 +97,100 @@ def parse_event(schema: Schema, obj: Any, where: str) -> Event:
 
 def iter_lines(path: str) -> Iterator[tuple[int, Any]]:
     """(line number, decoded JSON) for every non-blank line; '-' reads stdin."""
+    for number, raw in _raw_lines(path):
+        obj = _decoded(f"{_shown(path)}:{number}", raw)
+        if obj is not _BLANK:
+            yield number, obj
+
+
+def _raw_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) as each line arrives: from a pipe or FIFO a line is yielded as
+    soon as it is complete, not when the input ends."""
     with contextlib.ExitStack() as stack:
-        handle = sys.stdin if path == "-" else stack.enter_context(
-            Path(path).open(encoding="utf-8"))
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                yield number, json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise EventFileError(f"{path}:{number}: not JSON: {exc.msg}") from None
+        handle = sys.stdin.buffer if path == "-" else stack.enter_context(Path(path).open("rb"))
+        yield from enumerate(handle, start=1)
 
 
-def read_events(path: str, schema: Schema, advertisement: EventFilter) -> list[Event]:
-    """Every event of the file, refusing the whole file if any line is invalid, repeats an
-    id, or lies outside the advertisement (nothing is published from a bad file)."""
-    events: list[Event] = []
-    seen: dict[str, int] = {}
+_BLANK = object()
+
+
+def _shown(path: str) -> str:
+    """The file's name in messages."""
+    return "<stdin>" if path == "-" else path
+
+
+def _decoded(where: str, raw: bytes) -> Any:
+    """One line's JSON (``_BLANK`` for a blank line), decoded on its own so that a bad line of
+    a stream spoils only itself."""
     try:
-        for number, obj in iter_lines(path):
-            where = f"{path}:{number}"
-            event = parse_event(schema, obj, where)
-            if event.event_id in seen:
-                raise EventFileError(
-                    f"{where}: duplicate id {event.event_id!r}, first on line "
-                    f"{seen[event.event_id]} (subscribers deliver an id once)")
-            if not advertisement.matches(event.values):
-                raise EventFileError(
-                    f"{where}: event {event.event_id!r} lies outside the advertisement "
-                    f"{str(advertisement) or '(everything)'}")
-            seen[event.event_id] = number
-            events.append(event)
-    except OSError as exc:
-        raise EventFileError(f"cannot read {path}: {exc.strerror}") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise EventFileError(f"{path} is not UTF-8 text") from None
+        raise EventFileError(f"{where}: not UTF-8 text") from None
+    if not text.strip():
+        return _BLANK
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EventFileError(f"{where}: not JSON: {exc.msg}") from None
+
+
+@dataclass
+class _EventLines:
+    """Checks events line by line: the JSON, the schema, the advertisement, and that no id
+    repeats one of the last ``REMEMBERED_IDS`` (subscribers remember that many and drop a
+    repeat; further back, they deliver it again)."""
+
+    path: str
+    schema: Schema
+    advertisement: EventFilter
+    seen: dict[str, int] = field(default_factory=dict)
+
+    def check(self, number: int, raw: bytes) -> Event | None:
+        """The event of line ``number`` (None if blank), or EventFileError naming the line."""
+        where = f"{_shown(self.path)}:{number}"
+        obj = _decoded(where, raw)
+        if obj is _BLANK:
+            return None
+        event = parse_event(self.schema, obj, where)
+        if event.event_id in self.seen:
+            raise EventFileError(
+                f"{where}: duplicate id {event.event_id!r}, first on line "
+                f"{self.seen[event.event_id]} (subscribers deliver an id once)")
+        if not self.advertisement.matches(event.values):
+            raise EventFileError(
+                f"{where}: event {event.event_id!r} lies outside the advertisement "
+                f"{str(self.advertisement) or '(everything)'}")
+        self.seen[event.event_id] = number
+        if len(self.seen) > REMEMBERED_IDS:
+            del self.seen[next(iter(self.seen))]  # the oldest: dicts keep insertion order
+        return event
+
+
+def read_events(path: str, schema: Schema, advertisement: EventFilter,
+                each: Callable[[Event], None] | None = None,
+                bad: Callable[[EventFileError], None] | None = None) -> list[Event]:
+    """Every event of the file, refusing the whole file if any line is invalid, repeats an
+    id, or lies outside the advertisement (nothing is published from a bad file).
+
+    With ``each``, the file is a stream (stdin, a FIFO): each event is handed to ``each``
+    as soon as its line arrives and nothing is collected; a bad line is handed to ``bad``
+    and reading goes on, or without ``bad`` it ends the reading with EventFileError."""
+    lines = _EventLines(path, schema, advertisement)
+    events: list[Event] = []
+    keep = each or events.append
+    try:
+        for number, raw in _raw_lines(path):
+            try:
+                event = lines.check(number, raw)
+            except EventFileError as exc:
+                if bad is None:
+                    raise
+                bad(exc)
+                continue
+            if event is not None:
+                keep(event)
+    except OSError as exc:
+        raise EventFileError(f"cannot read {_shown(path)}: {exc.strerror}") from None
     return events
 
 
