@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench = group.add_subparsers(dest="bench", metavar="BENCHMARK")
     for add in (_register_crypto, _register_streams, _register_keyserver, _register_overlay,
                 _register_exactness, _register_bulk, _register_transport,
-                _register_monitoring):
+                _register_monitoring, _register_e2e):
         add(bench)
 
 
@@ -544,3 +544,66 @@ def _register_monitoring(bench: argparse._SubParsersAction) -> None:
     monitoring.add_argument("--json", default="bench/monitoring.json", metavar="FILE",
                             help="output JSON file (the PNG goes next to it)")
     monitoring.set_defaults(handler=_run_monitoring)
+
+
+# -- bench e2e -------------------------------------------------------------------------------
+
+E2E_MODES = ("streams", "v2")
+
+
+def _e2e_modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or set(modes) - set(E2E_MODES):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(E2E_MODES)}, got {text!r}")
+    return list(dict.fromkeys(modes))
+
+
+def _run_e2e(args: argparse.Namespace) -> int:
+    from ibe_pubsub.evaluation import run_e2e_bench
+
+    pyplot()
+    rates = {"streams": args.rates, "v2": args.v2_rates}
+    plot = Path(args.plot or Path(args.json).with_suffix(".png"))
+    report = run_e2e_bench({m: [float(r) for r in rates[m]] for m in args.modes}, args.seconds,
+                           args.in_process_seconds, plot)
+    print(f"{'mode':7} {'rate':>5} {'side':5} {'delivered':>9} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'CPU ms/event (all processes)':>29}")
+    for mode, rows in report["modes"].items():
+        for row in rows:
+            for side in ("ours", "nats"):
+                r = row[side]
+                print(f"{mode:7} {row['rate']:5g} {side:5} {r['delivered_ratio']:9.3f} "
+                      f"{r['delay_ms'].get('p50', 0):7.1f} {r['delay_ms'].get('p99', 0):7.1f} "
+                      f"{r['cpu_ms_all_per_event'] or 0:29.2f}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(args.json, report)
+    print(f"wrote {args.json} and {plot}")
+    return 0
+
+
+def _register_e2e(bench: argparse._SubParsersAction) -> None:
+    e2e = bench.add_parser(
+        "e2e", help="end-to-end delivery, delay and CPU of real processes vs NATS + AES-GCM",
+        description="Start a key server, a root of every tree and 4 subscriber processes on "
+        "loopback (mutual TLS, real cryptography) and a publisher using the application API; "
+        "publish at each offered rate for --seconds (event k due at start + k/rate), then the "
+        "same through nats-server with AES-GCM payloads and 4 subscribers. Reports delivered/"
+        "expected, delay p50/p95/p99 and each process's CPU per event, and each role's "
+        "in-process cost (bench streams) for comparison. Writes JSON and a PNG plot.")
+    e2e.add_argument("--modes", type=_e2e_modes, default=list(E2E_MODES),
+                     help="streams (a stream whose values stay in their cells) and/or v2 "
+                     "(a fresh event each time), comma-separated (default streams,v2)")
+    e2e.add_argument("--rates", type=positive_int_list, default=[100, 250, 500, 1500],
+                     help="offered events/s of the streams mode (default 100,250,500,1500)")
+    e2e.add_argument("--v2-rates", type=positive_int_list, default=[5, 10, 20],
+                     help="offered events/s of the v2 mode (default 5,10,20)")
+    e2e.add_argument("--seconds", type=positive_duration, default=3.0,
+                     help="seconds of publishing per rate (default 3)")
+    e2e.add_argument("--in-process-seconds", type=non_negative_float, default=1.0,
+                     help="CPU seconds of each role's in-process measurement (0: skip it; "
+                     "default 1)")
+    e2e.add_argument("--json", default="bench/e2e.json", metavar="FILE",
+                     help="output JSON file (default bench/e2e.json)")
+    e2e.add_argument("--plot", metavar="FILE",
+                     help="output PNG (default: next to the JSON file)")
+    e2e.set_defaults(handler=_run_e2e)
