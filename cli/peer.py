@@ -96,7 +96,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
     except SinkError as exc:
         await deliveries.close()
         raise CommandError(str(exc)) from exc
-    node.on_deliver(deliveries.deliver)
+    node.on_deliver(lambda delivery: deliveries.deliver(delivery.event))
     stop = asyncio.Event()
     received = _stop_on_signals(stop)
     gone = asyncio.get_running_loop().create_task(deliveries.failure.event.wait())

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ibe_pubsub.credentials import Event
+from ibe_pubsub.overlay import Deliver
 
 #: Attribute values as the schema types them: int, float or str.
 Value = int | float | str
@@ -25,11 +25,17 @@ class Delivery:
     body: bytes
     #: When this peer delivered it (Unix time), for measuring delays.
     received_at: float
+    #: The key epoch it was encrypted for.
+    epoch: int
+    #: Whether it came as a stream event (its header shared with others of its publisher's
+    #: stream), not a version-2 event.
+    stream: bool
 
     @classmethod
-    def of(cls, event: Event, received_at: float) -> Delivery:
+    def of(cls, delivery: Deliver, received_at: float) -> Delivery:
+        event = delivery.event
         return cls(event.event_id, MappingProxyType(dict(event.values)), event.body,
-                   received_at)
+                   received_at, delivery.epoch, delivery.stream)
 
 
 class EventIds:

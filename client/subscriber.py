@@ -28,7 +28,7 @@ from ibe_pubsub.client.exceptions import (
     SubscriberFailed,
     wrapped,
 )
-from ibe_pubsub.credentials import Event
+from ibe_pubsub.overlay import Deliver
 from ibe_pubsub.peer import KnownServers, NodeOptions, PeerNode
 
 log = logging.getLogger(__name__)
@@ -152,14 +152,14 @@ class Subscriber:
         except SubscriberFailed as exc:  # no caller to raise it to
             log.error("%s", exc)
 
-    def _delivered(self, event: Event) -> None:
+    def _delivered(self, delivery: Deliver) -> None:
         if self._pending.qsize() >= self.max_pending:
             self._pending.get_nowait()
             self.dropped += 1
             if self.dropped % 1000 == 1:  # a line now and then, not one per event
                 log.warning("%d events untaken: dropped the oldest (%d so far)",
                             self.max_pending, self.dropped)
-        self._pending.put_nowait(Delivery.of(event, time.time()))
+        self._pending.put_nowait(Delivery.of(delivery, time.time()))
 
     async def _watch(self) -> None:
         await self.node.failed.wait()

@@ -23,6 +23,10 @@ class Deliver:
 
     event: Event
     at: float
+    #: The epoch whose keys it was encrypted for.
+    epoch: int
+    #: Whether it came as a stream event (a reused header), not a version-2 event.
+    stream: bool
 
 
 @dataclass(frozen=True)

@@ -283,6 +283,9 @@ class ModeledCrypto:
     def event_epoch(self, event: ModelEvent) -> int:
         return event.epoch
 
+    def event_is_stream(self, event: ModelEvent) -> bool:
+        return False  # the model has no streams
+
     def route(self, token: ModelToken, event: ModelEvent) -> bool:
         self._charge("route")
         path = event.paths.get(token.attribute, ())

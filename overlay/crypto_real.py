@@ -125,6 +125,9 @@ class RealCrypto:
     def event_epoch(self, event: AnyEvent) -> int:
         return event.header.epoch
 
+    def event_is_stream(self, event: AnyEvent) -> bool:
+        return isinstance(event, StreamEvent)
+
     def route(self, token: Any, event: AnyEvent) -> bool:
         """A stream's route tests are cached by (token, C1_i) in the epochs this peer holds
         keys of (:meth:`open_epoch`): reused entries cost none."""

@@ -167,7 +167,8 @@ class Dissemination:
         if digest in self._processed:
             self.stats.duplicates += 1
             return []
-        kit = self.kits.get(self.crypto.event_epoch(event))
+        epoch = self.crypto.event_epoch(event)
+        kit = self.kits.get(epoch)
         if kit is None:
             return [Log("info", "event of an epoch this peer has no keys for")]
         self._processed.put(digest, None)
@@ -186,4 +187,4 @@ class Dissemination:
                         f"delivered before ({self.stats.repeated_ids} dropped so far)")]
         self._delivered.put(plain.event_id, None)
         self.stats.delivered += 1
-        return [Deliver(plain, now)]
+        return [Deliver(plain, now, epoch, self.crypto.event_is_stream(event))]

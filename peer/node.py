@@ -31,14 +31,13 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials import (
-    Event,
     PeerCertificateError,
     Predicate,
     canonical_address,
@@ -84,7 +83,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DeliveryCallback = Callable[[Event], None]
+DeliveryCallback = Callable[[Deliver], None]
 #: Events waiting for processing beyond this are dropped (the peer is overloaded).
 MAX_EVENT_BACKLOG = 10_000
 #: Neighbours vouched for per tree and renewal (the directory takes at most 32).
@@ -164,7 +163,6 @@ class PeerNode:
         #: The key of this peer's TLS links, certified by the key server for its address.
         self._link_key = Ed25519PrivateKey.generate()
         self._callbacks: list[DeliveryCallback] = []
-        self._queues: list[asyncio.Queue[Event]] = []
         self._stopping = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
         self._refresh_at = 0.0
@@ -199,26 +197,9 @@ class PeerNode:
     # -- application API ----------------------------------------------------------------------
 
     def on_deliver(self, callback: DeliveryCallback) -> None:
-        """Call ``callback(event)`` for every delivered event."""
+        """Call ``callback(delivery)`` for every delivered event (with its epoch and whether
+        it came as a stream)."""
         self._callbacks.append(callback)
-
-    async def deliveries(self) -> AsyncIterator[Event]:
-        """Delivered events, as they come, until the node stops."""
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-        self._queues.append(queue)
-        try:
-            while not (self._stopping.is_set() and queue.empty()):
-                getter = asyncio.ensure_future(queue.get())
-                stopper = asyncio.ensure_future(self._stopping.wait())
-                done, _ = await asyncio.wait({getter, stopper},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                stopper.cancel()
-                if getter in done:
-                    yield getter.result()
-                else:
-                    getter.cancel()
-        finally:
-            self._queues.remove(queue)
 
     @property
     def address(self) -> str:
@@ -644,7 +625,7 @@ class PeerNode:
                 if metrics is not None:
                     metrics.sent(action.message)
             elif isinstance(action, Deliver):
-                self._deliver(action.event)
+                self._deliver(action)
                 if metrics is not None:
                     metrics.delivered(time.time() - (arrived or action.at))
             elif isinstance(action, Log):
@@ -656,11 +637,9 @@ class PeerNode:
                          action.attribute, action.vp, action.parent, action.link,
                          action.at - action.started_at)
 
-    def _deliver(self, event: Event) -> None:
+    def _deliver(self, delivery: Deliver) -> None:
         for callback in self._callbacks:
             try:
-                callback(event)
+                callback(delivery)
             except Exception:
-                log.exception("delivery callback failed on event %s", event.event_id)
-        for queue in self._queues:
-            queue.put_nowait(event)
+                log.exception("delivery callback failed on event %s", delivery.event.event_id)

@@ -50,7 +50,7 @@ def test_a_message_that_is_no_event_is_refused_saying_where_and_why(payload, rea
 
 def test_an_event_goes_out_as_the_events_out_line_on_a_topic_no_value_escapes():
     delivery = Delivery("e/1", {"symbol": "A/+#.b", "price": 1.0, "volume": 2}, b"\xff",
-                        123.5)
+                        123.5, epoch=7, stream=True)
     assert json.loads(delivery_payload(delivery)) == {
         "id": "e/1", "values": {"symbol": "A/+#.b", "price": 1.0, "volume": 2},
         "body_base64": "/w==", "delivered_at": 123.5}

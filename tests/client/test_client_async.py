@@ -88,6 +88,31 @@ def test_a_subscriber_receives_exactly_the_matching_events_typed(overlay):
             [str, float, int]
         assert delivery.body == (body.encode() if isinstance(body, str) else body)
         assert delivery.received_at > 0
+        assert delivery.stream is False
+
+
+def test_a_delivery_says_its_epoch_and_whether_it_came_as_a_stream(overlay):
+    cluster = overlay.cluster
+    sub_token = cluster.identity("flags", "subscriber")
+    trust = {"known_servers": overlay.known_servers}
+
+    async def run() -> tuple[dict[str, Delivery], dict[str, int]]:
+        async with await Subscriber.connect(overlay.server, sub_token, 'symbol prefix "FL"',
+                                            **trust) as sub:
+            epochs = {}
+            for name, window in (("v2", None), ("stream", 1.0)):
+                token = cluster.identity(f"flags-{name}", "publisher")
+                async with await Publisher.connect(overlay.server, token, "", **trust,
+                                                   stream_window=window) as pub:
+                    await pub.publish({"symbol": "FLAG", "price": 1.0, "volume": 1},
+                                      event_id=f"flags-{name}")
+                    epochs[name] = pub.event_publisher.keys.epoch
+            got = {d.id: d for d in await _take(sub, 2)}
+        return got, epochs
+
+    got, epochs = asyncio.run(run())
+    assert got["flags-v2"].stream is False and got["flags-stream"].stream is True
+    assert got["flags-v2"].epoch == epochs["v2"] and got["flags-stream"].epoch == epochs["stream"]
 
 
 def test_an_event_outside_the_advertisement_is_refused_and_nothing_is_sent(overlay):
