@@ -33,7 +33,7 @@ from ibe_pubsub.cli.delivery_sinks import (
     SocketSink,
 )
 from ibe_pubsub.credentials import notice
-from ibe_pubsub.peer import WaitAnnouncer
+from ibe_pubsub.peer import SOCKET_BUFFER, WaitAnnouncer
 
 if TYPE_CHECKING:
     from ibe_pubsub.peer import PeerNode
@@ -85,7 +85,7 @@ async def _run_peer(args: argparse.Namespace) -> int:
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         server_key=server_key(args), known_servers=known_servers(args),
         ca_file=args.ca_file, insecure_transport=args.insecure_transport, http=args.http,
-        http_allowed_hosts=args.http_allowed_hosts)
+        http_allowed_hosts=args.http_allowed_hosts, socket_buffer=args.socket_buffer)
     try:
         node = PeerNode(options)
     except NodeError as exc:
@@ -324,6 +324,12 @@ def register(subparsers: Any) -> None:
                      "unread: beyond that, deliveries to the command are dropped (a warning "
                      "says how many) and a socket reader is disconnected, so a slow "
                      "consumer never stalls the peer")
+    run.add_argument("--socket-buffer", type=non_negative_int, default=SOCKET_BUFFER,
+                     metavar="BYTES",
+                     help="kernel buffer each way per peer connection (0: the kernel's own, "
+                     "which grows to megabytes): what a neighbour that stops reading still has "
+                     "coming, so it bounds the delay; raise it for links across a WAN, where a "
+                     "connection moves at most this much per round trip")
     run.add_argument("--ready-file", metavar="FILE",
                      help="write {address, pid, attributes, join_seconds, http} as JSON here "
                      "once joined")

@@ -15,6 +15,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "publisher": ("EventPublisher", "PublishRefused"),
     "tls": ("PeerTLS",),
-    "transport": ("Transport", "TransportError"),
+    "transport": ("SOCKET_BUFFER", "Transport", "TransportError"),
     "waiting": ("WaitAnnouncer",),
 })

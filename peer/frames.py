@@ -8,6 +8,9 @@ does not listen, such as a publisher), so both ends name the link the same way.
 moved to a newer one to the same peer (a duplicate settled, a certificate renewed): the
 receiver delivers what arrives on the newer connection only after the older one's END,
 so the switch keeps the order of the frames.
+``GAP`` carries a count: the sender dropped that many DATA frames queued for this receiver
+(its queue was full, or the receiver read too slowly; see peer/transport.py), so the
+receiver can count what it missed.
 A frame whose length exceeds the limit, or whose envelope is malformed or of
 another protocol version, raises :class:`FrameError`: the caller drops it and logs.
 """
@@ -25,6 +28,9 @@ PROTOCOL_VERSION = 1
 HELLO = 0
 DATA = 1
 END = 2
+GAP = 3
+#: The largest count a GAP frame carries (a larger gap is told in several).
+MAX_GAP = (1 << 32) - 1
 HEADER = 4
 #: Large enough for an overlay message (overlay.wire.MAX_FRAME) plus the envelope.
 DEFAULT_MAX_FRAME = 4 * 1024 * 1024 + 1024
@@ -39,7 +45,7 @@ class FrameError(PeerError, ValueError):
 @dataclass(frozen=True)
 class Frame:
     kind: int
-    payload: bytes | str
+    payload: bytes | str | int
     #: Bytes on the wire, length prefix included, of a frame read from a stream (0 for
     #: one built here); for the transport's byte counters.
     size: int = field(default=0, compare=False)
@@ -65,6 +71,10 @@ def end() -> Frame:
     return Frame(END, b"")
 
 
+def gap(count: int) -> Frame:
+    return Frame(GAP, count)
+
+
 def decode_body(body: bytes) -> Frame:
     """Parse one envelope (without its length prefix) strictly."""
     try:
@@ -85,6 +95,10 @@ def decode_body(body: bytes) -> Frame:
     elif kind == END and not isinstance(kind, bool):
         if payload != b"":
             raise FrameError("END carries no payload")
+    elif kind == GAP and not isinstance(kind, bool):
+        if not isinstance(payload, int) or isinstance(payload, bool) \
+                or not 1 <= payload <= MAX_GAP:
+            raise FrameError(f"GAP must carry a count from 1 to {MAX_GAP}")
     else:
         raise FrameError(f"unknown frame kind {kind!r}")
     return Frame(kind, payload, HEADER + len(body))

@@ -142,9 +142,13 @@ class _NodeCollector(Collector):
         yield _labelled("ibe_peer_transport_refused", "Connections refused, by reason "
                         "(held_full: reading one paused, its held frames at a cap).",
                         "reason", dict(transport.refused))
-        yield CounterMetricFamily("ibe_peer_transport_dropped", "Frames dropped unsent (a "
-                                  "full queue, or a neighbour given up on).",
-                                  value=transport.dropped)
+        yield _labelled("ibe_peer_transport_dropped", "Frames dropped unsent, by reason "
+                        "(queue_full, queue_delay: waited too long for a slow reader, gave_up: "
+                        "a neighbour that could not be reached).", "reason",
+                        dict(transport.dropped_by))
+        yield CounterMetricFamily("ibe_peer_transport_missed", "Frames neighbours said they "
+                                  "dropped for this peer (it missed them).",
+                                  value=transport.missed)
         yield _labelled("ibe_peer_queue_depth", "Events waiting for processing, and frames "
                         "waiting to be sent.", "queue",
                         {"events": node.event_backlog, "send": transport.queued()}, gauge=True)

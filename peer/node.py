@@ -74,7 +74,13 @@ from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.log_limits import RateLimit, limit_accept_errors
 from ibe_pubsub.peer.retry import Backoff
 from ibe_pubsub.peer.tls import PeerTLS
-from ibe_pubsub.peer.transport import Transport, TransportError, join_address, split_address
+from ibe_pubsub.peer.transport import (
+    SOCKET_BUFFER,
+    Transport,
+    TransportError,
+    join_address,
+    split_address,
+)
 from ibe_pubsub.peer.waiting import WaitAnnouncer, in_daemon_thread
 
 if TYPE_CHECKING:
@@ -84,8 +90,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[Deliver], None]
-#: Events waiting for processing beyond this are dropped (the peer is overloaded).
+#: Events waiting for processing beyond this are dropped (the peer is overloaded); reading
+#: from their senders pauses long before (BACKLOG_DELAY), so only frames already read count.
 MAX_EVENT_BACKLOG = 10_000
+#: Seconds the oldest waiting event may have waited before the peer stops reading from the
+#: senders of events (back-pressure); it reads them again below half of it.
+BACKLOG_DELAY = 0.25
+#: Seconds between looks at congested send queues while waiting for them to drain (a slow
+#: link's frames expire meanwhile).
+CONGESTION_RECHECK = 0.05
 #: Neighbours vouched for per tree and renewal (the directory takes at most 32).
 MAX_SEEN = 32
 #: Seconds a leaving peer gives the key server to drop its directory entries.
@@ -124,6 +137,9 @@ class NodeOptions:
     #: Plaintext peer links that take every peer's claimed address on trust (experiments
     #: only): the default is mutual TLS under the key server's peer-link CA.
     insecure_transport: bool = False
+    #: Kernel buffer bytes each way per peer connection (0: the kernel's default), see
+    #: peer.transport.SOCKET_BUFFER.
+    socket_buffer: int = SOCKET_BUFFER
     seed: int | None = None
     #: (host, port) of the local HTTP endpoint (/healthz, /metrics, /status); None: off.
     http: tuple[str, int] | None = None
@@ -145,7 +161,8 @@ class PeerNode:
                             "(--root)")
         self.options = options
         self.rng = random.Random(options.seed)
-        self.transport = Transport(self._received, secure=not options.insecure_transport)
+        self.transport = Transport(self._received, secure=not options.insecure_transport,
+                                   socket_buffer=options.socket_buffer)
         self.client = KeyServerClient(options.server, options.token,
                                       verify=options.ca_file or True)
         self.machine: PeerMachine | None = None
@@ -169,6 +186,8 @@ class PeerNode:
         self._next_tick = 0.0
         #: Events waiting for processing: (sender, message, when it arrived).
         self._events: deque[tuple[str, Publish, float]] = deque()
+        #: Senders not read while the events wait too long (back-pressure).
+        self._paused: set[str] = set()
         self._drainer: asyncio.Task[None] | None = None
         self._register_at = 0.0
         #: Directory renewals retried less and less often (and logged rarely) while they fail.
@@ -225,6 +244,8 @@ class PeerNode:
                           "renewals": transport.renewals,
                           "expired_links": transport.expired_links,
                           "dropped": transport.dropped,
+                          "dropped_by": dict(transport.dropped_by),
+                          "missed": transport.missed,
                           "frames_sent": transport.frames_sent,
                           "frames_received": transport.frames_received}}
         drops: dict[str, object] = {"node": dict(self.dropped_by)}
@@ -589,7 +610,11 @@ class PeerNode:
                 self.dropped_by["backlog_full"] += 1
                 log.warning("event backlog full: dropped an event from %s", sender)
                 return
-            self._events.append((sender, message, time.time()))
+            now = time.time()
+            self._events.append((sender, message, now))
+            if now - self._events[0][2] > BACKLOG_DELAY and sender not in self._paused:
+                self._paused.add(sender)
+                self.transport.pause_reading(sender)
             if self._drainer is None or self._drainer.done():
                 self._drainer = asyncio.get_running_loop().create_task(self._drain_events())
             return
@@ -605,12 +630,25 @@ class PeerNode:
 
     async def _drain_events(self) -> None:
         while self._events and not self._stopping.is_set():
+            if self.transport.congested():  # a neighbour reads slowly: wait for it
+                await self.transport.wait_drained(CONGESTION_RECHECK)
+                continue
             sender, message, arrived = self._events.popleft()
             try:
                 self._handle(sender, message, arrived)
             except Exception:
                 log.exception("processing an event from %s failed", sender)
+            self._resume_reading()
             await asyncio.sleep(0)  # let control messages in between
+        self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        """Read the senders paused for the backlog again once it is short enough."""
+        if self._paused and (not self._events
+                             or time.time() - self._events[0][2] < BACKLOG_DELAY / 2):
+            for sender in self._paused:
+                self.transport.resume_reading(sender)
+            self._paused.clear()
 
     def _tick(self, now: float) -> None:
         assert self.machine is not None

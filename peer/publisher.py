@@ -156,7 +156,7 @@ class EventPublisher:
         """Send what is queued; False if some of it could not be written to a root."""
         flushed = await WaitAnnouncer("the roots to take every event", limit=flush_timeout
                                       ).wait(self.transport.flush(flush_timeout))
-        await self.transport.close(0)
+        await self.transport.close(0, linger=flush_timeout)
         self.client.close()
         return flushed and not self.transport.dropped
 

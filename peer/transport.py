@@ -24,6 +24,18 @@ then connections are refused and nothing is dialed. Refusals are counted by reas
 certificates it was made with: :meth:`Transport.maintain` closes expired ones and,
 shortly before expiry, has the preferred dialer make a fresh connection with the renewed
 certificate before the old one drains (make-before-break).
+
+Overload is met with back-pressure, and what is dropped is counted and told. A node asks
+:meth:`Transport.congested` before it takes more events: a connected link whose oldest
+frame has waited over :data:`CONGESTED_AFTER` holds it back, so a tree runs at the pace
+of its readers, and a node whose own events wait stops reading their sender
+(:meth:`Transport.pause_reading`), which slows that sender in turn, up to the publisher. A
+reader that stalls must not stall the tree: a link whose oldest frame waited
+:data:`HOLD_LIMIT` is *slow*: it
+holds nothing back until it has caught up (its oldest frame is fresh again), and its
+frames that waited :data:`MAX_QUEUE_DELAY` are dropped (``queue_delay``). Every dropped
+frame is counted by reason in :attr:`Transport.dropped_by` and told to the peer with a GAP
+frame ahead of the next one, which the peer counts in :attr:`Transport.missed`.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import contextlib
 import logging
 import math
 import random
+import socket
 import ssl
 import time
 from collections import Counter, deque
@@ -43,6 +56,7 @@ from typing import Any
 from ibe_pubsub.credentials import PeerCertificate, PeerCertificateError, escape
 from ibe_pubsub.peer import frames
 from ibe_pubsub.peer.exceptions import PeerError
+from ibe_pubsub.peer.log_limits import RateLimit
 from ibe_pubsub.peer.tls import PeerTLS, peer_certificate
 
 log = logging.getLogger(__name__)
@@ -62,6 +76,22 @@ RENEW_RETRY = 2.0
 #: counted and summed up in the next line, so hostile connections cannot flood the log.
 REFUSAL_LOG_INTERVAL = 10.0
 DUPLICATE_DRAIN = 2.0
+#: Seconds a frame may wait on a connected link before the link holds back its node.
+CONGESTED_AFTER = 0.25
+#: A link holds back its node no longer than this: a reader whose oldest frame waited this
+#: long (it stopped reading, or reads slower than back-pressure can wait for) is slow and is
+#: left behind. Longer than a busy but healthy reader pauses on a machine short of cores.
+HOLD_LIMIT = 2.0
+#: Seconds a frame may wait on a connected link at most: the bound of a link's queueing
+#: delay. Older frames are dropped.
+MAX_QUEUE_DELAY = 4.0
+#: Bytes of kernel buffer each way per connection (0: the kernel's, which grows to tens of
+#: megabytes): beyond the send queue, what a reader that stopped still has coming, so part
+#: of the delay bound. 256 KiB cost a third of the throughput of a busy root on loopback (a
+#: blocked write per frame); a link across a WAN moves at most this much per round trip.
+SOCKET_BUFFER = 1 << 20
+#: Why frames are dropped unsent (:attr:`Transport.dropped_by`).
+DROP_REASONS = ("queue_full", "queue_delay", "gave_up")
 _END_FRAME = frames.encode(frames.end())
 
 #: OpenSSL verification codes -> refusal reasons. A certificate from another CA fails with
@@ -167,10 +197,17 @@ class _Connection:
     ended: bool = False
 
 
+def _open_gate() -> asyncio.Event:
+    gate = asyncio.Event()
+    gate.set()
+    return gate
+
+
 @dataclass(eq=False)
 class _Link:
     address: str
-    queue: deque[bytes] = field(default_factory=deque)
+    #: Frames to send, each with the time it was queued (``time.monotonic()``).
+    queue: deque[tuple[float, bytes]] = field(default_factory=deque)
     conns: list[_Connection] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -185,6 +222,12 @@ class _Link:
     #: Set when held frames leave or the connection written on changes: paused
     #: connections look again.
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set while the link is read (cleared by :meth:`Transport.pause_reading`).
+    reading: asyncio.Event = field(default_factory=_open_gate)
+    #: Its reader stalled or fell behind: it holds nothing back until it caught up.
+    slow: bool = False
+    #: Frames dropped since the peer was last told (a GAP frame).
+    gap: int = 0
 
     def held(self) -> tuple[int, int]:
         """Frames, and their bytes, that its connections hold."""
@@ -203,7 +246,7 @@ class Transport:
                  backoff: Backoff | None = None, queue_limit: int = 4096,
                  rng: random.Random | None = None,
                  refusal_log_interval: float = REFUSAL_LOG_INTERVAL,
-                 hold: HoldLimits | None = None) -> None:
+                 hold: HoldLimits | None = None, socket_buffer: int = SOCKET_BUFFER) -> None:
         if tls is not None and not secure:
             raise TransportError("a plaintext transport takes no TLS credentials")
         self.on_message = on_message
@@ -213,6 +256,7 @@ class Transport:
         self.backoff = backoff or Backoff()
         self.queue_limit = queue_limit
         self.hold = hold or HoldLimits()
+        self.socket_buffer = socket_buffer
         self.rng = rng or random.Random()
         #: This peer's dialable address, "" until :meth:`listen` (or for a publisher).
         self.address = ""
@@ -220,8 +264,15 @@ class Transport:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        #: Frames dropped unsent (queue overflow, or a neighbour given up on).
-        self.dropped = 0
+        #: Frames dropped unsent, by reason: ``queue_full`` (the oldest, for a newer one),
+        #: ``queue_delay`` (waited over MAX_QUEUE_DELAY on a slow link), ``gave_up`` (queued
+        #: for a neighbour that could not be reached).
+        self.dropped_by: Counter[str] = Counter(dict.fromkeys(DROP_REASONS, 0))
+        #: Frames neighbours said (GAP) they dropped for this peer.
+        self.missed = 0
+        self._drop_log = RateLimit(refusal_log_interval)
+        #: Set whenever a frame leaves a send queue (a node waiting for room looks again).
+        self._drained = asyncio.Event()
         self._handshaking = 0
         #: Connections refused, in either direction, by reason: ``busy``, ``not_ready``,
         #: ``tls``, ``no_certificate``, ``foreign_ca``, ``expired``, ``bad_certificate``,
@@ -269,6 +320,11 @@ class Transport:
         self.address = join_address(host, bound)
         return self.address
 
+    @property
+    def dropped(self) -> int:
+        """Frames dropped unsent, whatever the reason."""
+        return sum(self.dropped_by.values())
+
     def send(self, to: str, payload: bytes) -> None:
         """Queue one payload for ``to``; dials if needed. Never raises for a dead peer."""
         if self._closed:
@@ -283,12 +339,88 @@ class Transport:
             log.warning("not sending to %s: %s", escape(to), exc)
             return
         link = self._link(to)
+        now = time.monotonic()
+        if link.queue and link.conns and now - link.queue[0][0] > MAX_QUEUE_DELAY:
+            self._trim(link, now)
         if len(link.queue) >= self.queue_limit:
             link.queue.popleft()
-            self.dropped += 1
-            log.warning("send queue to %s is full: dropped the oldest frame", escape(to))
-        link.queue.append(frame)
+            self._count_drop(link, "queue_full", 1)
+        link.queue.append((now, frame))
         link.wake.set()
+
+    def congested(self) -> bool:
+        """Whether a connected link that keeps up has had a frame waiting for over
+        :data:`CONGESTED_AFTER`: the node should take no more events until
+        :meth:`wait_drained`. Links still dialing hold nothing back, nor do slow ones: a
+        link whose frame waited over :data:`MAX_QUEUE_DELAY` is made slow here."""
+        now = time.monotonic()
+        congested = False
+        for link in self._links.values():
+            if not (link.queue and link.conns):
+                continue
+            waited = now - link.queue[0][0]
+            if waited > MAX_QUEUE_DELAY:
+                self._trim(link, now)
+            elif waited <= CONGESTED_AFTER:
+                self._caught_up(link)
+            elif link.slow:
+                continue
+            elif waited > HOLD_LIMIT:
+                self._slow(link)
+            else:
+                congested = True
+        return congested
+
+    async def wait_drained(self, timeout: float) -> None:
+        """Until a frame leaves a send queue, or ``timeout`` seconds."""
+        self._drained.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), timeout)
+
+    def pause_reading(self, address: str) -> None:
+        """Read nothing more from ``address`` until :meth:`resume_reading`: what it sends
+        meanwhile waits in its socket and its send queue (TCP back-pressure)."""
+        link = self._links.get(address)
+        if link is not None:
+            link.reading.clear()
+
+    def resume_reading(self, address: str) -> None:
+        link = self._links.get(address)
+        if link is not None:
+            link.reading.set()
+
+    def _trim(self, link: _Link, now: float) -> None:
+        """Drop the frames of ``link`` that waited over MAX_QUEUE_DELAY: its reader is slow."""
+        dropped = 0
+        while link.queue and now - link.queue[0][0] > MAX_QUEUE_DELAY:
+            link.queue.popleft()
+            dropped += 1
+        self._slow(link)
+        self._count_drop(link, "queue_delay", dropped)
+
+    @staticmethod
+    def _caught_up(link: _Link) -> None:
+        if link.slow:
+            link.slow = False
+            log.info("%s caught up with its frames", escape(link.address))
+
+    @staticmethod
+    def _slow(link: _Link) -> None:
+        if not link.slow:
+            link.slow = True
+            log.warning("%s reads too slowly: no longer waited for; frames waiting over "
+                        "%.1f s for it are dropped until it catches up", escape(link.address),
+                        MAX_QUEUE_DELAY)
+
+    def _count_drop(self, link: _Link, reason: str, count: int) -> None:
+        """Count ``count`` frames dropped for ``link``, to be told to its peer, and log it
+        (rate-limited: a line per reason per interval)."""
+        self.dropped_by[reason] += count
+        link.gap += count
+        held = self._drop_log.allow(reason)
+        if held is not None:
+            log.warning("dropped %d frame(s) queued for %s (%s)%s", count, escape(link.address),
+                        reason, f"; {held} more such drops not logged" if held else "")
 
     def _local(self, payload: bytes) -> None:
         if self._closed:
@@ -347,13 +479,20 @@ class Transport:
             return False
         return True
 
-    async def close(self, flush_timeout: float = 1.0) -> None:
+    async def close(self, flush_timeout: float = 1.0, linger: float = 2.0) -> None:
         """Flush what is queued (within ``flush_timeout``), then close every connection and
-        the listener."""
+        the listener, waiting up to ``linger`` seconds for the peers to read what was
+        written: the kernel still holds it, and a process that exits first resets the
+        connections, which discards what a peer (one that paused reading, say) had not yet
+        read. A TLS close completes once the peer has read up to it."""
         await self.flush(flush_timeout)
         self._closed = True
         if self._server is not None:
             self._server.close()
+        closing = [asyncio.ensure_future(conn.writer.wait_closed())
+                   for link in self._links.values() for conn in link.conns]
+        for future in closing:
+            future.add_done_callback(_take_outcome)
         for link in self._links.values():
             for conn in list(link.conns):
                 self._drop(link, conn)
@@ -363,6 +502,8 @@ class Transport:
             task.cancel()
         await asyncio.gather(*self._tasks, *(li.task for li in self._links.values() if li.task),
                              return_exceptions=True)
+        if closing:
+            await asyncio.wait(closing, timeout=linger)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
@@ -407,14 +548,17 @@ class Transport:
                 if conn is None:
                     log.warning("gave up on %s: dropped %d queued frame(s)",
                                 escape(link.address), len(link.queue))
-                    self.dropped += len(link.queue)
+                    self._count_drop(link, "gave_up", len(link.queue))
                     link.queue.clear()
                     break
                 if link.sending is not conn and link.sending in link.conns:
                     assert link.sending is not None
                     link.sending.writer.write(_END_FRAME)  # after its last DATA, in order
                 link.sending = conn
-                frame = link.queue[0]
+                if link.gap:  # the peer learns what it missed before what comes next
+                    told, link.gap = min(link.gap, frames.MAX_GAP), 0
+                    conn.writer.write(frames.encode(frames.gap(told)))
+                frame = link.queue[0][1]
                 try:
                     conn.writer.write(frame)
                     await conn.writer.drain()
@@ -423,7 +567,11 @@ class Transport:
                              escape(str(exc)))
                     self._drop(link, conn)
                     continue
-                link.queue.popleft()
+                if link.queue and link.queue[0][1] is frame:  # not dropped meanwhile
+                    link.queue.popleft()
+                if not link.queue:
+                    self._caught_up(link)
+                self._drained.set()
                 self.frames_sent += 1
                 self.bytes_sent += len(frame)
 
@@ -480,6 +628,7 @@ class Transport:
         tls = self._tls
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
                                                 HELLO_TIMEOUT)
+        self._size_buffers(writer)
         try:
             certificate, expires = await self._handshake(tls, writer, server_side=False)
             if certificate is not None and not certificate.names(link.address):
@@ -544,8 +693,16 @@ class Transport:
         assert isinstance(frame.payload, str)
         return frame.payload
 
+    def _size_buffers(self, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if self.socket_buffer and sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.socket_buffer)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.socket_buffer)
+
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = join_address(*writer.get_extra_info("peername")[:2])
+        self._size_buffers(writer)
         if self._handshaking >= MAX_HANDSHAKES:
             self._count_refusal(_Refused("busy", f"{MAX_HANDSHAKES} handshakes under way"),
                                 f"from {peer}")
@@ -622,6 +779,8 @@ class Transport:
     async def _receive(self, link: _Link, conn: _Connection) -> None:
         try:
             while True:
+                if not link.reading.is_set():
+                    await link.reading.wait()
                 try:
                     frame = await frames.read_frame(conn.reader, self.max_frame)
                 except frames.FrameError as exc:
@@ -632,6 +791,12 @@ class Transport:
                     log.warning("dropped an unexpected HELLO from %s", escape(link.address))
                 elif frame.kind == frames.END:
                     self._ended(link, conn)
+                elif frame.kind == frames.GAP:
+                    assert isinstance(frame.payload, int)
+                    self.missed += frame.payload
+                    if self._drop_log.allow("missed") is not None:
+                        log.warning("%s dropped %d frame(s) queued for this peer (%d so far)",
+                                    escape(link.address), frame.payload, self.missed)
                 else:
                     assert isinstance(frame.payload, bytes)
                     self.frames_received += 1

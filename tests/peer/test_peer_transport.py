@@ -28,7 +28,10 @@ def test_frame_roundtrip_and_rejections():
     assert frames.decode_body(wire[4:]) == frames.Frame(frames.DATA, b"abc")
     assert frames.decode_body(frames.encode(frames.hello("h:1"))[4:]).payload == "h:1"
     assert frames.decode_body(frames.encode(frames.end())[4:]) == frames.Frame(frames.END, b"")
+    assert frames.decode_body(frames.encode(frames.gap(7))[4:]) == frames.Frame(frames.GAP, 7)
     bad = [b"\xc1", msgpack.packb([2, 1, b"x"]), msgpack.packb([1, 9, b"x"]),
+           msgpack.packb([1, 3, 0]), msgpack.packb([1, 3, -1]), msgpack.packb([1, 3, True]),
+           msgpack.packb([1, 3, 1 << 32]), msgpack.packb([1, 3, b"x"]),
            msgpack.packb([1, 1, "text"]), msgpack.packb([1, 0, b"bytes"]),
            msgpack.packb([1, 1]), msgpack.packb({"a": 1}), msgpack.packb([True, 1, b""]),
            msgpack.packb([1, 2, b"x"]), msgpack.packb([1, 2, ""])]

@@ -1,0 +1,148 @@
+"""Overload with real processes: a key server, a root process holding the three trees of the
+stock schema and two subscriber processes (mutual TLS on 127.0.0.1), and a publisher (the
+client API) offering events faster than the overlay takes them.
+
+Back-pressure slows the publisher rather than letting queues grow, so every event arrives
+and none waits long; a subscriber that stops reading (SIGSTOP) stalls the tree once, for
+about two seconds, and what the root drops for it is counted by reason and told to it, so its
+own counters show that it missed events. Without back-pressure the first test lost
+thousands of events in the full event backlogs of the root and the subscribers, and the
+second found no count of what the stopped subscriber missed (nothing told it)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from keyserver_fixtures import KeyServers
+
+from ibe_pubsub.client import Publisher
+from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
+from ibe_pubsub.peer.transport import HOLD_LIMIT
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.serial]
+
+SUBSCRIPTION = 'symbol prefix "OV" and price < 100 and volume < 100'
+BODY = b"x" * 8192
+#: Seconds of slack on top of a bound, for a shared 2-core machine.
+SLACK = 1.5
+
+
+@dataclass(frozen=True)
+class Tree:
+    server: str
+    cluster: Cluster
+    root: PeerProcess
+    steady: PeerProcess
+    stalled: PeerProcess
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
+    work = tmp_path_factory.mktemp("overload")
+    servers = KeyServers(work)
+    try:
+        server = servers.start()
+        cluster = Cluster(server.base_url, server.admin_token, work / "peers")
+        try:
+            root = cluster.start_root("root", ["symbol", "price", "volume"])
+            cluster.wait_ready([root])
+            steady = cluster.start_subscriber("steady", SUBSCRIPTION)
+            stalled = cluster.start_subscriber("stalled", SUBSCRIPTION)
+            cluster.wait_ready([steady, stalled])
+            yield Tree(server.base_url, cluster, root, steady, stalled)
+        finally:
+            cluster.stop_all()
+    finally:
+        servers.stop_all()
+
+
+def _publish(tree: Tree, name: str, count: int, rate: float | None, body: bytes = b""
+             ) -> dict[str, float]:
+    """Publish ``count`` stream events (cheap to encrypt: the overlay is the bottleneck), at
+    ``rate`` per second or as fast as ``publish`` returns; event id -> time of the call."""
+    token = tree.cluster.identity(name, "publisher")
+    known = tree.cluster.workdir / "known_servers.json"
+
+    async def run() -> dict[str, float]:
+        sent: dict[str, float] = {}
+        async with await Publisher.connect(tree.server, token, "", known_servers=known,
+                                           stream_window=1.0) as pub:
+            start = time.monotonic()
+            for k in range(count):
+                if rate is not None and (wait := start + k / rate - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+                sent[f"{name}-{k}"] = time.time()
+                await pub.publish({"symbol": "OVL", "price": 10.0, "volume": 1}, body=body,
+                                  event_id=f"{name}-{k}")
+            assert pub.dropped == 0
+        return sent
+
+    return asyncio.run(run())
+
+
+def _delays(peer: PeerProcess, sent: dict[str, float]) -> list[float]:
+    return sorted(d["delivered_at"] - sent[d["id"]] for d in peer.delivered()
+                  if d["id"] in sent)
+
+
+def _wait_for(peer: PeerProcess, ids: set[str], timeout: float = 30.0) -> set[str]:
+    """The ids of ``ids`` that ``peer`` delivered, once it has all or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = {d["id"] for d in peer.delivered()} & ids
+        if got == ids or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def _stats_now(peer: PeerProcess) -> dict:
+    """Its stats, written at a graceful stop."""
+    peer.process.send_signal(signal.SIGTERM)
+    peer.process.wait(timeout=20)
+    return peer.stats()
+
+
+def test_a_publisher_faster_than_the_tree_is_slowed_and_nothing_waits_long(tree):
+    """Each subscriber is in all three trees, so it takes three copies of every event: the
+    overlay, not the publisher, is the bottleneck. Without back-pressure the root and the
+    subscribers filled their event backlogs and dropped thousands of events there."""
+    sent = _publish(tree, "flood", 6000, rate=None, body=BODY)
+    for peer in (tree.steady, tree.stalled):
+        assert _wait_for(peer, set(sent)) == set(sent), peer.log_tail()
+        delays = _delays(peer, sent)
+        # Back-pressure bounds the queueing: the publisher waits, the queues stay short.
+        p99 = delays[int(0.99 * len(delays))]
+        assert p99 < 2.5, (peer.name, p99, delays[-1])
+
+
+def test_a_stalled_subscriber_does_not_stall_the_tree_and_learns_what_it_missed(tree):
+    tree.stalled.process.send_signal(signal.SIGSTOP)
+    try:
+        # 12 MB in all: more than the kernel's socket buffers hold for a stopped reader
+        sent = _publish(tree, "paced", 1500, rate=300.0, body=BODY)
+    finally:
+        tree.stalled.process.send_signal(signal.SIGCONT)
+    # The steady subscriber got everything; the tree waited for the stalled one once, for
+    # HOLD_LIMIT, then went on without it.
+    assert _wait_for(tree.steady, set(sent)) == set(sent), tree.steady.log_tail()
+    delays = _delays(tree.steady, sent)
+    assert delays[-1] < HOLD_LIMIT + SLACK, delays[-20:]
+    assert delays[len(delays) // 2] < 0.5, delays[-20:]
+
+    time.sleep(3.0)  # the stalled subscriber reads what is left for it
+    got = {d["id"] for d in tree.stalled.delivered()} & set(sent)
+    stalled, root = _stats_now(tree.stalled), _stats_now(tree.root)
+    assert root["drops"]["node"].get("backlog_full", 0) == 0, root["drops"]
+    dropped = root["transport"]["dropped_by"]  # queue_delay, or queue_full if that comes first
+    assert dropped["queue_delay"] + dropped["queue_full"] > 0, dropped
+    assert root["transport"]["dropped"] == sum(dropped.values())
+    # Nothing vanished silently: every event the stalled subscriber lacks is among the
+    # frames (a copy per tree) its parent told it it dropped.
+    missed = stalled["transport"]["missed"]
+    assert len(got) < len(sent) and missed >= len(sent) - len(got), (len(got), missed)
+    assert missed <= sum(dropped.values())
