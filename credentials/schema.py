@@ -15,6 +15,7 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -181,7 +182,7 @@ class Schema:
                 raise SchemaError(f"schema {self.name!r}: duplicate attribute {a.name!r}")
             seen.add(a.name)
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.attributes)
 
@@ -216,9 +217,10 @@ class Schema:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
                           ensure_ascii=False, allow_nan=False).encode("utf-8")
 
-    @property
+    @cached_property
     def id(self) -> str:
-        """Hex SHA-256 of the canonical form, so the schema certifies itself."""
+        """Hex SHA-256 of the canonical form, so the schema certifies itself (computed once:
+        every event's credentials are checked against it)."""
         return hashlib.sha256(self.canonical_bytes()).hexdigest()
 
     def validate_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
