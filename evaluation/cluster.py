@@ -11,6 +11,7 @@ signing key on first contact (``IBE_PUBSUB_KNOWN_SERVERS``) and the event ids it
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import subprocess
 import time
@@ -22,7 +23,15 @@ import httpx
 
 from ibe_pubsub.credentials import Event
 from ibe_pubsub.evaluation.exceptions import EvaluationError
-from ibe_pubsub.evaluation.launcher import child_env, cli_command
+from ibe_pubsub.evaluation.launcher import (
+    child_env,
+    cli_command,
+    free_port,
+    init_keyserver,
+    start_keyserver,
+    stop,
+    wait_ready,
+)
 from ibe_pubsub.keyserver import KeyServerClient, KeyServerRequestError
 from ibe_pubsub.peer import WaitAnnouncer, event_line, read_deliveries
 
@@ -264,3 +273,22 @@ class Cluster:
                 peer.process.wait()
         self.admin.close()
 
+
+def cluster_with_keyserver(workdir: Path, max_children: int
+                           ) -> tuple[Cluster, subprocess.Popen[bytes]]:
+    """A fresh key server in ``workdir`` (a random passphrase, a free port), ready, and a
+    cluster of peers around it; the caller stops both (the server is stopped here if it
+    never answers)."""
+    passphrase = secrets.token_urlsafe(24)
+    data = workdir / "keyserver"
+    init_keyserver(data, passphrase)
+    port = free_port()
+    server = start_keyserver(data, port, passphrase, log=workdir / "keyserver.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, server)
+    except BaseException:
+        stop(server)
+        raise
+    return Cluster(url, (data / "admin.token").read_text().strip(), workdir / "peers",
+                   max_children=max_children), server

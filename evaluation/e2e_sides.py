@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -25,16 +24,13 @@ from typing import Any
 
 from ibe_pubsub.credentials import default_schema
 from ibe_pubsub.evaluation.bench_streams import SUBSCRIPTION
-from ibe_pubsub.evaluation.cluster import Cluster
+from ibe_pubsub.evaluation.cluster import Cluster, cluster_with_keyserver
 from ibe_pubsub.evaluation.e2e_measure import DeliveryTail, cpu_seconds, phase_figures
 from ibe_pubsub.evaluation.exceptions import BenchRunError
 from ibe_pubsub.evaluation.launcher import (
     child_env,
     free_port,
-    init_keyserver,
-    start_keyserver,
     stop,
-    wait_ready,
 )
 
 Progress = Callable[[str], None]
@@ -128,25 +124,15 @@ def finish(process: subprocess.Popen[str]) -> None:
 
 def start_ours(workdir: Path, progress: Progress) -> tuple[Side, Cluster, subprocess.Popen[bytes]]:
     """The key server, a root of every tree and the subscribers, ready (mutual TLS)."""
-    passphrase = secrets.token_urlsafe(24)
-    data = workdir / "keyserver"
-    init_keyserver(data, passphrase)
-    port = free_port()
-    server = start_keyserver(data, port, passphrase, log=workdir / "keyserver.log")
-    url = f"http://127.0.0.1:{port}"
-    cluster: Cluster | None = None
+    cluster, server = cluster_with_keyserver(workdir, MAX_CHILDREN)
     try:
-        wait_ready(url, server)
-        cluster = Cluster(url, (data / "admin.token").read_text().strip(), workdir / "peers",
-                          max_children=MAX_CHILDREN)
         root = cluster.start_root("root", list(default_schema().names))
         cluster.wait_ready([root])
         subs = [cluster.start_subscriber(f"sub{i}", SUBSCRIPTION)
                 for i in range(1, SUBSCRIBERS + 1)]
         cluster.wait_ready(subs, timeout=180)
     except BaseException:
-        if cluster is not None:
-            cluster.stop_all()
+        cluster.stop_all()
         stop(server)
         raise
     progress(f"ours: key server, a root of {len(default_schema().names)} trees and "

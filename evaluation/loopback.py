@@ -14,22 +14,17 @@ from __future__ import annotations
 
 import os
 import random
-import secrets
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ibe_pubsub.credentials import Event, default_schema, parse_predicate
-from ibe_pubsub.evaluation.cluster import Cluster
+from ibe_pubsub.evaluation.cluster import cluster_with_keyserver
 from ibe_pubsub.evaluation.delays import JOIN_SPACING, JoinRecorder, Progress
 from ibe_pubsub.evaluation.exceptions import BenchRunError, BenchSettingsError
 from ibe_pubsub.evaluation.launcher import (
-    free_port,
-    init_keyserver,
-    start_keyserver,
     stop,
-    wait_ready,
 )
 from ibe_pubsub.evaluation.sizes import MAX_LOOPBACK_PEERS as MAX_PEERS
 from ibe_pubsub.evaluation.stock_workload import event_values, subscription_text
@@ -57,17 +52,8 @@ def expected(subs: list[tuple[str, str]], stream: list[Event]) -> dict[str, set[
 def run_processes(subs: list[tuple[str, str]], stream: list[Event], max_children: int,
                   workdir: Path, progress: Progress) -> dict[str, Any]:
     """The scenario as real processes; delays from the publisher's and subscribers' logs."""
-    passphrase = secrets.token_urlsafe(24)
-    data = workdir / "keyserver"
-    init_keyserver(data, passphrase)
-    port = free_port()
-    server = start_keyserver(data, port, passphrase, log=workdir / "keyserver.log")
-    url = f"http://127.0.0.1:{port}"
-    cluster: Cluster | None = None
+    cluster, server = cluster_with_keyserver(workdir, max_children)
     try:
-        wait_ready(url, server)
-        cluster = Cluster(url, (data / "admin.token").read_text().strip(), workdir / "peers",
-                          max_children=max_children)
         roots = [cluster.start_root(f"root-{a}", [a]) for a in default_schema().names]
         cluster.wait_ready(roots)
         started = time.monotonic()
@@ -94,8 +80,7 @@ def run_processes(subs: list[tuple[str, str]], stream: list[Event], max_children
                 "delivery_ratio": delivered / total if total else 1.0,
                 "false_positives_per_subscriber": false_positives / len(subs)}
     finally:
-        if cluster is not None:
-            cluster.stop_all()
+        cluster.stop_all()
         stop(server)
 
 
