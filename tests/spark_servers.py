@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sysconfig
 import time
@@ -121,10 +122,21 @@ class Standalone:
             return json.load(answer)
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """``count`` ports free a moment ago, all different: held together while chosen. Chosen
+    one by one, a worker's web UI could take the master's port before the master binds it,
+    and the master's UI would move to the next port, where nobody looks."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 def start_standalone(servers: Servers, workers: int = 2) -> Standalone:
     """A master and ``workers`` workers of one core and 1 GiB each, in separate JVMs with
     work directories of their own; returns once every worker has registered."""
-    port, web_port = free_port(), free_port()
+    port, web_port, *worker_ports = distinct_free_ports(2 + workers)
     cluster = Standalone(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web_port}",
                          [servers.directory / f"worker{k}" for k in range(workers)])
     servers.start("master", spark_class(MASTER_CLASS, "--host", "127.0.0.1", "--port",
@@ -133,7 +145,7 @@ def start_standalone(servers: Servers, workers: int = 2) -> Standalone:
         work_dir.mkdir()
         servers.start(f"worker{k}", spark_class(
             WORKER_CLASS, cluster.url, "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
-            "--work-dir", str(work_dir), "--webui-port", str(free_port())))
+            "--work-dir", str(work_dir), "--webui-port", str(worker_ports[k])))
 
     def registered() -> bool:
         try:
