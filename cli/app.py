@@ -24,8 +24,9 @@ from ibe_pubsub.evaluation import PlotsUnavailable
 
 #: In the order ``ibe-pubsub --help`` lists them, the order a new user meets them in the
 #: README: the demo, then an overlay by hand (key server, identities, peers, publishing),
-#: bulk enrolment, and last the benchmarks and the scheme's test vectors.
-COMMAND_GROUPS = (demo, keyserver, identity, peer, publish, bridge, bulk, bench, crypto)
+#: bulk enrolment, the bridges to MQTT and NATS, and last the benchmarks and the scheme's
+#: test vectors.
+COMMAND_GROUPS = (demo, keyserver, identity, peer, publish, bulk, bridge, bench, crypto)
 
 
 def _version() -> str:

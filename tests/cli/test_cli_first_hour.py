@@ -98,8 +98,8 @@ def test_the_help_lists_the_command_groups_as_a_new_user_meets_them():
     listed = _run("--help").stdout.split("COMMAND\n", 1)[1].split("\n\n", 1)[0]
     groups = [line.split()[0] for line in listed.splitlines() if line.startswith("    ")
               and not line.startswith("     ")]
-    assert groups == ["demo", "keyserver", "identity", "peer", "publish", "bulk", "bench",
-                      "crypto"]
+    assert groups == ["demo", "keyserver", "identity", "peer", "publish", "bulk", "bridge",
+                      "bench", "crypto"]
 
 
 def test_server_takes_host_and_port_without_a_scheme(keyserver):
