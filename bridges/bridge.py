@@ -14,7 +14,6 @@ is back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -52,18 +51,37 @@ class _Bridge:
         self.backoff = Backoff(most=max_backoff)
         #: Set once connected (and, in, subscribed) the first time.
         self.ready = asyncio.Event()
+        #: Set when a task of the bridge failed unexpectedly (``failure`` says how): it
+        #: forwards nothing any more, so whoever runs it must stop it rather than let it
+        #: run on as a zombie.
+        self.failed = asyncio.Event()
+        self.failure: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)
-        task.add_done_callback(_log_failure)
+        task.add_done_callback(self._task_done)
         self._tasks.append(task)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """A task ends only when cancelled (on close); anything else fails the bridge."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if self.failure is None:
+            reason = "returned" if exc is None else f"{type(exc).__name__}: {exc}"
+            self.failure = (f"bridge {self.direction}: {task.get_coro().__qualname__} stopped "
+                            f"unexpectedly ({reason})")
+            log.error("%s", self.failure)
+            log.debug("the failed task's traceback", exc_info=exc)
+            self.failed.set()
 
     async def close(self, flush_timeout: float = 10.0) -> None:
         """Hand on what is queued (within ``flush_timeout`` s), stop, and count what was
         left in ``counters.unsent``."""
         await self._stop_taking()
-        await self.queue.drained(flush_timeout)
+        if not self.failed.is_set():  # else nothing takes from the queue any more
+            await self.queue.drained(flush_timeout)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -75,11 +93,6 @@ class _Bridge:
     def summary(self) -> str:
         return f"bridge {self.direction} ({self.broker.name}, {self.topic}): " \
                f"{self.counters.summary()}"
-
-
-def _log_failure(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("bridge task failed", exc_info=task.exception())
 
 
 class InBridge(_Bridge):
@@ -129,8 +142,7 @@ class InBridge(_Bridge):
     async def _stop_taking(self) -> None:
         if self._receiver is not None:
             self._receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._receiver
+            await asyncio.gather(self._receiver, return_exceptions=True)  # failed: said so
 
     async def __aenter__(self) -> InBridge:
         self.start()

@@ -18,7 +18,7 @@ import string
 from ibe_pubsub.bridges.exceptions import BridgeError, MessageRefused
 from ibe_pubsub.client import Delivery
 from ibe_pubsub.credentials import Event, Schema
-from ibe_pubsub.peer import EventFileError, event_line, parse_event
+from ibe_pubsub.peer import EventFileError, event_line, json_value, parse_event
 
 #: A stand-in for the id a message left out; the event then carries the empty id.
 _NO_ID = "-"
@@ -26,13 +26,11 @@ _NO_ID = "-"
 
 def message_event(payload: bytes, schema: Schema, where: str) -> Event:
     """The event a broker message carries, checked against the schema; its ``event_id`` is
-    ``""`` if the message gave none. MessageRefused, naming ``where``, if it is not one."""
+    ``""`` if the message gave none. MessageRefused, naming ``where``, if it is not one,
+    whatever the payload (decoded and size-checked as a line of an events file)."""
     try:
-        obj = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MessageRefused(f"{where}: not a JSON object: {exc}") from None
-    given = not isinstance(obj, dict) or "id" in obj
-    try:
+        obj = json_value(payload, where)
+        given = not isinstance(obj, dict) or "id" in obj
         event = parse_event(schema, obj if given else {**obj, "id": _NO_ID}, where)
     except EventFileError as exc:
         raise MessageRefused(str(exc)) from None

@@ -217,9 +217,11 @@ async def _run(args: argparse.Namespace, broker: Broker) -> int:
         raise CommandError(f"bridge could not start: {exc}") from exc
     loop = asyncio.get_running_loop()
     announcer = loop.create_task(_announce(args, bridge))
+    watched = [bridge.failed.wait()]  # a task of the bridge failed: it forwards no more
     if isinstance(client, Subscriber):  # a bundle's keys expired: nothing more comes
-        failed = loop.create_task(client.node.failed.wait())
-        failed.add_done_callback(lambda _: stop.set())
+        watched.append(client.node.failed.wait())
+    for failure in watched:
+        loop.create_task(failure).add_done_callback(lambda _: stop.set())
     await stop.wait()
     announcer.cancel()
     try:
@@ -233,6 +235,8 @@ async def _run(args: argparse.Namespace, broker: Broker) -> int:
     notice(bridge.summary())
     if args.stats_out:
         write_json_atomically(args.stats_out, dataclasses.asdict(bridge.counters))
+    if bridge.failure is not None:
+        raise CommandError(bridge.failure)
     if isinstance(client, Subscriber) and client.node.failure is not None:
         raise CommandError(client.node.failure)
     return _stopped_by(received)

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 BUFFER = 1 << 20
 #: Seconds the command may take to finish once its input ended, before it is terminated.
 COMMAND_EXIT = 10.0
+#: Seconds, once the command's input closed, to see whether it exited (to tell its status).
+PIPE_EXIT = 0.2
 
 
 class Sink(Protocol):
@@ -137,15 +139,31 @@ class CommandSink:
         self._watcher = asyncio.get_running_loop().create_task(self._watch(failed))
 
     async def _watch(self, failed: Failure) -> None:
-        assert self._process is not None
-        status = await self._process.wait()
-        failed(f"the delivery command {self.command!r} exited with status {status}")
+        """The command exiting, or closing its input (a broken pipe: every later delivery
+        would be lost), fails the deliveries; an exit is told with its status."""
+        assert self._process is not None and self._process.stdin is not None
+        exited = asyncio.ensure_future(self._process.wait())
+        closed = asyncio.ensure_future(self._process.stdin.wait_closed())
+        try:
+            await asyncio.wait({exited, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not exited.done():  # an exit closes the pipe too: a moment for its status
+                await asyncio.wait({exited}, timeout=PIPE_EXIT)
+        finally:
+            for waiting in (exited, closed):
+                waiting.cancel()
+            # A broken pipe's error, if any, is the reason said below.
+            await asyncio.gather(exited, closed, return_exceptions=True)
+        if not exited.cancelled():
+            failed(f"the delivery command {self.command!r} exited with status "
+                   f"{exited.result()}")
+        else:
+            failed(f"the delivery command {self.command!r} closed its input (broken pipe)")
 
     def write_line(self, line: str) -> None:
         assert self._process is not None and self._process.stdin is not None
-        if self._process.returncode is not None:
-            return  # the watcher says so
         pipe = self._process.stdin
+        if self._process.returncode is not None or pipe.transport.is_closing():
+            return  # the watcher says so
         if pipe.transport.get_write_buffer_size() + len(line) > self.buffer:
             self.dropped += 1
             if self.dropped % 1000 == 1:  # a line now and then, not one per event
@@ -240,7 +258,9 @@ def _listening_socket(path: Path) -> socket.socket:
     """A Unix stream socket bound at ``path`` with mode 0600 from the start (a umask, not a
     chmod after the bind, which would leave a moment for another user to connect); a stale
     socket file there is replaced, a live one (another peer's) or another file refused."""
-    if path.exists() or path.is_symlink():
+    if path.is_symlink():  # not followed: the socket would be made or removed elsewhere
+        raise SinkError(f"{path} is a symbolic link: give the socket's own path")
+    if path.exists():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise SinkError(f"{path} exists and is not a socket")
         with socket.socket(socket.AF_UNIX) as probe:

@@ -10,6 +10,7 @@ reading and the writer of the pipe waits, instead of lines piling up in memory.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import stat
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 #: Events read ahead of the publisher at most.
 BACKLOG = 256
+#: Bytes of event bodies read ahead at most (bodies may be megabytes each).
+BACKLOG_BYTES = 16 << 20
 #: Seconds behind its schedule the publisher makes up by sending without pause; a longer
 #: lag (a stall, or a pause of the input) is forgiven instead of released as a burst.
 MAX_LAG = 1.0
@@ -51,6 +54,10 @@ class EventSource(Protocol):
         """The next event or skipped line; None at the end of the input or once ``stop``
         is set; EventFileError if reading ends on an error."""
 
+    @property
+    def unsent(self) -> int:
+        """Events read but not handed out by :meth:`next` (left when the run stopped)."""
+
 
 @dataclass
 class CheckedEvents:
@@ -65,8 +72,16 @@ class CheckedEvents:
         self._next += 1
         return self.events[self._next - 1]
 
+    @property
+    def unsent(self) -> int:
+        return len(self.events) - self._next
+
 
 _END = object()
+
+
+class _LoopGone(Exception):
+    """The event loop ended (the run stopped): nobody takes what the reader reads any more."""
 
 
 @dataclass
@@ -80,29 +95,68 @@ class EventFeed:
     advertisement: EventFilter
     skip_bad: bool
     _queue: asyncio.Queue[object] = field(default_factory=lambda: asyncio.Queue(BACKLOG))
+    #: Events the reader read, and those :meth:`next` handed out.
+    _read_count: int = 0
+    _taken: int = 0
+    #: Body bytes of the events read and not yet handed out, under BACKLOG_BYTES.
+    _queued_bytes: int = 0
+    _room: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
         """Start reading (on the running event loop's behalf)."""
         loop = asyncio.get_running_loop()
-        threading.Thread(target=self._read, args=(loop,), name="event-feed",
-                         daemon=True).start()
+        self.reader = threading.Thread(target=self._read, args=(loop,), name="event-feed",
+                                       daemon=True)
+        self.reader.start()
+
+    @property
+    def unsent(self) -> int:
+        return self._read_count - self._taken
 
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read to the end, then queue the end marker or the error that ended the reading,
+        whatever it is: :meth:`next` must never wait for ever on a reader that died."""
         from ibe_pubsub.peer import EventFileError, read_events
 
         def put(item: object) -> None:  # waits while the queue is full: back-pressure
-            asyncio.run_coroutine_threadsafe(self._queue.put(item), loop).result()
+            putting = self._queue.put(item)
+            try:
+                future = asyncio.run_coroutine_threadsafe(putting, loop)
+            except RuntimeError as exc:  # the loop is closed
+                putting.close()
+                raise _LoopGone from exc
+            try:
+                future.result()
+            except concurrent.futures.CancelledError as exc:  # by the loop, on its way out
+                raise _LoopGone from exc
+
+        def each(event: Event) -> None:
+            with self._room:  # waits while the bodies read ahead fill BACKLOG_BYTES
+                while self._queued_bytes and \
+                        self._queued_bytes + len(event.body) > BACKLOG_BYTES:
+                    if not self._room.wait(timeout=0.5) and loop.is_closed():
+                        raise _LoopGone
+                self._queued_bytes += len(event.body)
+            self._read_count += 1
+            put(event)
 
         def bad(error: EventFileError) -> None:
             put(BadLine(error))
 
         try:
-            read_events(self.path, self.schema, self.advertisement, each=put,
-                        bad=bad if self.skip_bad else None)
-        except EventFileError as exc:
-            put(exc)
-        else:
-            put(_END)
+            try:
+                read_events(self.path, self.schema, self.advertisement, each=each,
+                            bad=bad if self.skip_bad else None)
+            except _LoopGone:
+                raise
+            except EventFileError as exc:
+                put(exc)
+            except Exception as exc:  # a bug: end the feed with one line, not a hang
+                put(EventFileError(f"cannot read {self.path}: {type(exc).__name__}: {exc}"))
+            else:
+                put(_END)
+        except _LoopGone:
+            pass  # the run is over: what was read and not sent is counted in ``unsent``
 
     async def next(self, stop: asyncio.Event) -> Event | BadLine | None:
         from ibe_pubsub.peer import EventFileError
@@ -119,7 +173,14 @@ class EventFeed:
         item = getting.result()
         if isinstance(item, EventFileError):
             raise item
-        return None if item is _END else item  # type: ignore[return-value]
+        if item is _END:
+            return None
+        if not isinstance(item, BadLine):
+            self._taken += 1
+            with self._room:
+                self._queued_bytes -= len(item.body)  # type: ignore[attr-defined]
+                self._room.notify()
+        return item  # type: ignore[return-value]
 
 
 @dataclass

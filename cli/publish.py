@@ -170,8 +170,10 @@ async def _publish(args: argparse.Namespace) -> int:
         _record_ids(args, list(sender.ids))
     mode = " as a stream" if publisher.stream is not None else ""
     skipped = f"; skipped {sender.skipped} bad line(s)" if sender.skipped else ""
+    # Read ahead when a signal stopped the run: said, as nothing may be dropped silently.
+    unsent = f"; {source.unsent} line(s) read but not sent" if source.unsent else ""
     notice(f"sent {publisher.sent} event(s){mode} to the roots of "
-           f"{', '.join(sorted(publisher.roots))}{skipped}")
+           f"{', '.join(sorted(publisher.roots))}{skipped}{unsent}")
     return _stopped_by(received)
 
 

@@ -38,7 +38,7 @@ from ibe_pubsub.client.exceptions import (
     wrapped,
 )
 from ibe_pubsub.credentials import Event, Schema, StreamWindow
-from ibe_pubsub.peer import EventPublisher, KnownServers
+from ibe_pubsub.peer import EventPublisher, KnownServers, check_body_size
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,15 @@ class Publisher:
         """Encrypt and sign an event (a value for every attribute of the schema; ``body``
         text is sent as UTF-8) and queue it for every root; returns its id, made up unless
         given. Waits while ``max_in_flight`` events are under way or the send queues are
-        full. PublishRefused, with nothing sent, for values the schema refuses or outside
-        the advertisement."""
+        full. PublishRefused, with nothing sent, for values the schema refuses, outside
+        the advertisement, or a body too large to be sent (``peer.events_io.MAX_BODY``)."""
         if self._closed:
             raise PublishRefused("the publisher is closed")
         event_id = event_id or self.ids.next()
         with wrapped(PublishRefused):
             event = Event(event_id, self.schema.validate_values(values),
                           body.encode() if isinstance(body, str) else body)
+            check_body_size(event.body, f"event {event_id!r}")
         await self._slots.acquire()
         self.in_flight += 1
         try:

@@ -14,5 +14,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "machine": ("PeerMachine",),
     "simulator": ("LatencyModel", "Mode", "Simulator", "summary"),
     "snapshot": ("tree_status",),
-    "wire": ("Handover", "Message", "Publish", "SwapHandover", "WireError", "decode"),
+    "wire": ("MAX_FRAME", "Handover", "Message", "Publish", "SwapHandover", "WireError",
+             "decode"),
 })

@@ -4,8 +4,8 @@ from ibe_pubsub.credentials import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "bundle_file": ("file_token",),
-    "events_io": ("EventFileError", "EventWriter", "event_line", "parse_event", "read_deliveries",
-                  "read_events"),
+    "events_io": ("MAX_BODY", "EventFileError", "EventWriter", "check_body_size", "event_line",
+                  "json_value", "parse_event", "read_deliveries", "read_events"),
     "exceptions": ("PeerError",),
     "known_servers": ("KnownServers", "default_known_servers_path"),
     "monitor": ("HttpAddressError", "parse_http"),

@@ -22,10 +22,19 @@ from pathlib import Path
 from typing import IO, Any
 
 from ibe_pubsub.credentials import Event, EventFilter, Schema, SchemaError
-from ibe_pubsub.overlay import OverlayConfig
+from ibe_pubsub.overlay import MAX_FRAME, OverlayConfig
 from ibe_pubsub.peer.exceptions import PeerError
 
 MAX_ID = 200
+#: The largest body an event may carry: encrypted, with its header and signatures (about
+#: 5 KiB for the stocks schema, more for a schema of many attributes), it must fit one
+#: overlay message, or every transport refuses it and the event is lost.
+MAX_BODY = MAX_FRAME - 256 * 1024
+#: The longest line (or broker message) read: a little above the overlay message limit, as
+#: no event longer than that fits one; a longer line is read past, never held whole.
+MAX_LINE = MAX_FRAME + 64 * 1024
+#: Bytes read at a time while reading past an over-long line.
+_SKIP_CHUNK = 64 * 1024
 #: Ids a reader of events remembers to refuse a repeat: as many as a subscriber does.
 REMEMBERED_IDS = OverlayConfig().dedup_capacity
 
@@ -92,7 +101,17 @@ def parse_event(schema: Schema, obj: Any, where: str) -> Event:
         checked = schema.validate_values(values)
     except SchemaError as exc:
         raise EventFileError(f"{where}: {exc}") from None
-    return Event(event_id, checked, body.encode("utf-8"))
+    encoded = body.encode("utf-8")
+    check_body_size(encoded, where)
+    return Event(event_id, checked, encoded)
+
+
+def check_body_size(body: bytes, where: str) -> None:
+    """EventFileError, naming ``where``, for a body too large to be sent (:data:`MAX_BODY`):
+    checked before encryption, as the transport would only drop the event's frames."""
+    if len(body) > MAX_BODY:
+        raise EventFileError(f"{where}: body of {len(body)} bytes exceeds the limit of "
+                             f"{MAX_BODY} (an encrypted event must fit one overlay message)")
 
 
 def iter_lines(path: str) -> Iterator[tuple[int, Any]]:
@@ -103,12 +122,36 @@ def iter_lines(path: str) -> Iterator[tuple[int, Any]]:
             yield number, obj
 
 
-def _raw_lines(path: str) -> Iterator[tuple[int, bytes]]:
+@dataclass(frozen=True)
+class Overlong:
+    """A line longer than :data:`MAX_LINE`, read past rather than loaded: only its size."""
+
+    size: int
+
+
+def _raw_lines(path: str) -> Iterator[tuple[int, bytes | Overlong]]:
     """(line number, bytes) as each line arrives: from a pipe or FIFO a line is yielded as
-    soon as it is complete, not when the input ends."""
+    soon as it is complete, not when the input ends. A line longer than :data:`MAX_LINE`
+    is read past in chunks and yielded as :class:`Overlong`, so memory stays bounded."""
     with contextlib.ExitStack() as stack:
         handle = sys.stdin.buffer if path == "-" else stack.enter_context(Path(path).open("rb"))
-        yield from enumerate(handle, start=1)
+        number = 0
+        while raw := handle.readline(MAX_LINE + 1):
+            number += 1
+            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                yield number, Overlong(len(raw) + _skip_line(handle))
+            else:
+                yield number, raw
+
+
+def _skip_line(handle: IO[bytes]) -> int:
+    """Read past the rest of the current line; its number of bytes."""
+    skipped = 0
+    while chunk := handle.readline(_SKIP_CHUNK):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
 
 
 _BLANK = object()
@@ -119,19 +162,34 @@ def _shown(path: str) -> str:
     return "<stdin>" if path == "-" else path
 
 
-def _decoded(where: str, raw: bytes) -> Any:
+def _decoded(where: str, raw: bytes | Overlong) -> Any:
     """One line's JSON (``_BLANK`` for a blank line), decoded on its own so that a bad line of
     a stream spoils only itself."""
+    if isinstance(raw, bytes) and not raw.strip():
+        return _BLANK
+    return json_value(raw, where)
+
+
+def json_value(raw: bytes | Overlong, where: str) -> Any:
+    """The JSON value of one line or broker message; EventFileError naming ``where`` for
+    anything else, whatever the input: too long, not UTF-8, not JSON, nested too deeply
+    for the decoder (a RecursionError), a number too long to convert."""
+    size = raw.size if isinstance(raw, Overlong) else len(raw)
+    if isinstance(raw, Overlong) or size > MAX_LINE:
+        raise EventFileError(f"{where}: {size} bytes, longer than the limit of {MAX_LINE} "
+                             "(an encrypted event must fit one overlay message)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise EventFileError(f"{where}: not UTF-8 text") from None
-    if not text.strip():
-        return _BLANK
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise EventFileError(f"{where}: not JSON: {exc.msg}") from None
+    except RecursionError:
+        raise EventFileError(f"{where}: not JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise EventFileError(f"{where}: not JSON: {exc}") from None
 
 
 @dataclass
@@ -145,7 +203,7 @@ class _EventLines:
     advertisement: EventFilter
     seen: dict[str, int] = field(default_factory=dict)
 
-    def check(self, number: int, raw: bytes) -> Event | None:
+    def check(self, number: int, raw: bytes | Overlong) -> Event | None:
         """The event of line ``number`` (None if blank), or EventFileError naming the line."""
         where = f"{_shown(self.path)}:{number}"
         obj = _decoded(where, raw)

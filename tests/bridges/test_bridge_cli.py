@@ -80,7 +80,7 @@ def test_the_mqtt_in_bridge_command(overlay, broker, tmp_path):
     err = log.read_text()
     assert process.returncode == 0, err
     assert json.loads(ready.read_text())["topic"] == source
-    assert f"refused message from {topic}: not a JSON object" in err
+    assert f"refused message from {topic}: not JSON: Expecting" in err
     summary = err.strip().splitlines()[-1]
     assert summary.startswith(f"bridge in (the MQTT broker at 127.0.0.1:{broker.port}, "
                               f"{source}): 2 received, 1 forwarded, 1 refused, 0 dropped")

@@ -21,6 +21,7 @@ from ibe_pubsub.bridges import (
 )
 from ibe_pubsub.client import Delivery
 from ibe_pubsub.credentials import resolve_schema
+from ibe_pubsub.peer.events_io import MAX_BODY, MAX_LINE
 
 SCHEMA = resolve_schema("stocks")
 VALUES = {"symbol": "IBM", "price": 12.5, "volume": 3}
@@ -35,7 +36,11 @@ def test_a_message_maps_to_an_event_with_or_without_an_id():
 
 
 @pytest.mark.parametrize(("payload", "reason"), [
-    (b"\xff\xfe{", "not a JSON object"),
+    (b"\xff\xfe{", "not UTF-8 text"),
+    (b"[" * 200_000, "not JSON: nested too deeply"),
+    (json.dumps({"values": VALUES, "body": "x" * (MAX_BODY + 1)}).encode(),
+     f"body of {MAX_BODY + 1} bytes exceeds the limit of {MAX_BODY}"),
+    (b" " * (MAX_LINE + 1), f"{MAX_LINE + 1} bytes, longer than the limit of {MAX_LINE}"),
     (b"[1, 2]", "expected a JSON object"),
     (json.dumps({"id": "", "values": VALUES}).encode(), "'id' must be"),
     (json.dumps({"values": {**VALUES, "price": "cheap"}}).encode(), "price"),

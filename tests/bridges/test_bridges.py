@@ -43,6 +43,7 @@ def test_in_bridge_publishes_messages_and_refuses_what_is_no_event(overlay, brok
         {"values": quote("IBMX")},                                       # no id: one made up
         {"values": quote("MSFT"), "body": "not subscribed"},
         b"{not json",
+        b"[" * 200_000,                            # nested too deeply: refused, and on it goes
         {"id": "bad-1", "body": "no values"},
         {"id": "bad-2", "values": quote("IBM"), "colour": "red"},        # unknown field
         {"id": "bad-3", "values": quote("IBM", price=700.0)},            # outside the ad
@@ -57,7 +58,7 @@ def test_in_bridge_publishes_messages_and_refuses_what_is_no_event(overlay, brok
             await asyncio.wait_for(bridge.ready.wait(), 10)
             await send(broker.kind, broker.port, topic, payloads)
             got = [await subscriber.next(timeout=20) for _ in range(2)]
-            await until(lambda: bridge.counters.received == 7 and not len(bridge.queue),
+            await until(lambda: bridge.counters.received == 8 and not len(bridge.queue),
                         "every message handled")
             with pytest.raises(ReceiveTimeout):
                 await subscriber.next(timeout=0.5)
@@ -69,10 +70,12 @@ def test_in_bridge_publishes_messages_and_refuses_what_is_no_event(overlay, brok
         f"in-{broker.kind}-1", {"symbol": "IBM", "price": 120.5, "volume": 7}, b"first")
     assert second.values["symbol"] == "IBMX" and second.body == b"" and second.id
     c = bridge.counters
-    assert (c.received, c.forwarded, c.refused, c.dropped, c.unsent) == (7, 3, 4, 0, 0)
+    assert (c.received, c.forwarded, c.refused, c.dropped, c.unsent) == (8, 3, 5, 0, 0)
+    assert not bridge.failed.is_set()
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refusals) == 4
-    assert any("not a JSON object" in r for r in refusals)
+    assert len(refusals) == 5
+    assert any("not JSON: nested too deeply" in r for r in refusals)
+    assert any("not JSON: Expecting property name" in r for r in refusals)
     assert any("'values' must be an object" in r for r in refusals)
     assert any("unknown field(s) colour" in r for r in refusals)
     assert any("advertisement" in r for r in refusals)

@@ -8,8 +8,10 @@ test pays only for its own processes."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import logging
 import os
 import signal
 import socket
@@ -23,10 +25,13 @@ from pathlib import Path
 import pytest
 from keyserver_fixtures import KeyServers
 
-from ibe_pubsub.cli.event_feed import Schedule
+from ibe_pubsub.cli.delivery_sinks import CommandSink, Failure, SinkError, _listening_socket
+from ibe_pubsub.cli.event_feed import BACKLOG, BACKLOG_BYTES, EventFeed, Schedule
+from ibe_pubsub.credentials import parse_predicate, resolve_schema
 from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
 from ibe_pubsub.evaluation.launcher import child_env, cli_command
-from ibe_pubsub.peer import read_deliveries
+from ibe_pubsub.peer import read_deliveries, read_events
+from ibe_pubsub.peer.events_io import MAX_BODY, MAX_LINE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -324,3 +329,103 @@ def test_pacing_and_bad_line_options_are_checked_from_flags_and_the_configuratio
     config.write_text('[publish]\non-bad-line = "ignore"\n')
     assert refused("--config", str(config), *base) == (
         "ibe-pubsub: error: [publish] on_bad_line: expected one of stop, skip, got 'ignore'")
+
+
+# -- The reader of a feed and the delivery sinks on their own, without an overlay ------------
+
+STOCKS = resolve_schema("stocks")
+EVERYTHING = parse_predicate(STOCKS, "")
+
+
+def bad_lines(path: Path) -> tuple[list[str], list[str]]:
+    """(ids read, errors) of the file read as a feed that skips bad lines."""
+    errors: list[str] = []
+    events = read_events(str(path), STOCKS, EVERYTHING,
+                         bad=lambda exc: errors.append(str(exc)))
+    return [e.event_id for e in events], errors
+
+
+def test_a_line_nested_too_deeply_or_too_large_is_a_bad_line_and_the_next_is_read(tmp_path):
+    feed = tmp_path / "feed.jsonl"
+    with feed.open("w") as out:
+        out.write("[" * 200_000 + "\n")
+        out.write(quote("big", body="x" * (MAX_BODY + 1)))
+        out.write("y" * (MAX_LINE + 10) + "\n")  # read past in chunks, never held whole
+        out.write(quote("ok"))
+    ids, errors = bad_lines(feed)
+    assert ids == ["ok"]
+    assert errors == [
+        f"{feed}:1: not JSON: nested too deeply",
+        f"{feed}:2: body of {MAX_BODY + 1} bytes exceeds the limit of {MAX_BODY} (an "
+        "encrypted event must fit one overlay message)",
+        f"{feed}:3: {MAX_LINE + 11} bytes, longer than the limit of {MAX_LINE} (an "
+        "encrypted event must fit one overlay message)"]
+
+
+def test_a_feed_reads_ahead_no_more_than_its_byte_budget_of_bodies(tmp_path):
+    body = "x" * (1 << 20)
+    feed_file = tmp_path / "big.jsonl"
+    feed_file.write_text("".join(quote(f"big-{n}", body=body) for n in range(40)))
+
+    async def run() -> tuple[int, int]:
+        feed = EventFeed(str(feed_file), STOCKS, EVERYTHING, skip_bad=True)
+        await asyncio.sleep(1.0)  # nothing taken: the reader stops at the budget
+        ahead = feed.unsent
+        for _ in range(40):
+            assert await feed.next(asyncio.Event()) is not None
+        return ahead, feed.unsent
+
+    ahead, left = asyncio.run(run())
+    assert ahead == BACKLOG_BYTES // (1 << 20) and left == 0  # 40 without the byte budget
+
+
+def test_a_stopped_feed_counts_the_lines_read_ahead_and_its_reader_ends_quietly(
+        tmp_path, monkeypatch):
+    feed_file = tmp_path / "feed.jsonl"
+    feed_file.write_text("".join(quote(f"ahead-{n}") for n in range(BACKLOG + 50)))
+    failures: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+
+    async def run() -> EventFeed:
+        feed = EventFeed(str(feed_file), STOCKS, EVERYTHING, skip_bad=True)
+        stop = asyncio.Event()
+        assert await feed.next(stop) is not None
+        while feed.unsent < BACKLOG + 1:  # the queue full again, and one more on its way
+            await asyncio.sleep(0.01)
+        stop.set()
+        assert await feed.next(stop) is None
+        return feed  # the loop ends with the reader waiting to queue a line
+
+    feed = asyncio.run(run())
+    feed.reader.join(5)
+    assert not feed.reader.is_alive()
+    assert failures == []
+    assert feed.unsent == BACKLOG + 1
+
+
+def test_a_delivery_command_that_closes_its_input_fails_the_deliveries_at_once(caplog):
+    async def run() -> str | None:
+        sink = CommandSink("exec 0<&-; sleep 30")
+        failure = Failure()
+        await sink.start(failure)
+        await asyncio.wait_for(failure.event.wait(), 5)
+        for _ in range(10):  # no "pipe closed by peer" warning per delivery
+            sink.write_line("{}\n")
+        assert sink._process is not None
+        sink._process.kill()
+        await sink.close()
+        return failure.why
+
+    assert asyncio.run(run()) == (
+        "the delivery command 'exec 0<&-; sleep 30' closed its input (broken pipe)")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_delivery_socket_at_a_symbolic_link_is_refused_as_one(tmp_path):
+    target = tmp_path / "real.sock"
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(target))
+        (tmp_path / "link.sock").symlink_to(target)
+        with pytest.raises(SinkError, match="is a symbolic link: give the socket's "
+                                             "own path"):
+            _listening_socket(tmp_path / "link.sock")

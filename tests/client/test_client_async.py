@@ -26,6 +26,7 @@ from ibe_pubsub.client import (
 )
 from ibe_pubsub.credentials import parse_predicate
 from ibe_pubsub.evaluation.demo import quotes
+from ibe_pubsub.peer import MAX_BODY
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,6 +90,21 @@ def test_a_subscriber_receives_exactly_the_matching_events_typed(overlay):
         assert delivery.body == (body.encode() if isinstance(body, str) else body)
         assert delivery.received_at > 0
         assert delivery.stream is False
+
+
+def test_a_body_too_large_for_an_overlay_message_is_refused_before_encrypting(overlay):
+    token = overlay.cluster.identity("big", "publisher")
+
+    async def run() -> None:
+        async with await Publisher.connect(overlay.server, token, "",
+                                           known_servers=overlay.known_servers) as pub:
+            with pytest.raises(PublishRefused, match=f"event 'big': body of {MAX_BODY + 1} "
+                                                     f"bytes exceeds the limit of {MAX_BODY}"):
+                await pub.publish(EVENTS[0][0], b"x" * (MAX_BODY + 1), "big")
+            assert pub.in_flight == 0 and pub.event_publisher.sent == 0
+            await pub.publish(EVENTS[0][0], b"x" * MAX_BODY, "big")  # the limit itself passes
+
+    asyncio.run(run())
 
 
 def test_a_delivery_says_its_epoch_and_whether_it_came_as_a_stream(overlay):
