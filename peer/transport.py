@@ -77,7 +77,7 @@ RENEW_RETRY = 2.0
 REFUSAL_LOG_INTERVAL = 10.0
 DUPLICATE_DRAIN = 2.0
 #: Seconds a frame may wait on a connected link before the link holds back its node.
-CONGESTED_AFTER = 0.25
+CONGESTED_AFTER = 0.5
 #: A link holds back its node no longer than this: a reader whose oldest frame waited this
 #: long (it stopped reading, or reads slower than back-pressure can wait for) is slow and is
 #: left behind. Longer than a busy but healthy reader pauses on a machine short of cores.
@@ -271,8 +271,6 @@ class Transport:
         #: Frames neighbours said (GAP) they dropped for this peer.
         self.missed = 0
         self._drop_log = RateLimit(refusal_log_interval)
-        #: Set whenever a frame leaves a send queue (a node waiting for room looks again).
-        self._drained = asyncio.Event()
         self._handshaking = 0
         #: Connections refused, in either direction, by reason: ``busy``, ``not_ready``,
         #: ``tls``, ``no_certificate``, ``foreign_ca``, ``expired``, ``bad_certificate``,
@@ -350,8 +348,8 @@ class Transport:
 
     def congested(self) -> bool:
         """Whether a connected link that keeps up has had a frame waiting for over
-        :data:`CONGESTED_AFTER`: the node should take no more events until
-        :meth:`wait_drained`. Links still dialing hold nothing back, nor do slow ones: a
+        :data:`CONGESTED_AFTER`: the node should take no more events for a while. Links
+        still dialing hold nothing back, nor do slow ones: a
         link whose frame waited over :data:`MAX_QUEUE_DELAY` is made slow here."""
         now = time.monotonic()
         congested = False
@@ -370,12 +368,6 @@ class Transport:
             else:
                 congested = True
         return congested
-
-    async def wait_drained(self, timeout: float) -> None:
-        """Until a frame leaves a send queue, or ``timeout`` seconds."""
-        self._drained.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drained.wait(), timeout)
 
     def pause_reading(self, address: str) -> None:
         """Read nothing more from ``address`` until :meth:`resume_reading`: what it sends
@@ -571,7 +563,6 @@ class Transport:
                     link.queue.popleft()
                 if not link.queue:
                     self._caught_up(link)
-                self._drained.set()
                 self.frames_sent += 1
                 self.bytes_sent += len(frame)
 

@@ -132,7 +132,7 @@ def test_a_stalled_subscriber_does_not_stall_the_tree_and_learns_what_it_missed(
     assert _wait_for(tree.steady, set(sent)) == set(sent), tree.steady.log_tail()
     delays = _delays(tree.steady, sent)
     assert delays[-1] < HOLD_LIMIT + SLACK, delays[-20:]
-    assert delays[len(delays) // 2] < 0.5, delays[-20:]
+    assert delays[len(delays) // 2] < 1.0, delays[-20:]
 
     time.sleep(3.0)  # the stalled subscriber reads what is left for it
     got = {d["id"] for d in tree.stalled.delivered()} & set(sent)
