@@ -257,8 +257,9 @@ def test_every_issued_credential_lies_inside_the_policy() -> None:
 
     run()
     print(f"outcomes: {dict(outcomes)}")
-    # not vacuous: most requests are served and checked, and every refusal kind occurs
-    assert outcomes["served"] >= 80 and outcomes["served_past_cap"] >= 5, outcomes
+    # not vacuous: most requests are served and checked, and every outcome occurs (how often
+    # varies with the process's string hashing, which orders the sets the decomposition walks)
+    assert outcomes["served"] >= 80 and outcomes["served_past_cap"] >= 1, outcomes
     assert outcomes["refused_cells"] >= 5 and outcomes["refused_predicate"] >= 5, outcomes
 
 
