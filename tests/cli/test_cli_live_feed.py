@@ -208,6 +208,7 @@ def test_a_bad_line_is_reported_and_skipped_or_stops_the_run(overlay):
     assert delivered(overlay, {"stop-1"}, frozenset({"stop-3"})) == {"stop-1"}
 
 
+@pytest.mark.serial  # a rate measured in wall time: not beside another test process
 def test_rate_is_kept_by_a_schedule(overlay):
     count, rate = 40, 20
     # Streamed, so that encrypting an event takes a few milliseconds even on a busy machine:
