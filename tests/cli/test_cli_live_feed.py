@@ -269,6 +269,32 @@ class SocketReader:
                 if line.endswith(b"\n")]
 
 
+#: A Python another user may run (this environment's may lie under a private home).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _connects_as_nobody(path: Path) -> bool:
+    """Whether another user (uid 65534) can connect to the socket at ``path``."""
+    probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+             "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    sys.exit(3)\n")
+    done = subprocess.run([SYSTEM_PYTHON, "-c", probe, str(path)], check=False,
+                          preexec_fn=lambda: os.setuid(65534), capture_output=True)
+    assert done.returncode in (0, 3), done.stderr
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
+                    reason="needs root and /usr/bin/python3 to try the socket as another user")
+def test_another_user_cannot_read_the_delivery_socket(overlay):
+    assert not _connects_as_nobody(overlay.socket)
+    mode = overlay.socket.stat().st_mode
+    overlay.socket.chmod(0o666)  # control: the same attempt reaches a socket open to all
+    try:
+        assert _connects_as_nobody(overlay.socket)
+    finally:
+        overlay.socket.chmod(mode)
+
+
 def test_deliveries_go_to_a_command_and_to_socket_readers_a_stalled_one_dropped(overlay):
     fast = SocketReader(overlay.socket)
     stalled = socket.socket(socket.AF_UNIX)  # connects and never reads
