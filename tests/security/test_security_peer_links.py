@@ -36,7 +36,8 @@ from ibe_pubsub.peer.transport import (
     split_address,
 )
 
-pytestmark = pytest.mark.timeout(120)
+# serial: renewals race certificate expiry in seconds; beside another test process one lost
+pytestmark = [pytest.mark.timeout(120), pytest.mark.serial]
 
 
 async def raw_link(to: Transport, claim: str, context: ssl.SSLContext | None, *payloads: bytes
