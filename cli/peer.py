@@ -72,16 +72,22 @@ async def _start_unless_stopped(node: PeerNode, stop: asyncio.Event) -> bool:
 # -- peer run ------------------------------------------------------------------------------
 
 async def _run_peer(args: argparse.Namespace) -> int:
-    from ibe_pubsub.overlay import OverlayConfig
+    from ibe_pubsub.overlay import OverlayConfig, OverlayConfigError
     from ibe_pubsub.peer import NodeError, NodeOptions, PeerNode
 
+    try:
+        overlay = OverlayConfig(
+            routing=args.routing, max_children=args.max_children,
+            heartbeat_interval=args.heartbeat, failure_timeout=args.failure_timeout,
+            recruit_rounds=args.recruit_rounds, repair=args.repair,
+            push_backup=args.push_backup, demote_after=args.demote_after,
+            rotate_interval=args.rotate_interval)
+    except OverlayConfigError as exc:
+        raise CommandError(str(exc)) from exc
     options = NodeOptions(
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
         roots=tuple(args.root or ()), bundle=args.bundle,
-        overlay=OverlayConfig(routing=args.routing, max_children=args.max_children,
-                              heartbeat_interval=args.heartbeat,
-                              failure_timeout=args.failure_timeout,
-                              recruit_rounds=args.recruit_rounds, repair=args.repair),
+        overlay=overlay,
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         server_key=server_key(args), known_servers=known_servers(args),
         ca_file=args.ca_file, insecure_transport=args.insecure_transport, http=args.http,
@@ -295,6 +301,19 @@ def register(subparsers: Any) -> None:
                         "credentials from what it pulls)")
     repair.add_argument("--no-repair", dest="repair", action="store_false", default=None,
                         help="do not (see --repair)")
+    run.add_argument("--push-backup", action=argparse.BooleanOptionalAction, default=None,
+                     help="keep a second parent on another peer, found by this peer's own "
+                     "search, that forwards by the same rule as the first: every event "
+                     "comes down two paths, and the second parent learns what any parent "
+                     "learns (default: on under ohf; mcr relies on --repair)")
+    run.add_argument("--demote-after", type=int, choices=range(17), metavar="0-16", default=3,
+                     help="replace a parent that missed this many of the last 16 events it "
+                     "owed (events that came by another path, inside the virtual peer's "
+                     "credential, that the parent had not sent 2 s later); 0 turns it off")
+    run.add_argument("--rotate-interval", type=non_negative_float, default=10.0,
+                     help="with --push-backup, seconds (jittered) between rotations: look for "
+                     "a third parent, then let go of the old one with the least proof of "
+                     "delivery, so that two dropping parents cannot hide for ever; 0: never")
     run.add_argument("--http", type=http_address, metavar="[HOST:]PORT",
                      help="serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP "
                      "here (host default 127.0.0.1; port 0: any free port, named in "

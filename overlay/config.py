@@ -32,7 +32,8 @@ class OverlayConfig:
     #: A contact whose join got no answer at all is passed over for this long when others
     #: remain: a dead address from the directory costs one join timeout, not one per try.
     silent_contact_period: float = 30.0
-    #: MCR: attempts to find each further distinct parent before sharing one.
+    #: Attempts to find each further distinct parent: MCR then shares one, OHF (a second
+    #: parent, see ``push_backup``) tries again once every ``silent_contact_period``.
     mcr_link_attempts: int = 3
     #: Check the publisher's signature before forwarding (costs one verify per hop).
     verify_before_forward: bool = False
@@ -42,6 +43,9 @@ class OverlayConfig:
     #: children to its physical peer's load); a root, which alone covers every newcomer,
     #: has no such limit.
     max_relays: int = 4
+    #: A leaving peer forwards to the children it handed over until each has detached
+    #: (linked elsewhere), for at most this long (make before break).
+    leave_linger: float = 6.0
     #: How long keys of the previous epoch stay valid after a rollover.
     grace: float = 60.0
     #: After attaching, a subscriber virtual peer with free child slots asks its parent,
@@ -59,6 +63,10 @@ class OverlayConfig:
     #: leaves it) and pulls the ones that match. None: the routing's default (see
     #: :attr:`repairs`).
     repair: bool | None = None
+    #: The pull repair: a virtual peer that nobody named a backup to (a lying parent names
+    #: none) asks a parent that proved it delivers, or searches a covering peer itself,
+    #: every few failure timeouts (see ``Joining.search_backup``).
+    backup_searches: bool = True
     #: Backups per virtual peer: the first is a parent's parent, a further one the parent
     #: of a backup or of another parent (the repair fails only where all of them drop).
     backups: int = 2
@@ -74,6 +82,27 @@ class OverlayConfig:
     #: Most events one digest lists (the newest), and so most route tests it costs the
     #: receiver; at most 256.
     digest_entries: int = 128
+    #: OHF: every subscriber virtual peer keeps a *second parent* on another physical peer,
+    #: found by its own join search from a directory contact (never named by the first
+    #: parent), which forwards by the same OHF rule: each event comes down two paths, and
+    #: what the second parent learns is what any OHF parent learns (containment). None:
+    #: on under OHF (see :attr:`pushes_backup`); MCR keeps one parent per fine token and
+    #: relies on the pull repair.
+    push_backup: bool | None = None
+    #: With push backups, a virtual peer whose two parents both drop sees no gap (nothing
+    #: reaches it), so every ``rotate_interval`` seconds (jittered, by the clock alone, never
+    #: by what arrived) it searches a third parent and then lets go of the old one with
+    #: the least proof of delivery. 0: never.
+    rotate_interval: float = 10.0
+    #: Demotion: a parent that missed ``demote_after`` of the last ``demote_window`` events
+    #: it owed this virtual peer (events this physical peer got by another path, whose value
+    #: lies in the virtual peer's credential, and that the parent had not sent
+    #: ``gap_wait`` seconds after) is detached and replaced; its peer's acceptances are
+    #: refused for ``shun_period`` seconds. ``demote_after = 0`` turns demotion off.
+    demote_after: int = 3
+    demote_window: int = 16
+    gap_wait: float = 2.0
+    shun_period: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_children < 1:
@@ -91,8 +120,17 @@ class OverlayConfig:
             raise OverlayConfigError(
                 "backups must be >= 1, digest_interval > 0, max_watchers >= 0, "
                 "repair_memory >= 16 and digest_entries in [1, 256]")
+        if self.leave_linger < 0:
+            raise OverlayConfigError("leave_linger must be >= 0")
         if self.max_watchers_per_peer < 1:
             raise OverlayConfigError("max_watchers_per_peer must be >= 1")
+        if self.push_backup and self.routing == "mcr":
+            raise OverlayConfigError("push_backup is a second OHF parent; MCR deals each fine "
+                                     "token to one parent and relies on the pull repair")
+        if (not 0 <= self.demote_after <= self.demote_window or self.gap_wait <= 0
+                or self.shun_period < 0 or self.rotate_interval < 0):
+            raise OverlayConfigError("demote_after must be in [0, demote_window], gap_wait > 0, "
+                                     "shun_period >= 0 and rotate_interval >= 0")
 
     @property
     def repairs(self) -> bool:
@@ -101,3 +139,9 @@ class OverlayConfig:
         sees which it pulls); under MCR a parent learns that much from the fine tokens
         anyway, under OHF it would be a new leak."""
         return self.routing == "mcr" if self.repair is None else self.repair
+
+    @property
+    def pushes_backup(self) -> bool:
+        """Whether subscriber virtual peers keep a second parent: ``push_backup`` if set,
+        else under OHF."""
+        return self.routing == "ohf" if self.push_backup is None else self.push_backup

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ibe_pubsub.credentials import Credential, Event, EventFilter, RequestOpening
+from ibe_pubsub.credentials import Credential, Event, EventFilter, RequestOpening, Schema
 from ibe_pubsub.overlay.exceptions import OverlayError
 
 
@@ -99,6 +99,9 @@ class CryptoSuite(Protocol):
     """Operations of the overlay protocol; objects are opaque to the state machine."""
 
     meter: CostMeter
+
+    #: The schema of the events and credentials (which credential encloses a value).
+    schema: Schema
 
     def decode_request(self, data: bytes) -> Any: ...
 

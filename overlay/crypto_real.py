@@ -22,6 +22,7 @@ from ibe_pubsub.credentials import (
     PublisherKey,
     RequestOpening,
     RootCertificate,
+    Schema,
     StreamEvent,
     codec,
     scheme,
@@ -46,6 +47,10 @@ class RealCrypto:
         self.meter = CostMeter()
         self.clock = clock
         self.streams = streams.StreamCaches()
+
+    @property
+    def schema(self) -> Schema:
+        return self.pp.schema
 
     def decode_request(self, data: bytes) -> ConnectionRequest:
         with self.meter.timed("decode_request"):

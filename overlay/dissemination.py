@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ibe_pubsub.credentials import Event
 from ibe_pubsub.overlay.actions import Action, Deliver, Log, Send
 from ibe_pubsub.overlay.config import OverlayConfig
 from ibe_pubsub.overlay.crypto import CryptoRejected, CryptoSuite, SubscriberKit
@@ -22,6 +23,9 @@ from ibe_pubsub.overlay.wire import EVENT_ID_BYTES, Publish
 
 #: Told of every event a virtual peer takes: (virtual peer, event id, decoded event, now).
 Listener = Callable[[VirtualPeer, bytes, Any, float], None]
+#: Told of every event this peer decrypts: (the tree it came down, event id, decoded event,
+#: plaintext, now).
+Opener = Callable[[str, bytes, Any, Event, float], None]
 
 
 def event_id(data: bytes) -> bytes:
@@ -33,7 +37,8 @@ class Dissemination:
     """Forwarding and delivery of one physical peer, with its duplicate memories."""
 
     def __init__(self, crypto: CryptoSuite, config: OverlayConfig, stats: Stats,
-                 family: Family, kits: Mapping[int, SubscriberKit], listed: Listener) -> None:
+                 family: Family, kits: Mapping[int, SubscriberKit], listed: Listener,
+                 opened: Opener) -> None:
         self.crypto = crypto
         self.config = config
         self.stats = stats
@@ -43,6 +48,8 @@ class Dissemination:
         #: Where every taken event goes next: the digests for the peers a virtual peer
         #: backs up.
         self.listed = listed
+        #: Where every decrypted event goes next: the parents' gap bookkeeping.
+        self.opened = opened
         cap = config.dedup_capacity
         self._seen: Bounded[tuple[str, bytes], None] = Bounded(cap)
         self._processed: Bounded[bytes, None] = Bounded(cap)
@@ -53,6 +60,8 @@ class Dissemination:
         self._tokens: dict[tuple[str, int], Any] = {}
         #: Ciphertexts of recent events by id: what a backup serves pulls from.
         self.raw: Bounded[bytes, bytes] = Bounded(config.repair_memory)
+        #: (virtual peer, event id) -> the parents' physical peers that sent it.
+        self.sources: Bounded[tuple[str, bytes], set[str]] = Bounded(cap)
 
     def has_seen(self, vp: VirtualPeer, digest: bytes) -> bool:
         """Has ``vp`` taken the event of id ``digest`` already?"""
@@ -77,7 +86,14 @@ class Dissemination:
         if (not vp.is_root and not from_parent) or m.attribute != vp.attribute:
             self.stats.drop("not_from_parent")
             return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} or tree dropped")]
-        return self.take(vp, frm[0], digest, m.event, now)
+        out = self.take(vp, frm[0], digest, m.event, now)
+        if not pulled and not vp.is_root and (vp.vp, digest) in self._seen:
+            # (only an event that decoded and was taken: junk cannot push records out)
+            sent = self.sources.get((vp.vp, digest))
+            if sent is None:
+                self.sources.put((vp.vp, digest), sent := set())
+            sent.add(frm[0])
+        return out
 
     def take(self, vp: VirtualPeer, source: str, digest: bytes, data: bytes, now: float
              ) -> list[Action]:
@@ -93,7 +109,7 @@ class Dissemination:
                 self.stats.drop("undecodable")
                 return [Log("warning", f"{vp.vp}: event from {source} dropped: {exc}")]
             self._events.put(digest, event)
-        if self.config.verify_before_forward and not self._verify(digest, event):
+        if self.config.verify_before_forward and not self.verified(digest, event):
             self.stats.drop("unverified")
             return [Log("warning", f"{vp.vp}: event from {source} fails verification")]
         self._seen.put((vp.vp, digest), None)
@@ -104,7 +120,7 @@ class Dissemination:
         self.stats.forwarded += len(out)
         self.listed(vp, digest, event, now)
         if not vp.is_root:
-            out += self._consume(digest, event, now)
+            out += self._consume(vp.attribute, digest, event, now)
         return out
 
     def _route(self, vp: VirtualPeer, digest: bytes, event: Any, now: float
@@ -151,7 +167,8 @@ class Dissemination:
             token = self._tokens[(vp.vp, epoch)] = self.crypto.decode_token(vp.keys[epoch].token)
         return token
 
-    def _verify(self, digest: bytes, event: Any) -> bool:
+    def verified(self, digest: bytes, event: Any) -> bool:
+        """Does the publisher's signature hold (checked once per event)?"""
         if digest in self._verified:
             return True
         if not self.crypto.verify(event):
@@ -159,7 +176,7 @@ class Dissemination:
         self._verified.put(digest, None)
         return True
 
-    def _consume(self, digest: bytes, event: Any, now: float) -> list[Action]:
+    def _consume(self, tree: str, digest: bytes, event: Any, now: float) -> list[Action]:
         """Local delivery: once per ciphertext; decrypt, check the exact predicate, and
         verify only what would be delivered. Decryption is public-key (anyone can encrypt),
         so nothing is delivered unverified; but a false positive, the common case under
@@ -174,10 +191,12 @@ class Dissemination:
         self._processed.put(digest, None)
         self.stats.received += 1
         plain = self.crypto.decrypt(kit.decrypt_key, event)
+        if plain is not None:
+            self.opened(tree, digest, event, plain, now)
         if plain is None or not kit.predicate.matches(plain.values):
             self.stats.false_positives += 1
             return []
-        if not self._verify(digest, event):
+        if not self.verified(digest, event):
             self.stats.forged += 1
             return [Log("warning", "event fails verification, not delivered")]
         if plain.event_id in self._delivered:

@@ -11,6 +11,7 @@ Every step admits a peer only by opening its connection request
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,10 +114,69 @@ class Joining:
             if pending.contact and not pending.answered:
                 yield pending.sent_at, cfg.join_timeout, False, self._silence, (pending,)
             yield pending.sent_at, 2 * cfg.join_timeout, True, _forget_join, (vp, join_id)
-        if vp.parents and vp.link_attempts >= cfg.mcr_link_attempts:
-            return  # MCR: shares a parent rather than search on
-        if vp.state is not Lifecycle.DETACHED and len(vp.parents) < self.wanted_links(vp):
+        if vp.rotating_until:
+            yield vp.rotating_until, 0.0, False, self._end_rotation, (vp, None)
+            return
+        if (cfg.repairs and cfg.backup_searches and not vp.relay and vp.attached
+                and not vp.backups and not vp.watch_asks):
+            yield vp.next_backup_search_at, 0.0, False, self.search_backup, (vp,)
+        if vp.state is Lifecycle.DETACHED or len(vp.parents) >= self.wanted_links(vp):
+            if (cfg.rotate_interval and cfg.pushes_backup
+                    and self.wanted_links(vp) == 2 == len(vp.parents)):
+                yield vp.next_rotate_at, 0.0, False, self._rotate, (vp,)
+            return
+        if not vp.parents or vp.link_attempts < cfg.mcr_link_attempts:
             yield vp.next_join_at, 0.0, False, self._retry, (vp,)
+        elif cfg.routing == "ohf":
+            # No second parent found: peers that joined since may cover it; one try a while.
+            pause = cfg.rotate_interval / 2 or cfg.silent_contact_period
+            yield vp.next_join_at, pause, False, self._retry_later, (vp,)
+        # (MCR shares a parent rather than search on.)
+
+    def _rotate(self, vp: VirtualPeer, now: float) -> list[Action]:
+        """Look for a third parent for a while (see ``OverlayConfig.rotate_interval``)."""
+        self._schedule_rotation(vp, now)
+        vp.rotating_until = now + 2 * self.config.join_timeout
+        self.due(vp.rotating_until)
+        return self.send_join(vp, now)
+
+    def _end_rotation(self, vp: VirtualPeer, newcomer: Node | None, now: float
+                      ) -> list[Action]:
+        """A rotation's search ended: with a new parent, let go of the old one that has the
+        most gaps, then the fewest events owed and sent, then is the oldest link."""
+        vp.rotating_until = 0.0
+        self.due(vp.next_rotate_at)
+        old = [p for p in vp.parents if p != newcomer]
+        if newcomer is None or len(old) < 2:
+            return []
+        worst = min(old, key=lambda p: (-sum(vp.parents[p].gaps),
+                                        vp.parents[p].gaps.count(False), vp.parents[p].since))
+        return [Send(worst[0], Detach(vp.vp, worst[1])), *self.lose_parent(vp, worst, now)]
+
+    def search_backup(self, vp: VirtualPeer, now: float) -> list[Action]:
+        """The pull repair finds backups through the ancestors that parents and backups
+        name, which a lying parent can withhold: a virtual peer left without any, every
+        ``backup_timeout`` seconds, asks under MCR the parent that sent it the most events
+        it owed (never one with no such proof: a dropper would take the place and serve
+        nothing), else searches for a covering peer itself (a join from a directory
+        contact, whoever accepts it is asked to be a backup)."""
+        vp.next_backup_search_at = now + self.repair.backup_timeout
+        self.due(vp.next_backup_search_at)
+        proven = {p: link.gaps.count(False) for p, link in vp.parents.items()
+                  if p[0] != self.address and link.gaps.count(False)}
+        if self.config.routing == "mcr" and proven:
+            asked = self.repair.ask_backup(vp, max(proven, key=proven.__getitem__), now)
+            if asked:
+                return asked
+        return self.send_join(vp, now, backup=True)
+
+    def _schedule_rotation(self, vp: VirtualPeer, now: float) -> None:
+        vp.next_rotate_at = now + self.config.rotate_interval * (0.5 + self.rng.random())
+        self.due(vp.next_rotate_at)
+
+    def _retry_later(self, vp: VirtualPeer, now: float) -> list[Action]:
+        vp.link_attempts = self.config.mcr_link_attempts - 1
+        return self._retry(vp, now)
 
     def _silence(self, pending: PendingJoin, now: float) -> list[Action]:
         self._silent[pending.contact] = now + self.config.silent_contact_period
@@ -134,16 +194,23 @@ class Joining:
         return self.send_join(vp, now, target, retry)
 
     def wanted_links(self, vp: VirtualPeer) -> int:
-        """Parents ``vp`` looks for: one, or under MCR one per fine token."""
+        """Parents ``vp`` looks for: under OHF one, or two with push backups (three while
+        rotating, one below the tree's top); under MCR one per fine token. A relay has its
+        one local parent."""
         if vp.is_top:
             return 0
-        if vp.relay or self.config.routing == "ohf":
+        if vp.relay:
             return 1
+        if self.config.routing == "ohf":
+            # A parent on the root's peer (proven by the root's certificate in its
+            # acceptance, not by a depth it claims) is where every event enters.
+            top = any(link.root for link in vp.parents.values())
+            return 2 + bool(vp.rotating_until) if self.config.pushes_backup and not top else 1
         keys = vp.keys.get(self.family.epoch)
         return max(1, len(keys.fine_tokens)) if keys else 1
 
     def send_join(self, vp: VirtualPeer, now: float, target: Node | None = None,
-                   split: bool = False) -> list[Action]:
+                  split: bool = False, backup: bool = False) -> list[Action]:
         """Send a join to ``target`` or else to a directory contact, preferring those that
         have not left a join unanswered lately."""
         keys = vp.keys.get(self.family.epoch)
@@ -158,11 +225,11 @@ class Joining:
             contact = self.rng.choice(answering or candidates)
             target = (contact, "")
         join_id = self.rng.randbytes(16)
-        vp.joins[join_id] = PendingJoin(now, self.family.epoch, contact=contact)
-        vp.next_join_at = now + self.config.join_timeout
-        self.due(vp.next_join_at)
-        if vp.parents:
-            vp.link_attempts += 1
+        vp.joins[join_id] = PendingJoin(now, self.family.epoch, contact=contact, backup=backup)
+        self.due(now + self.config.join_timeout)
+        if not backup:
+            vp.next_join_at = now + self.config.join_timeout
+            vp.link_attempts += bool(vp.parents)
         return [Send(target[0], Join(vp.vp, target[1], vp.attribute, join_id, self.address,
                                      vp.vp, self.config.hop_limit, keys.request, split,
                                      depth_of(vp)))]
@@ -172,11 +239,11 @@ class Joining:
         vp.parents.pop(parent, None)
         vp.assignment.pop(parent, None)
         vp.link_attempts = 0
-        if vp.state is Lifecycle.ATTACHED:  # MCR: other parents remain
+        self.due(now)  # a retry for the missing link may be due now
+        if vp.state is Lifecycle.ATTACHED:  # other parents remain
             return self.assign_tokens(vp)
         vp.join_started = now  # now JOINING
         vp.next_join_at = now
-        self.due(now)
         return []
 
     def on_join(self, vp: VirtualPeer, frm: Node, m: Join, now: float) -> list[Action]:
@@ -184,7 +251,7 @@ class Joining:
             return []
         if m.origin == self.address:
             # A peer never joins below its own virtual peers: end the search here at once.
-            return self._miss(vp, frm, m)
+            return self.miss(vp, frm, m)
         if m.hops <= 0 or m.attribute != vp.attribute:
             return [Log("debug", f"{vp.vp}: join {m.join_id.hex()[:8]} out of hops or tree")]
         request, error = check_request(self.crypto, m.request, vp.attribute, now,
@@ -205,17 +272,17 @@ class Joining:
             epoch = self.crypto.request_epoch(request)
             keys = vp.keys.get(epoch)
             if keys is None or m.depth >= 0:
-                return self._miss(vp, frm, m)
+                return self.miss(vp, frm, m)
             vp.swaps[m.join_id] = SwapOffered(frm, newcomer, epoch)
             return [Send(m.origin, SwapOffer(vp.vp, m.origin_vp, m.join_id, keys.request, *frm,
                                              depth_of(vp))),
-                    *self._miss(vp, frm, m)]
+                    *self.miss(vp, frm, m)]
         position = admission.position
         self._opened.put(m.join_id, _Opened(vp.vp, newcomer, admission))
         ups = [p for p in vp.parents if p != frm]
         if not vp.attached or not vp.precedes(position, m.origin_vp):
             # Nobody below this peer may take it either.
-            return self._forward(vp, m, ups, []) + self._miss(vp, frm, m)
+            return self._forward(vp, m, ups, []) + self.miss(vp, frm, m)
         fresh = not self._linked(vp, newcomer)
         taken = self._take(vp, newcomer, m.join_id, admission, now) if fresh else None
         if taken is not None:
@@ -229,17 +296,24 @@ class Joining:
                 (downs if first else others).append(child)
         # A retry splits where its search ends, right here if the newcomer was sent here by
         # a swap offer's hint, or at the first full covering peer it climbs to; where no
-        # relay may be split off, it climbs on from the peer the relays copy.
+        # relay may be split off, it climbs on from the peer the relays copy. A search for
+        # an OHF second parent splits too (MCR's further parents share one instead).
         climbed = frm in vp.children and not vp.is_root
-        if fresh and m.depth < 0 and (climbed or not downs or (
+        splits = m.depth < 0 or self.config.pushes_backup
+        if fresh and splits and (climbed or not downs or (
                 m.split and frm == newcomer and m.dst_vp == vp.vp)):
             return self._split_or_climb(vp, m, admission, now)
         # The search stays below the first peer that may take the newcomer, so it costs
-        # the covering part of that subtree, not of the whole tree.
+        # the covering part of that subtree, not of the whole tree. A search for an OHF
+        # second parent that reached the first one (or its relay) climbs on as well: the
+        # peers above cover the newcomer too.
         out = self._forward(vp, m, downs, others if m.depth < 0 else [])
+        if not fresh and m.depth >= 0 and self.config.pushes_backup:
+            creator = self.family.creator(vp)
+            out += self._forward(creator, m, [p for p in creator.parents if p != frm], [])
         if not downs or m.hops <= 1:
-            return out + self._miss(vp, frm, m)
-        if fresh and m.depth < 0:
+            return out + self.miss(vp, frm, m)
+        if fresh and splits:
             upstream = frm if frm in vp.parents else None
             self._searches.put((vp.vp, m.join_id),
                                _Search(m, set(downs), upstream, now, admission))
@@ -266,7 +340,7 @@ class Joining:
         return (self._split(vp, (m.origin, m.origin_vp), m.join_id, admission, now)
                 or self._forward(creator, m, list(creator.parents), []))
 
-    def _miss(self, vp: VirtualPeer, frm: Node, m: Join) -> list[Action]:
+    def miss(self, vp: VirtualPeer, frm: Node, m: Join) -> list[Action]:
         """Tell the parent that passed a join down that it ends here (a swap probe, sent
         with a single hop, is not waited for and gets no answer)."""
         if m.hops <= 1 or frm not in vp.parents:
@@ -376,15 +450,38 @@ class Joining:
         if not proven(self.crypto, self.address, vp, frm, m, pending.epoch, "join", now):
             return [Log("warning", f"{vp.vp}: accept from {frm[0]} with a bad proof dropped")]
         pending.answered = True
+        if pending.backup:  # a covering peer found by a backup search: not a parent
+            detach = [] if frm in vp.parents else [Send(frm[0], Detach(vp.vp, frm[1]))]
+            parents = {p[0] for p in vp.parents}
+            return detach + ([] if frm[0] in parents else self.repair.ask_backup(vp, frm, now))
         if frm in vp.parents:  # the request reached this parent twice: already linked
             return []
         if (frm[0] == self.address or frm in vp.children
-                or len(vp.parents) >= self.wanted_links(vp)):
+                or len(vp.parents) >= self.wanted_links(vp) or self.refuses(vp, frm, now)):
             return [Send(frm[0], Detach(vp.vp, frm[1]))]
-        return self._add_parent(vp, frm, now)
+        return self._add_parent(vp, frm, now, root=bool(m.certificate))
 
-    def _add_parent(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
-        vp.parents[parent] = ParentLink(now)
+    def refuses(self, vp: VirtualPeer, parent: Node, now: float,
+                replacing: Node | None = None) -> bool:
+        """May ``vp`` not take ``parent`` (in place of ``replacing``)? A demoted peer is
+        refused for a while; under OHF a second parent on another one's peer would be no
+        second path."""
+        return (vp.shunned.get(parent[0], -1.0) > now
+                or (self.config.routing == "ohf" and any(
+                    parent[0] == p[0] for p in vp.parents if p != replacing)))
+
+    def _add_parent(self, vp: VirtualPeer, parent: Node, now: float, root: bool = False
+                    ) -> list[Action]:
+        vp.parents[parent] = ParentLink(now, since=now, root=root,
+                                        gaps=deque(maxlen=self.config.demote_window))
+        vp.shunned = {a: t for a, t in vp.shunned.items() if t > now}
+        out: list[Action] = [Send(n[0], Detach(vp.vp, n[1])) for n in vp.handed_over]
+        vp.handed_over.clear()
+        if vp.next_rotate_at <= now:  # (never, or long ago: not right now)
+            self._schedule_rotation(vp, now)
+        if not vp.next_backup_search_at:
+            vp.next_backup_search_at = now + self.repair.backup_timeout
+            self.due(vp.next_backup_search_at)
         if not vp.relay:
             vp.recruits_left = self.config.recruit_rounds
             vp.next_recruit_at = now + self.config.recruit_interval * (0.5 + self.rng.random())
@@ -393,8 +490,9 @@ class Joining:
         started = vp.join_started if vp.join_started is not None else now
         if len(vp.parents) >= self.wanted_links(vp):
             vp.join_started = None
-        out: list[Action] = [Connected(vp.attribute, vp.vp, parent[0], len(vp.parents),
-                                       started, now)]
+        out.append(Connected(vp.attribute, vp.vp, parent[0], len(vp.parents), started, now))
+        if vp.rotating_until and len(vp.parents) > 2:
+            out += self._end_rotation(vp, parent, now)
         return out + self.assign_tokens(vp) + self.repair.on_new_parent(vp, parent)
 
     def assign_tokens(self, vp: VirtualPeer) -> list[Action]:
@@ -509,8 +607,9 @@ class Joining:
                                             context("swap", frm, (self.address, vp.vp))):
             return [Log("warning", f"{vp.vp}: swap accept from {frm[0]} with a bad proof")]
         del vp.swaps[m.join_id]
-        if offer.old_parent not in vp.parents:
-            return [Log("info", f"{vp.vp}: swap with {frm[0]} is stale, declined"),
+        if offer.old_parent not in vp.parents or (
+                frm not in vp.parents and self.refuses(vp, frm, now, offer.old_parent)):
+            return [Log("info", f"{vp.vp}: swap with {frm[0]} is stale or refused, declined"),
                     Send(frm[0], Detach(vp.vp, frm[1]))]
         vp.parents.pop(offer.old_parent)
         vp.assignment.pop(offer.old_parent, None)

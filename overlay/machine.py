@@ -23,9 +23,11 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ibe_pubsub.credentials import Event
 from ibe_pubsub.overlay.actions import Action, Log, Send
 from ibe_pubsub.overlay.config import OverlayConfig
 from ibe_pubsub.overlay.crypto import CryptoRejected, CryptoSuite, RootKit, SubscriberKit
+from ibe_pubsub.overlay.demotion import Demotion
 from ibe_pubsub.overlay.dissemination import Dissemination
 from ibe_pubsub.overlay.family import Family
 from ibe_pubsub.overlay.joining import Joining, depth_of
@@ -57,6 +59,9 @@ from ibe_pubsub.overlay.wire import (
     decode,
 )
 
+#: Messages a leaving peer drops: they would give it a newcomer.
+LEAVING_IGNORES = (Join, JoinSplit, Watch, Recruit, SwapOffer, SwapAccept, SwapHandover)
+
 
 class PeerMachine:
     """One physical peer: its virtual peers, its keys, its duplicate memories."""
@@ -75,14 +80,20 @@ class PeerMachine:
         #: A cheap lower bound of :meth:`deadline`, lowered as timers are set.
         self.next_tick_at = 0.0
         self._expiry: dict[int, float] = {}
+        #: Set by :meth:`leave`: until when the children handed over are still served.
+        self.leaving_until: float | None = None
         self.family = Family(address, rng, config.repair_memory)
         self.vpeers = self.family.vpeers
         self.kits = self.family.kits
         self.dissemination = Dissemination(crypto, config, self.stats, self.family, self.kits,
-                                           listed=self._list_for_watchers)
+                                           listed=self._list_for_watchers,
+                                           opened=self._opened)
         self.repair = Repair(crypto, config, rng, self.stats, self.family,
                              self.dissemination, self._due)
         self.joining = Joining(crypto, config, rng, self.family, self.repair, self._due)
+        self.demotion = Demotion(crypto, config, self.stats, self.family, self.dissemination,
+                                 self.joining.lose_parent, self._due)
+        self.demotion.leaving = lambda: self.leaving
         for root in roots:
             vp = self.family.add(root.attribute, root.credential,
                                  "." + self.rng.randbytes(6).hex())  # first in the order
@@ -106,6 +117,12 @@ class PeerMachine:
         """Every event a virtual peer takes goes into its watchers' digests (the repair is
         built after the dissemination it reads from)."""
         self.repair.list_for_watchers(vp, digest, event, now)
+
+    def _opened(self, tree: str, digest: bytes, event: Any, plain: Event, now: float
+                ) -> None:
+        """Every event decrypted here goes to the parents' gap bookkeeping (built after
+        the dissemination it reads from)."""
+        self.demotion.owed(tree, digest, event, plain, now)
 
     # -- set-up and user operations -----------------------------------------------------------
 
@@ -148,19 +165,49 @@ class PeerMachine:
         return out
 
     def leave(self, now: float) -> list[Action]:
-        """Leave gracefully: hand the children to a parent, drop the parent links; every
-        virtual peer is DETACHED after."""
+        """Leave gracefully, make before break: hand the children to a parent and go on
+        forwarding to them until each has detached (it does once linked elsewhere) or
+        ``leave_linger`` has passed; only then drop the parent links. Takes no newcomer
+        meanwhile; :attr:`stopped` once done, every virtual peer DETACHED. Its own relays
+        keep their links to it until then (they are this peer)."""
+        if self.leaving_until is not None:
+            return []
         out: list[Action] = []
+        self.leaving_until = until = now + self.config.leave_linger
         for vp in self.vpeers.values():
             heir = next(iter(self.family.creator(vp).parents), ("", ""))  # a peer that stays
-            for child in vp.children:
+            for child, link in list(vp.children.items()):
+                if child[0] == self.address:
+                    continue
                 out.append(Send(child[0], Handover(vp.vp, child[1], heir[0], heir[1])))
+                if heir[0]:  # (the top hands over to nobody)
+                    vp.released[child] = (link, until)
+                del vp.children[child]
+            vp.recruits_left = 0
+            vp.released = {n: (r[0], min(r[1], until)) for n, r in vp.released.items()}
+        self._due(until)
+        return out + self._left(now)
+
+    @property
+    def leaving(self) -> bool:
+        return self.leaving_until is not None and not self.stopped
+
+    def _left(self, now: float) -> list[Action]:
+        """End a leave once no child handed over still depends on this peer, and at
+        ``leaving_until`` whatever happens."""
+        assert self.leaving_until is not None
+        if now < self.leaving_until and any(
+                r[1] > now for vp in self.vpeers.values() for r in vp.released.values()):
+            return []
+        out: list[Action] = []
+        for vp in self.vpeers.values():
             for parent in (*vp.parents, *vp.backups):
                 out.append(Send(parent[0], Detach(vp.vp, parent[1])))
-            vp.children.clear()
             vp.parents.clear()
             vp.backups.clear()
             vp.watchers.clear()
+            vp.released.clear()
+            vp.children.clear()
             vp.join_started = None
         self.family.forget_relays()
         self.stopped = True
@@ -203,6 +250,8 @@ class PeerMachine:
             return []
         out: list[Action] = []
         for timer in self._timers():
+            if self.stopped:  # (a leave ended in this tick)
+                break
             if fired(timer, now):
                 out += timer[3](*timer[4], now)
         self.next_tick_at = self.deadline()
@@ -217,9 +266,17 @@ class PeerMachine:
         """Every pending timer, in the order a tick runs them. The listing is lazy: each
         timer is read off the state when reached, after the ones before it ran (a lost
         parent makes a join retry due at once)."""
+        if self.stopped:
+            return
+        if self.leaving_until is not None:  # done once the last child handed over is served
+            last = max((r[1] for vp in self.vpeers.values() for r in vp.released.values()),
+                       default=0.0)
+            yield min(self.leaving_until, last), 0.0, False, self._left, ()
         for epoch, until in list(self._expiry.items()):
             if epoch != self.epoch:
                 yield until, 0.0, False, self._expire, (epoch,)
+        if not self.leaving:  # (a leaving peer neither rejoins nor demotes)
+            yield from self.demotion.timers()
         cfg = self.config
         for vp in list(self.vpeers.values()):
             # Links inside this peer (to and from its relays) cannot fail apart: no heartbeats.
@@ -243,7 +300,8 @@ class PeerMachine:
                 yield vp.next_ping_at, 0.0, False, self._ping, (vp, remote)
             if vp.recruits_left and remote:
                 yield vp.next_recruit_at, 0.0, False, self.joining.recruit, (vp, remote[0])
-            yield from self.joining.join_timers(vp)
+            if not self.leaving:
+                yield from self.joining.join_timers(vp)
 
     def _due(self, at: float) -> None:
         """Something :meth:`tick` checks may fall due at ``at``."""
@@ -284,6 +342,15 @@ class PeerMachine:
         return self.joining.on_accept(vp, frm, m, now)
 
     def _on_detach(self, vp: VirtualPeer, frm: Node, m: Detach, now: float) -> list[Action]:
+        released = vp.released.get(frm) if self.leaving else None
+        if released is not None:
+            # A handed-over child linked elsewhere: what its new parent passed on before
+            # adopting it may still reach it only through here, for a little while (as
+            # after a swap).
+            until = min(released[1], now + self.config.failure_timeout)
+            vp.released[frm] = (released[0], until)
+            self._due(until)
+            return []
         if vp.children.pop(frm, None) is None and vp.watchers.pop(frm, None) is None:
             return [Log("debug", f"{vp.vp}: detach from non-child {frm[0]} ignored")]
         return []
@@ -331,6 +398,7 @@ class PeerMachine:
             return [Log("debug", f"{vp.vp}: pong from non-parent {frm[0]} ignored")]
         if not m.ok:
             vp.backups.pop(frm, None)
+            self._due(vp.next_backup_search_at)  # the backup search may be due now
             if link is None:
                 return [Log("info", f"{vp.vp}: backup {frm[0]} dropped us")]
             return [Log("info", f"{vp.vp}: parent {frm[0]} dropped us, rejoining"),
@@ -356,6 +424,10 @@ class PeerMachine:
             if frm in vp.assignment:
                 vp.assignment[parent] = vp.assignment.pop(frm)
             return []
+        # A leaving parent: it forwards until this peer has a new parent and detaches.
+        vp.former = {a: t for a, t in vp.former.items() if t >= now}
+        vp.former[frm[0]] = now + self.config.leave_linger
+        vp.handed_over.add(frm)
         out = self.joining.lose_parent(vp, frm, now)
         target = (m.new_parent, m.new_parent_vp) if m.new_parent else None
         return out + self.joining.send_join(vp, now, target)
@@ -371,6 +443,14 @@ class PeerMachine:
                 message = decode(bytes(message))
             except WireError as exc:
                 return [Log("warning", f"malformed frame from {sender}: {exc}")]
+        if self.leaving and isinstance(message, LEAVING_IGNORES):
+            # Takes no newcomer; a search passed down here ends here (so the peer above
+            # need not wait for the join to time out).
+            vp = self._target(message)
+            ends = (self.joining.miss(vp, (sender, message.src_vp), message)
+                    if isinstance(message, Join) and vp is not None else [])
+            return [Log("debug", f"{type(message).__name__} from {sender} ignored: leaving"),
+                    *ends]
         vp = self._target(message)
         if vp is None:
             return [Log("info", f"{type(message).__name__} from {sender} for unknown "

@@ -12,6 +12,7 @@ end can cost the other only a few route tests per digest interval.
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,7 +72,7 @@ class Repair:
         keys = vp.keys.get(self.family.epoch)
         linked = {self.address, *(n[0] for n in vp.backups), *self._parent_peers(vp),
                   *(n[0] for n, _ in vp.watch_asks.values())}
-        if keys is None or ancestor[0] in linked:
+        if keys is None or ancestor[0] in linked or vp.shunned.get(ancestor[0], -1.0) > now:
             return []
         join_id = self.rng.randbytes(16)
         vp.watch_asks[join_id] = (ancestor, now)
@@ -117,7 +118,9 @@ class Repair:
         del vp.watch_asks[m.join_id]
         if len(vp.backups) >= self.config.backups or frm[0] in self._parent_peers(vp):
             return [Send(frm[0], Detach(vp.vp, frm[1]))]
-        vp.backups[frm] = BackupLink(now, Bounded(self.config.repair_memory))
+        vp.backups[frm] = BackupLink(now, Bounded(self.config.repair_memory), since=now,
+                                     listed=Bounded(self.config.dedup_capacity),
+                                     gaps=deque(maxlen=self.config.demote_window))
         self.due(min(vp.next_ping_at, now + self.backup_timeout))
         return []
 
@@ -129,6 +132,7 @@ class Repair:
         gone = [node for node in vp.backups if node[0] == parent[0]]
         for node in gone:
             del vp.backups[node]
+        self.due(vp.next_backup_search_at)  # the backup search may be due now
         return [Send(node[0], Detach(vp.vp, node[1])) for node in gone]
 
     def _parent_peers(self, vp: VirtualPeer) -> set[str]:
@@ -205,6 +209,9 @@ class Repair:
         if len(m.ids) != len(m.entries) or len(m.ids) > self.config.digest_entries:
             self.stats.drop("digest_malformed")
             return [Log("warning", f"{vp.vp}: digest from {frm[0]} malformed or too long")]
+        backup.full = len(m.ids) >= self.config.digest_entries
+        for digest in m.ids:  # (what it listed counts even in a digest dropped below)
+            backup.listed.put(digest, None)
         if now < backup.next_digest_at:  # a backup sends one per digest_interval
             self.stats.drop("digest_too_soon")
             return [Log("warning", f"{vp.vp}: digest from {frm[0]} too soon, dropped")]

@@ -16,6 +16,10 @@ answer heartbeats and receive events like anyone, but every ``Publish`` they sen
 dropped (the attack a tree overlay is cheapest to hurt with). Which subscribers drop
 depends only on the seed, and the droppers of a smaller fraction are among those of a
 larger one, so runs with growing fractions differ only in the added droppers.
+``dropper_kind`` makes them worse: ``"lying"`` droppers also name no ancestor in their
+heartbeat answers (where the pull repair finds backups); ``"refusing"`` ones lie too and
+send no repair traffic (``Watch``, ``Digest``, ``Pull``) and pass on no search for a
+further parent (a ``Join`` of an attached peer).
 
 Crypto modes: ``"modeled"`` (default costs or a ``bench crypto`` JSON),
 ``"plaintext"`` (no security costs), ``"real"`` (the scheme (docs/scheme.md), small populations).
@@ -37,9 +41,10 @@ from ibe_pubsub.overlay.config import OverlayConfig, OverlayConfigError
 from ibe_pubsub.overlay.crypto_model import CostTable
 from ibe_pubsub.overlay.issuer import ModeledIssuer, RealIssuer
 from ibe_pubsub.overlay.machine import PeerMachine
-from ibe_pubsub.overlay.wire import Message, Ping, Pong, Publish
+from ibe_pubsub.overlay.wire import Digest, Join, Message, Ping, Pong, Publish, Pull, Watch
 
 Mode = Literal["modeled", "plaintext", "real"]
+DropperKind = Literal["plain", "lying", "refusing"]
 EXPIRY = 2**40
 #: Shortest time between two ticks of one peer (the asyncio peer ticks every 0.2 s).
 TICK_GAP = 0.2
@@ -97,9 +102,13 @@ class Simulator:
                  mode: Mode = "modeled", costs: CostTable | None = None,
                  latency: LatencyModel | None = None, seed: int = 0, wire: bool = False,
                  epoch: int = 1, tick_gap: float = TICK_GAP,
-                 stream_window: StreamWindow | None = None, droppers: float = 0.0) -> None:
+                 stream_window: StreamWindow | None = None, droppers: float = 0.0,
+                 dropper_kind: DropperKind = "plain") -> None:
         if not 0.0 <= droppers < 1.0:
             raise OverlayConfigError(f"droppers must be a fraction in [0, 1), not {droppers!r}")
+        if dropper_kind not in ("plain", "lying", "refusing"):
+            raise OverlayConfigError(f"unknown dropper kind {dropper_kind!r}")
+        self.dropper_kind = dropper_kind
         self.schema = schema
         self.config = config or OverlayConfig()
         self.rng = random.Random(seed)
@@ -117,6 +126,8 @@ class Simulator:
         self.crypto = self.issuer.crypto
         self.machines: dict[str, PeerMachine] = {}
         self.dead: set[str] = set()
+        #: Peers that are leaving gracefully and still serve the children they handed over.
+        self.leaving: set[str] = set()
         self.roots: dict[str, str] = {}
         self.members: dict[str, list[str]] = defaultdict(list)
         self._listed: dict[str, set[str]] = defaultdict(set)
@@ -207,9 +218,21 @@ class Simulator:
                 members.remove(address)
 
     def leave(self, address: str) -> None:
-        """Graceful leave at the current time."""
+        """Graceful leave at the current time: out of the directory at once, gone once its
+        machine has stopped (it serves the children it handed over until they linked
+        elsewhere, see ``PeerMachine.leave``)."""
+        for members in self.members.values():
+            if address in members:
+                members.remove(address)
+        self.leaving.add(address)
         self._apply(address, self.machines[address].leave(self.now), self.now)
-        self.kill(address)
+        self._schedule_tick(address)
+        self._gone_if_left(address)
+
+    def _gone_if_left(self, address: str) -> None:
+        if address in self.leaving and self.machines[address].stopped:
+            self.leaving.discard(address)
+            self.kill(address)
 
     def rollover(self, epoch: int) -> None:
         """Issue every live peer its keys for ``epoch`` now; publishing moves to ``epoch``."""
@@ -240,9 +263,13 @@ class Simulator:
         for action in actions:
             if isinstance(action, Send):
                 msg = action.message
-                if address in self.droppers and isinstance(msg, Publish):
-                    m.dropped_events += 1
-                    continue
+                if address in self.droppers:
+                    if isinstance(msg, Publish):
+                        m.dropped_events += 1
+                        continue
+                    msg = self._dropper_sends(msg)
+                    if msg is None:
+                        continue
                 data = msg.to_bytes()
                 m.messages[type(msg).__name__] += 1
                 m.message_bytes[type(msg).__name__] += len(data)
@@ -260,6 +287,17 @@ class Simulator:
             elif isinstance(action, Log):
                 m.logs[action.level] += 1
 
+    def _dropper_sends(self, msg: Message) -> Message | None:
+        """What a dropper of :attr:`dropper_kind` sends instead of ``msg`` (None: nothing)."""
+        if self.dropper_kind == "plain":
+            return msg
+        search = isinstance(msg, Join) and msg.depth >= 0
+        if self.dropper_kind == "refusing" and (isinstance(msg, Watch | Digest | Pull) or search):
+            return None
+        if isinstance(msg, Pong):
+            return Pong(msg.src_vp, msg.dst_vp, msg.ok, msg.depth, "", "")
+        return msg
+
     def _run_on(self, address: str, at: float, call: Any, urgent: bool = False) -> None:
         """Run one machine call when its peer is free; its actions leave when it is done.
         ``urgent`` calls (heartbeats, timers) are the transport loop's own work: they run on
@@ -273,6 +311,7 @@ class Simulator:
             self._busy[address] = done
         self._apply(address, actions, done)
         self._schedule_tick(address)
+        self._gone_if_left(address)
 
     def step(self) -> bool:
         """Process the next scheduled happening; False when nothing is left."""
@@ -331,7 +370,8 @@ class Simulator:
     # -- expectations ----------------------------------------------------------------------
 
     def alive_subscribers(self) -> list[str]:
-        return [a for a in self.predicates if a not in self.dead]
+        """Subscribers neither crashed nor gone or going (see :meth:`leave`)."""
+        return [a for a in self.predicates if a not in self.dead and a not in self.leaving]
 
     def expected_receivers(self, values: dict[str, Any]) -> set[str]:
         """Live subscribers whose exact predicate matches an event's values."""

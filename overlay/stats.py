@@ -35,6 +35,10 @@ class Stats:
     #: Events listed in digests, and digest entries tested against this peer's own tokens.
     listed: int = 0
     entries_tested: int = 0
+    #: Parents replaced for missing events they owed, and backups dropped for listing
+    #: none of them (see :mod:`overlay.demotion`).
+    demoted: int = 0
+    backups_demoted: int = 0
 
     def counts(self) -> dict[str, Any]:
         """Every counter as plain values, ready for JSON. (``dataclasses.asdict`` rebuilds a

@@ -7,7 +7,7 @@ A physical peer runs one virtual peer per (attribute, credential) it holds
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -60,6 +60,13 @@ class ParentLink:
     last_heard: float
     #: The parent's distance to the root, None while unknown or detached.
     depth: int | None = None
+    #: When the link was made: only events that came after it are owed by the parent.
+    since: float = 0.0
+    #: The parent proved itself the tree's root (or its relay) with the root certificate:
+    #: every event enters there, so it needs no second parent beside it.
+    root: bool = False
+    #: For each of the last events it owed (see :mod:`overlay.demotion`): missed or not.
+    gaps: deque[bool] = field(default_factory=lambda: deque(maxlen=16))
 
 
 @dataclass
@@ -104,6 +111,13 @@ class BackupLink:
     pulled: Bounded[bytes, None]
     #: Digests from it before this time are dropped: each may cost route tests.
     next_digest_at: float = 0.0
+    #: When the link was made, the ids its digests listed, and for each of the last events
+    #: it owed this peer (see :mod:`overlay.demotion`): whether it failed to list it.
+    since: float = 0.0
+    listed: Bounded[bytes, None] = field(default_factory=lambda: Bounded(256))
+    gaps: deque[bool] = field(default_factory=lambda: deque(maxlen=16))
+    #: Its last digest was full (``digest_entries``): it may have left events out.
+    full: bool = False
 
 
 @dataclass
@@ -119,6 +133,9 @@ class PendingJoin:
     contact: str = ""
     #: Someone accepted it or offered a swap for it.
     answered: bool = False
+    #: Sent to find a backup (see ``Joining.search_backup``): whoever accepts it is asked
+    #: to be one, not kept as a parent.
+    backup: bool = False
 
 
 @dataclass
@@ -158,6 +175,9 @@ class VirtualPeer:
     #: Parents left by a swap -> until when their events are still taken: what they sent
     #: before they let this peer go must not be lost.
     former: dict[str, float] = field(default_factory=dict)
+    #: Parents that left and handed this peer over: told (``Detach``) once it has a new
+    #: parent, so that they stop serving it.
+    handed_over: set[Node] = field(default_factory=set)
     #: Recruiting rounds left since the last new parent, and when the next one is due.
     recruits_left: int = 0
     next_recruit_at: float = 0.0
@@ -176,6 +196,14 @@ class VirtualPeer:
     #: Peers this one backs up, and when it next sends them digests.
     watchers: dict[Node, WatchLink] = field(default_factory=dict)
     next_digest_at: float = 0.0
+    #: Physical peers demoted as parents -> until when their acceptances are refused.
+    shunned: dict[str, float] = field(default_factory=dict)
+    #: Push backups: when the next rotation of parents is due, and until when the current
+    #: one takes a third parent (0: none under way).
+    next_rotate_at: float = 0.0
+    rotating_until: float = 0.0
+    #: The pull repair: when a virtual peer without backups next searches for one itself.
+    next_backup_search_at: float = 0.0
 
     @property
     def is_root(self) -> bool:

@@ -108,6 +108,9 @@ class _NodeCollector(Collector):
                         "refused, by reason.", "reason", dropped | dict(node.dropped_by))
         yield CounterMetricFamily("ibe_peer_parents_lost", "Parents taken for failed after "
                                   "falling silent.", value=getattr(stats, "parents_lost", 0))
+        yield CounterMetricFamily("ibe_peer_parents_demoted", "Parents replaced for missing "
+                                  "events they owed (seen by another path).",
+                                  value=getattr(stats, "demoted", 0))
         yield CounterMetricFamily("ibe_peer_parent_links", "Links to a parent made (after a "
                                   "virtual peer's first, each is a parent change).",
                                   value=metrics.parent_links)

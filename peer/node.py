@@ -181,6 +181,8 @@ class PeerNode:
         self._link_key = Ed25519PrivateKey.generate()
         self._callbacks: list[DeliveryCallback] = []
         self._stopping = asyncio.Event()
+        #: Set by :meth:`stop` while the machine hands its children over.
+        self._leaving = False
         self._timer: asyncio.Task[None] | None = None
         self._refresh_at = 0.0
         self._next_tick = 0.0
@@ -344,15 +346,24 @@ class PeerNode:
         self._timer = asyncio.get_running_loop().create_task(self._timers())
 
     async def stop(self) -> None:
-        """Leave gracefully: hand children over, detach from parents, flush, close."""
-        if self._stopping.is_set():
+        """Leave gracefully: hand children over and serve them until they have linked
+        elsewhere (at most the overlay's ``leave_linger``), detach from parents, flush,
+        close."""
+        if self._stopping.is_set() or self._leaving:
             return
+        self._leaving = True
+        if self.machine is not None:
+            self._perform(self.machine.leave(time.time()))
+            deadline = time.monotonic() + self.machine.config.leave_linger
+            while not self.machine.stopped and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)  # messages and ticks go on meanwhile
+            if not self.machine.stopped:
+                self._perform(self.machine.tick(max(time.time(),
+                                                    self.machine.leaving_until or 0.0)))
         self._stopping.set()
         for task in (self._timer, self._drainer):
             if task is not None:
                 task.cancel()
-        if self.machine is not None:
-            self._perform(self.machine.leave(time.time()))
         await self.transport.close(flush_timeout=2.0)
         if self._background is not None:
             self._background.cancel()

@@ -21,7 +21,7 @@ def _subscribe(sim: Simulator, text: str, at: float) -> str:
 
 
 def test_a_full_root_whose_children_cannot_cover_splits_without_a_timeout():
-    config = OverlayConfig(max_children=2)
+    config = OverlayConfig(push_backup=False, max_children=2)
     sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
     sim.add_roots()
     # Two coarse children fill the price root: the quarters [0, 250) and [250, 500).
@@ -43,7 +43,7 @@ def test_a_full_root_whose_children_cannot_cover_splits_without_a_timeout():
 
 
 def test_a_failed_search_splits_at_the_deepest_covering_peer_it_passed():
-    config = OverlayConfig(max_children=2)
+    config = OverlayConfig(push_backup=False, max_children=2)
     sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
     sim.add_roots()
     half = _subscribe(sim, "price < 499.9", 0.0)                  # credential 0
@@ -68,7 +68,7 @@ def test_a_failed_search_splits_at_the_deepest_covering_peer_it_passed():
 
 
 def test_a_miss_from_a_peer_that_was_not_asked_is_ignored():
-    config = OverlayConfig(max_children=2)
+    config = OverlayConfig(push_backup=False, max_children=2)
     sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
     sim.add_roots()
     _subscribe(sim, "price < 249.9", 0.0)
@@ -82,7 +82,7 @@ def test_a_miss_from_a_peer_that_was_not_asked_is_ignored():
 
 
 def test_a_coarse_late_joiner_recruits_the_finer_peers_it_covers():
-    config = OverlayConfig(max_children=4)
+    config = OverlayConfig(push_backup=False, max_children=4)
     sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
     sim.add_roots()
     covered = _subscribe(sim, "price in [100, 150]", 0.0)
@@ -113,7 +113,8 @@ def test_events_published_while_peers_are_recruited_all_arrive():
     what falls between the two parents and hide the gap this test looks for."""
     swaps = 0
     for seed in range(1, 9):
-        sim = Simulator(SCHEMA, OverlayConfig(repair=False), mode="plaintext", seed=seed,
+        config = OverlayConfig(repair=False, push_backup=False)
+        sim = Simulator(SCHEMA, config, mode="plaintext", seed=seed,
                         latency=LatencyModel(median=0.04, sigma=1.5, cap=1.0))
         sim.add_roots()
         workload = Workload(SCHEMA, random.Random(seed))
@@ -136,7 +137,7 @@ def test_a_ping_sent_before_a_split_handover_keeps_the_link_at_the_relay():
     the handover reached it refresh the link where it now is, and the pong comes from there.
     Otherwise, over a slow uplink, the relay drops the child as silent while the child takes
     the relay's silence for a failure."""
-    config = OverlayConfig(max_children=2)
+    config = OverlayConfig(push_backup=False, max_children=2)
     sim = Simulator(SCHEMA, config, mode="plaintext", seed=4)
     sim.add_roots()
     first = [_subscribe(sim, "price < 249.9", 0.0), _subscribe(sim, "price in [250, 499.9]", 0.5)]
@@ -157,7 +158,7 @@ def test_a_ping_sent_before_a_split_handover_keeps_the_link_at_the_relay():
 def _dead_contact_tries(silent_contact_period: float, seed: int) -> tuple[int, float]:
     """A newcomer whose contacts are one live member and two dead addresses: how many joins
     went to the dead ones, and how long its join took."""
-    config = OverlayConfig(silent_contact_period=silent_contact_period)
+    config = OverlayConfig(silent_contact_period=silent_contact_period, push_backup=False)
     sim = Simulator(SCHEMA, config, mode="plaintext", seed=seed)
     sim.add_roots()
     _subscribe(sim, "price < 499.9", 0.0)
@@ -182,7 +183,7 @@ def test_a_peer_whose_own_virtual_peers_fill_the_root_still_joins_at_once():
     # 'price in [250, 440]' decomposes into four credentials; the root takes three of them as
     # children and is full. The fourth must not be searched for below its own peer's virtual
     # peers (which never answer their own peer's join): the root splits for it.
-    config = OverlayConfig(max_children=3)
+    config = OverlayConfig(push_backup=False, max_children=3)
     sim = Simulator(SCHEMA, config, mode="plaintext", seed=1)
     sim.add_roots()
     sub = sim.add_subscriber(parse_predicate(SCHEMA, "price in [250, 440]"), at=0.0)

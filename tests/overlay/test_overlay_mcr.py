@@ -74,7 +74,7 @@ def test_a_child_that_swapped_away_still_gets_events_for_a_while(root_link):
     """Its new parent may have passed an event on before adopting it."""
     sim, root, vp, child, workload = root_link
     token = min(vp.children[child].tokens)
-    other = next(t for c, link in vp.children.items() if c != child for t in link.tokens
+    other = next(t for link in vp.children.values() for t in (*link.tokens, *link.withdrawn)
                  if t != token)
     now = sim.now + 10.0
     root.receive(child[0], SwapHandover(child[1], vp.vp, b"j" * 16), now)

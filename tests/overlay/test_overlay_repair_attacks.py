@@ -30,7 +30,10 @@ Node = tuple[str, str]
 
 
 def simulate(routing: str, subscribers: int, repair: bool | None) -> Simulator:
-    sim = Simulator(SCHEMA, OverlayConfig(routing=routing, repair=repair), mode="plaintext",
+    # The pull repair alone: no second parent, no demotion.
+    config = OverlayConfig(routing=routing, repair=repair, demote_after=0,
+                           push_backup=False if routing == "ohf" else None)
+    sim = Simulator(SCHEMA, config, mode="plaintext",
                     seed=1)
     sim.add_roots()
     workload = Workload(SCHEMA, random.Random(1))

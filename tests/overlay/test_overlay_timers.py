@@ -27,9 +27,11 @@ def state(machine: PeerMachine) -> object:
             sorted(vp.watchers), sorted(vp.joins), sorted(vp.watch_asks),
             [p.contact for p in vp.joins.values()], vp.next_join_at, vp.next_ping_at,
             vp.recruits_left, vp.next_recruit_at, vp.next_digest_at, vp.link_attempts,
-            sorted(vp.keys))
+            sorted(vp.keys), [list(link.gaps) for link in vp.parents.values()],
+            vp.next_rotate_at, vp.rotating_until)
            for vp in machine.vpeers.values()]
-    return vps, sorted(machine.joining._silent.items()), sorted(machine.kits)
+    return (vps, sorted(machine.joining._silent.items()), sorted(machine.kits),
+            machine.demotion.pending)
 
 
 @pytest.mark.parametrize("routing", ["mcr", "ohf"])
@@ -67,7 +69,7 @@ def test_a_tick_does_something_exactly_when_the_deadline_has_come(routing):
 
 
 def test_the_lifecycle_of_a_subscriber_virtual_peer():
-    sim = Simulator(SCHEMA, OverlayConfig(), mode="plaintext", seed=2)
+    sim = Simulator(SCHEMA, OverlayConfig(push_backup=False), mode="plaintext", seed=2)
     sim.add_roots()
     workload = Workload(SCHEMA, random.Random(2))
     first = sim.add_subscriber(workload.predicate(), at=1.0)
@@ -91,4 +93,7 @@ def test_the_lifecycle_of_a_subscriber_virtual_peer():
     sim.run_until(sim.now + 6.0)
     assert vp.state is Lifecycle.ATTACHED and parent not in vp.parents
     sim.leave(first)
+    # It serves the children it handed over until they have linked elsewhere.
+    sim.run_until(sim.now + sim.config.leave_linger)
+    assert first in sim.dead
     assert {v.state for v in vpeers} == {Lifecycle.DETACHED}  # after leave()
