@@ -32,6 +32,7 @@ from ibe_pubsub.evaluation import (
     Sizes,
     pyplot,
 )
+from ibe_pubsub.evaluation.sizes import DROPPER_KINDS
 
 if TYPE_CHECKING:
     from ibe_pubsub.evaluation import BenchSettings
@@ -223,7 +224,8 @@ def _run_overlay(args: argparse.Namespace) -> int:
             calibration_events=args.calibration_events,
             loopback_peers=args.loopback_peers, loopback_events=args.loopback_events,
             droppers=tuple(args.droppers), dropper_subscribers=args.dropper_subscribers,
-            dropper_events=args.dropper_events, dropper_seeds=args.dropper_seeds)
+            dropper_events=args.dropper_events, dropper_seeds=args.dropper_seeds,
+            dropper_kinds=tuple(args.dropper_kinds))
         if args.latency_median_ms <= 0 or args.latency_sigma < 0 or args.workers < 1:
             raise CommandError("latency median must be > 0, sigma >= 0 and workers >= 1")
     except ValueError as exc:
@@ -244,8 +246,8 @@ def _run_overlay(args: argparse.Namespace) -> int:
               f"{summary['loopback_ratio']:.2f}")
     for label, row in summary.get("droppers", {}).items():
         print(f"droppers, {label}: honest delivery {row['undefended']:.1%} undefended, "
-              f"{row['defended']:.1%} with the repair, event messages "
-              f"x{row['event_message_ratio']:.2f}")
+              f"{row['before']:.1%} with the former defaults, {row['defended']:.1%} with "
+              f"today's, event messages x{row['event_message_ratio']:.2f}")
     if "ours_ops_per_event" in summary:
         print(f"our encryption: {summary['ours_ops_per_event']:.0f} operations per event "
               "whatever the number of subscribers")
@@ -266,6 +268,14 @@ def _graph(args: argparse.Namespace) -> None:
     print(f"wrote {args.graph}")
 
 
+def _dropper_kinds(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    if not kinds or any(k not in DROPPER_KINDS for k in kinds):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated kinds among {_csv(DROPPER_KINDS)}, got {text!r}")
+    return kinds
+
+
 def fraction_list(text: str) -> list[float]:
     """Comma-separated fractions in [0, 1), e.g. ``0,0.1,0.2``."""
     try:
@@ -278,7 +288,7 @@ def fraction_list(text: str) -> list[float]:
     return values
 
 
-def _csv(values: tuple[float, ...]) -> str:
+def _csv(values: tuple[object, ...]) -> str:
     return ",".join(map(str, values))
 
 
@@ -310,6 +320,11 @@ def _register_overlay(bench: argparse._SubParsersAction) -> None:
                    metavar="FRACTIONS",
                    help="fractions of subscribers that forward no event in the droppers "
                    f"experiment, comma-separated (default {_csv(d.droppers)})")
+    p.add_argument("--dropper-kinds", type=_dropper_kinds, default=list(d.dropper_kinds),
+                   metavar="KINDS",
+                   help="droppers that only drop (plain), also name no ancestor in heartbeat "
+                   "answers (lying), or also send no repair traffic and pass on no search "
+                   f"for a further parent (refusing); default {_csv(d.dropper_kinds)}")
     for flag, value, what in (
             ("--peers", d.peers, "peer counts of the connection experiment"),
             ("--degrees", d.degrees, "maximum out-degrees of the out-degree experiment"),

@@ -111,10 +111,11 @@ class Bench:
                 report = droppers.run(
                     s.droppers, s.dropper_subscribers, s.dropper_events,
                     range(self.seed, self.seed + s.dropper_seeds), self.latency,
-                    self.runner(pool))
+                    self.runner(pool), s.dropper_kinds)
             self.write("droppers", report, droppers.plot)
-            summary["droppers"] = {f"{r['routing']} {r['fraction']:.0%}": {
+            summary["droppers"] = {f"{r['routing']} {r['fraction']:.0%} {r['kind']}": {
                 "undefended": r["undefended"]["delivery_ratio"],
+                "before": r["before"]["delivery_ratio"],
                 "defended": r["defended"]["delivery_ratio"],
                 "event_message_ratio": r["event_message_ratio"]} for r in report["rows"]}
         if "encryption" in self.experiments:

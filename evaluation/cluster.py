@@ -14,6 +14,7 @@ import json
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,12 +135,14 @@ class Cluster:
         return env
 
     def _spawn(self, name: str, role: str, token: str | None, args: list[str],
-               subscription: str | None = None) -> PeerProcess:
+               subscription: str | None = None, script: Path | None = None) -> PeerProcess:
         env = self._env(token)
         log = (self.workdir / f"{name}.log").open("ab")
         verbosity = ["-v"] if self.verbose else []
+        command = ([sys.executable, str(script), *verbosity, *args] if script is not None
+                   else cli_command(*verbosity, *args))
         try:
-            process = subprocess.Popen(cli_command(*verbosity, *args), env=env,
+            process = subprocess.Popen(command, env=env,
                                        stdout=subprocess.DEVNULL, stderr=log,
                                        stdin=subprocess.DEVNULL)
         finally:
@@ -159,23 +162,28 @@ class Cluster:
                 *self._transport_args(), *self.peer_args]
 
     def start_root(self, name: str, attributes: list[str], token: str | None = None,
-                   listen: str = "127.0.0.1:0") -> PeerProcess:
+                   listen: str = "127.0.0.1:0", extra: tuple[str, ...] = ()) -> PeerProcess:
+        """A root of ``attributes``; ``extra`` options override the cluster's ``peer_args``."""
         token = token or self.identity(name, "root")
         roots = [x for a in attributes for x in ("--root", a)]
-        return self._spawn(name, "root", token, [*self._run_args(name, listen), *roots])
+        return self._spawn(name, "root", token, [*self._run_args(name, listen), *extra,
+                                                 *roots])
 
     def start_subscriber(self, name: str, subscription: str | None, token: str | None = None,
                          listen: str = "127.0.0.1:0", bundle: Path | None = None,
-                         extra: tuple[str, ...] = ()) -> PeerProcess:
+                         extra: tuple[str, ...] = (), script: Path | None = None
+                         ) -> PeerProcess:
         """A subscriber of ``subscription``, or with the keys of ``bundle`` (from ``bulk
         issue``; narrowed to ``subscription`` if given; its token unless ``token``); ``extra``
-        options override the cluster's ``peer_args``."""
+        options override the cluster's ``peer_args``. ``script``: a Python file run instead
+        of ``python -m ibe_pubsub.cli`` with the same arguments (a peer altered for a fault
+        test, which ends by running the command)."""
         if token is None and bundle is None:
             token = self.identity(name, "subscriber")
         return self._spawn(name, "subscriber", token, [
             *self._run_args(name, listen), *extra, *_option("--subscribe", subscription),
             *_option("--bundle", bundle),
-            "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription)
+            "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription, script)
 
     def wait_ready(self, peers: list[PeerProcess], timeout: float = 60.0) -> None:
         """Until every peer wrote its ready file; raises with the log of one that did not."""

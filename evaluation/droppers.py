@@ -11,32 +11,43 @@ the workload and the droppers; the figure is the honest subscribers' delivery ra
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ibe_pubsub.credentials import default_schema
 from ibe_pubsub.evaluation.delays import Runner
 from ibe_pubsub.evaluation.plots import figure
 from ibe_pubsub.evaluation.random_workload import Workload
+from ibe_pubsub.evaluation.sizes import DROPPER_KINDS
 from ibe_pubsub.overlay import LatencyModel, OverlayConfig, Routing, Simulator, summary
+from ibe_pubsub.overlay.simulator import DropperKind
 
 JOIN_SPACING = 0.05
+#: How often the experiment looks at which links to droppers are left (seconds).
+REPLACEMENT_STEP = 0.5
 SETTLE = 40.0
 EVENT_SPACING = 0.2
 DRAIN = 15.0
 #: Messages of the repair (besides the pulled events, which are ``Publish`` messages).
 REPAIR_MESSAGES = ("Watch", "Digest", "Pull")
+#: Messages that make and change links (second parents, rotations, demotions and
+#: backup searches add to them).
+LINK_MESSAGES = ("Join", "JoinMiss", "JoinSplit", "Accept", "Detach", "Handover", "Recruit",
+                 "SwapOffer", "SwapAccept", "SwapHandover", "Tokens")
 
 
 def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
-                fraction: float, routing: Routing, repair: bool) -> dict[str, Any]:
-    """One run; counts cover the publishing phase only (joins are done by then)."""
+                fraction: float, routing: Routing, defence: Mapping[str, Any],
+                kind: DropperKind = "plain") -> dict[str, Any]:
+    """One run with the ``OverlayConfig`` options ``defence``; counts cover the publishing
+    phase only (joins are done by then)."""
     started = time.process_time()
     schema = default_schema()
-    sim = Simulator(schema, OverlayConfig(routing=routing, repair=repair), mode="plaintext",
-                    latency=latency, seed=seed, droppers=fraction)
+    sim = Simulator(schema, OverlayConfig(routing=routing, **defence), mode="plaintext",
+                    latency=latency, seed=seed, droppers=fraction, dropper_kind=kind)
     sim.add_roots()
     workload = Workload(schema, random.Random(seed))
     for i in range(subscribers):
@@ -49,7 +60,16 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
     publisher, start = sim.add_publisher(), sim.now
     published = {sim.publish(publisher, v, at=start + EVENT_SPACING * i): v
                  for i, v in enumerate(workload.values() for _ in range(events))}
-    sim.run_until(start + EVENT_SPACING * events + DRAIN)
+    # Dropping starts to matter with the first event: from then on, when does each link
+    # from an honest virtual peer to a dropping parent go?
+    dropping = set(_dropper_links(sim))
+    replaced: list[float] = []
+    end = start + EVENT_SPACING * events + DRAIN
+    while sim.now < end:
+        sim.run_until(min(end, sim.now + REPLACEMENT_STEP))
+        gone = dropping - set(_dropper_links(sim))
+        replaced += [sim.now - start] * len(gone)
+        dropping -= gone
     honest = set(sim.alive_subscribers()) - sim.droppers
     expected = sum(len(sim.expected_receivers(v) & honest) for v in published.values())
     got = {e: {a: t for a, t in sim.metrics.deliveries.get(e, {}).items() if a in honest}
@@ -64,6 +84,7 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
             "repair_messages": {k: messages.get(k, 0) for k in REPAIR_MESSAGES},
             "repair_bytes": {k: nbytes.get(k, 0) for k in REPAIR_MESSAGES},
             "heartbeat_messages": messages.get("Ping", 0) + messages.get("Pong", 0),
+            "link_messages": sum(n for k, n in messages.items() if k in LINK_MESSAGES),
             "pulled": sum(m.stats.pulled for m in sim.machines.values()),
             "listed": sum(m.stats.listed for m in sim.machines.values()) - listed,
             "entries_tested": sum(m.stats.entries_tested for m in sim.machines.values())
@@ -71,15 +92,26 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
             "route_tests": sim.crypto.meter.calls["route"] - routes,
             "delays": [t - sim.metrics.published[e] for e, subs in got.items()
                        for t in subs.values()],
+            "dropping_links": len(replaced) + len(dropping), "replaced_s": replaced,
+            "demoted": sum(m.stats.demoted for m in sim.machines.values()),
             "cpu_s": time.process_time() - started}
+
+
+def _dropper_links(sim: Simulator) -> list[tuple[str, str, str, str]]:
+    """(peer, virtual peer, parent's peer, parent's virtual peer) of every link from an
+    honest subscriber's virtual peer to a dropper."""
+    return [(address, vp.vp, *parent)
+            for address in set(sim.alive_subscribers()) - sim.droppers
+            for vp in sim.machines[address].vpeers.values() for parent in vp.parents
+            if parent[0] in sim.droppers]
 
 
 def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum the seeds' runs of one setting."""
     out: dict[str, Any] = {"seeds": [r["seed"] for r in runs]}
     for key in ("droppers", "honest", "expected", "delivered", "event_messages",
-                "event_bytes", "heartbeat_messages", "pulled", "listed", "entries_tested",
-                "route_tests", "cpu_s"):
+                "event_bytes", "heartbeat_messages", "link_messages", "pulled", "listed",
+                "entries_tested", "route_tests", "cpu_s"):
         out[key] = sum(r[key] for r in runs)
     for key in ("repair_messages", "repair_bytes"):
         out[key] = {k: sum(r[key][k] for r in runs) for k in REPAIR_MESSAGES}
@@ -89,30 +121,69 @@ def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The defences compared: none at all; the defaults before push backups, demotion and
+#: backup searches (the pull repair under MCR only); the defaults now.
+DEFENCES: dict[str, dict[Routing, dict[str, Any]]] = {
+    "undefended": {r: {"repair": False, "push_backup": False, "demote_after": 0}
+                   for r in ("ohf", "mcr")},
+    "before": {"ohf": {"repair": False, "push_backup": False, "demote_after": 0},
+               "mcr": {"demote_after": 0, "backup_searches": False}},
+    "defended": {"ohf": {}, "mcr": {}},
+}
+
+
+def replaced_within(runs: list[dict[str, Any]], share: float = 0.9) -> float | None:
+    """Seconds from the first event until ``share`` of the links from honest virtual peers
+    to dropping parents were gone (None: never within the run)."""
+    total = sum(r["dropping_links"] for r in runs)
+    times = sorted(t for r in runs for t in r["replaced_s"])
+    need = math.ceil(share * total)
+    return None if not total or len(times) < need else times[need - 1] if need else 0.0
+
+
 def run(fractions: Sequence[float], subscribers: int, events: int, seeds: Sequence[int],
-        latency: LatencyModel, runner: Runner) -> dict[str, Any]:
-    """Every (routing, fraction, repair) on every seed; one row per (routing, fraction)."""
-    settings = [(r, f, rep) for r in ("ohf", "mcr") for f in fractions for rep in (False, True)]
-    results = iter(runner([(dropper_run, (latency, s, subscribers, events, f, r, rep))
-                           for r, f, rep in settings for s in seeds]))
-    combined = {key: _combine([next(results) for _ in seeds]) for key in settings}
+        latency: LatencyModel, runner: Runner,
+        kinds: Sequence[str] = DROPPER_KINDS) -> dict[str, Any]:
+    """Every (routing, fraction, dropper kind) on every seed, undefended (once: the kind
+    changes nothing there), with the defaults before and with today's; one row each."""
+    settings = [(r, f, "undefended", "plain") for r in ("ohf", "mcr") for f in fractions]
+    settings += [(r, f, d, k) for r in ("ohf", "mcr") for f in fractions for k in kinds
+                 for d in ("before", "defended")
+                 if not (r == "ohf" and d == "before")]  # under OHF "before" was undefended
+    results = iter(runner([(dropper_run, (latency, s, subscribers, events, f, r,
+                                          DEFENCES[d][r], k))
+                           for r, f, d, k in settings for s in seeds]))
+    runs = {key: [next(results) for _ in seeds] for key in settings}
     rows = []
     for routing in ("ohf", "mcr"):
         for f in fractions:
-            off, on = combined[(routing, f, False)], combined[(routing, f, True)]
-            repair_msgs = sum(on["repair_messages"].values())
-            rows.append({
-                "routing": routing, "fraction": f, "undefended": off, "defended": on,
-                "event_message_ratio": on["event_messages"] / max(1, off["event_messages"]),
-                "event_and_repair_message_ratio": (on["event_messages"] + repair_msgs)
-                / max(1, off["event_messages"]),
-                "event_and_repair_byte_ratio": (on["event_bytes"]
-                                                + sum(on["repair_bytes"].values()))
-                / max(1, off["event_bytes"])})
+            off = _combine(runs[(routing, f, "undefended", "plain")])
+            for kind in kinds:
+                before = off if routing == "ohf" else _combine(
+                    runs[(routing, f, "before", kind)])
+                on_runs = runs[(routing, f, "defended", kind)]
+                on = _combine(on_runs)
+                on["replaced_50_s"] = replaced_within(on_runs, 0.5)
+                on["replaced_90_s"] = replaced_within(on_runs)
+                on["dropping_links"] = sum(r["dropping_links"] for r in on_runs)
+                on["replaced_share"] = (sum(len(r["replaced_s"]) for r in on_runs)
+                                        / max(1, on["dropping_links"]))
+                on["demoted"] = sum(r["demoted"] for r in on_runs)
+                repair_msgs = sum(on["repair_messages"].values())
+                rows.append({
+                    "routing": routing, "fraction": f, "kind": kind, "undefended": off,
+                    "before": before, "defended": on,
+                    "event_message_ratio": on["event_messages"] / max(1, off["event_messages"]),
+                    "event_and_repair_message_ratio": (on["event_messages"] + repair_msgs)
+                    / max(1, off["event_messages"]),
+                    "event_and_repair_byte_ratio": (on["event_bytes"]
+                                                    + sum(on["repair_bytes"].values()))
+                    / max(1, off["event_bytes"])})
     return {"experiment": "delivery despite peers that drop events",
             "schema": "stock", "mode": "plaintext", "subscribers": subscribers,
             "events": events, "seeds": list(seeds), "join_spacing_s": JOIN_SPACING,
             "settle_s": SETTLE, "event_spacing_s": EVENT_SPACING, "drain_s": DRAIN,
+            "defences": DEFENCES,
             "cpu_note": "cpu_s is process CPU time summed over the seeds' runs",
             "rows": rows}
 
@@ -125,15 +196,21 @@ def plot(report: dict[str, Any], path: Any) -> None:
                 panels) as axes:
         (ratio, _), (messages, _), (p95, _) = axes
         for routing in ("ohf", "mcr"):
-            rows = [r for r in report["rows"] if r["routing"] == routing]
-            xs = [r["fraction"] for r in rows]
-            for label, style in (("undefended", "--"), ("defended", "-")):
-                ratio.plot(xs, [r[label]["delivery_ratio"] for r in rows], style, marker="o",
-                           label=f"{routing.upper()} {label}")
-                p95.plot(xs, [r[label]["dissemination_s"].get("p95", 0.0) for r in rows],
-                         style, marker="o", label=f"{routing.upper()} {label}")
-            messages.plot(xs, [r["event_message_ratio"] for r in rows], "-", marker="o",
-                          label=f"{routing.upper()} events")
-            messages.plot(xs, [r["event_and_repair_message_ratio"] for r in rows], ":",
-                          marker="s", label=f"{routing.upper()} events + repair messages")
-        messages.axhline(2.0, color="grey", linewidth=0.8, label="budget (2x)")
+            for kind in dict.fromkeys(r["kind"] for r in report["rows"]):
+                rows = [r for r in report["rows"]
+                        if r["routing"] == routing and r["kind"] == kind]
+                xs = [r["fraction"] for r in rows]
+                shown = ["undefended", "defended"] if kind == "plain" else ["defended"]
+                if routing == "mcr":
+                    shown.insert(-1, "before")
+                for label in shown:
+                    style = {"undefended": ":", "before": "--", "defended": "-"}[label]
+                    name = f"{routing.upper()} {label}" + (
+                        "" if label == "undefended" else f", {kind}")
+                    ratio.plot(xs, [r[label]["delivery_ratio"] for r in rows], style,
+                               marker="o", label=name)
+                    p95.plot(xs, [r[label]["dissemination_s"].get("p95", 0.0) for r in rows],
+                             style, marker="o", label=name)
+                messages.plot(xs, [r["event_message_ratio"] for r in rows], "-", marker="o",
+                              label=f"{routing.upper()} events, {kind}")
+        messages.axhline(2.5, color="grey", linewidth=0.8, label="OHF budget (2.5x)")

@@ -10,13 +10,15 @@ between a link change and an event in flight.
 ``s``'s subscription matches it and ``s`` was rooted (every one of its virtual peers
 linked, through live peers holding the links, to its tree's root; see
 :func:`overlay.checks.rooted_subscribers`) at every sample from ``t - grace`` to
-``t + grace``, and no peer above it left or crashed within ``grace`` of ``t``. So a
-subscriber is owed nothing published before its join completed plus the grace, after it
-left or crashed minus the grace, or around a crash or leave above it (which cuts it off
-until it has rejoined: a leaving parent hands its children over, and what it had not
-forwarded yet is lost). Without churn every subscriber is rooted once its join is
-done, so every matching pair published after the joins is expected. A run is exact when
-no expected pair is missing and nobody got an event its subscription does not match.
+``t + grace``, and no peer above it crashed within ``grace`` of ``t``. So a subscriber
+is owed nothing published before its join completed plus the grace, after it left or
+crashed minus the grace, or around a crash above it (which cuts it off until it has
+rejoined). A graceful leave above it excuses nothing: the leaving peer hands its
+children over and serves them until they have linked elsewhere (make before break), so
+a subscriber below it counts as rooted from the leave until ``Timing.handover`` after it,
+even while it rejoins. Without churn every subscriber is rooted once its join is done,
+so every matching pair published after the joins is expected. A run is exact when no
+expected pair is missing and nobody got an event its subscription does not match.
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ class Timing:
     #: With churn, this fraction of the subscribers leaves (half gracefully, half by a
     #: crash) and as many new ones join, at random times while the events are published.
     churn: float = 0.2
+    #: For this long after a graceful leave, the subscribers below the leaving peer are
+    #: owed every event (they are being handed over; see the module docstring).
+    handover: float = 6.0
 
 
 def run_case(case: Case, timing: Timing = Timing()) -> dict[str, Any]:
@@ -99,8 +104,9 @@ def run_case(case: Case, timing: Timing = Timing()) -> dict[str, Any]:
     events = {sim.publish(publisher, values, at=start + i * timing.interval): values
               for i, values in enumerate(workload.values() for _ in range(timing.events))}
     plan = _churn_plan(sim, workload, case, timing, start, window) if case.churn else []
-    samples, cut = _run_sampling(sim, plan, timing.sample, start + window + timing.drain)
+    samples, cut = _run_sampling(sim, plan, timing, start + window + timing.drain)
     return {**asdict(case), **_score(sim, events, samples, cut, timing.grace),
+            "leaves": sum(what == "leave" for _, what, _ in plan),
             "churned": len(plan), "cpu_s": round(time.process_time() - started, 2)}
 
 
@@ -120,22 +126,31 @@ def _churn_plan(sim: Simulator, workload: Workload, case: Case, timing: Timing,
 Samples = list[tuple[float, set[str]]]
 
 
-def _run_sampling(sim: Simulator, plan: list[tuple[float, str, str]], step: float,
+def _run_sampling(sim: Simulator, plan: list[tuple[float, str, str]], timing: Timing,
                   until: float) -> tuple[Samples, Samples]:
     """Run to ``until``, applying the churn plan; returns the rooted subscribers, sampled
-    every ``step``, and, at each leave or crash, the subscribers it cut off (a rejoin can
-    be quicker than the sampling step)."""
+    every ``timing.sample`` (with those below a leaving peer, see the module docstring), and, at
+    each crash, the subscribers it cut off (a rejoin can be quicker than the sampling
+    step)."""
     samples, cut, pending = [], [], list(plan)
+    handed: list[tuple[float, set[str]]] = []
     t = sim.now
     while t < until:
-        t = min(until, t + step)
+        t = min(until, t + timing.sample)
         while pending and pending[0][0] <= t:
             at, what, address = pending.pop(0)
             sim.run_until(at)
-            cut.append((at, subscribers_below(sim, address)))
-            (sim.leave if what == "leave" else sim.kill)(address)
+            below = subscribers_below(sim, address) - {address}
+            if what == "leave":
+                handed.append((at + timing.handover, below))
+                sim.leave(address)
+            else:
+                cut.append((at, below))
+                sim.kill(address)
         sim.run_until(t)
-        samples.append((t, rooted_subscribers(sim)))
+        alive = set(sim.alive_subscribers())  # a crash or a leave of its own ends it
+        rooted = rooted_subscribers(sim).union(*(b & alive for end, b in handed if t <= end))
+        samples.append((t, rooted))
     return samples, cut
 
 

@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass
 
 from ibe_pubsub.evaluation.exceptions import BenchSettingsError
 
+#: Droppers of the droppers experiment (see ``overlay.simulator``'s ``dropper_kind``).
+DROPPER_KINDS = ("plain", "lying", "refusing")
+
 EXPERIMENTS = ("connection", "degree", "dissemination", "routing", "trees", "encryption",
                "loopback", "droppers", "streams")
 #: What runs unless --experiments names others: "streams" runs real cryptography on every
@@ -43,13 +46,17 @@ class Sizes:
     droppers: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
     dropper_subscribers: int = 150
     dropper_events: int = 80
-    dropper_seeds: int = 3
+    dropper_seeds: int = 5
+    dropper_kinds: tuple[str, ...] = DROPPER_KINDS
 
     def __post_init__(self) -> None:
         if not self.droppers or any(not 0.0 <= f < 1.0 for f in self.droppers):
             raise BenchSettingsError(f"droppers must be fractions in [0, 1), got {self.droppers!r}")
+        if not self.dropper_kinds or not set(self.dropper_kinds) <= set(DROPPER_KINDS):
+            raise BenchSettingsError(f"dropper kinds must be among {DROPPER_KINDS}, got "
+                                     f"{self.dropper_kinds!r}")
         for name, value in asdict(self).items():
-            if name == "droppers":
+            if name in ("droppers", "dropper_kinds"):
                 continue
             values = value if isinstance(value, tuple) else (value,)
             floor = 0 if name == "routing_fine_depth" else 1

@@ -48,7 +48,10 @@ class Recording(Simulator):
 
 
 def run(routing: str, repair: bool) -> tuple[Recording, dict[str, dict]]:
-    sim = Recording(SCHEMA, OverlayConfig(routing=routing, repair=repair), mode="plaintext",
+    # The pull repair alone: no second parent, no demotion.
+    config = OverlayConfig(routing=routing, repair=repair, demote_after=0,
+                           push_backup=False if routing == "ohf" else None)
+    sim = Recording(SCHEMA, config, mode="plaintext",
                     seed=1, droppers=DROPPERS)
     sim.add_roots()
     workload = Workload(SCHEMA, random.Random(1))
@@ -212,17 +215,20 @@ def bench(*argv: str) -> int:
     return int(args.handler(args))
 
 
-def test_bench_droppers_writes_both_modes_with_and_without_the_repair(tmp_path: Path):
+def test_bench_droppers_writes_both_modes_undefended_before_and_defended(tmp_path: Path):
     assert bench("--out", str(tmp_path), "--experiments", "droppers", "--droppers", "0.3",
-                 "--dropper-subscribers", "20", "--dropper-events", "5",
-                 "--dropper-seeds", "1", "--workers", "1") == 0
+                 "--dropper-kinds", "lying", "--dropper-subscribers", "20",
+                 "--dropper-events", "5", "--dropper-seeds", "1", "--workers", "1") == 0
     assert (tmp_path / "droppers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads((tmp_path / "droppers.json").read_text())["rows"]
-    assert [(r["routing"], r["fraction"]) for r in rows] == [("ohf", 0.3), ("mcr", 0.3)]
+    assert [(r["routing"], r["fraction"], r["kind"]) for r in rows] == [
+        ("ohf", 0.3, "lying"), ("mcr", 0.3, "lying")]
     for row in rows:
-        assert row["undefended"]["droppers"] == row["defended"]["droppers"] > 0
-        assert row["defended"]["expected"] == row["undefended"]["expected"] > 0
-        assert set(row["defended"]["repair_messages"]) == {"Watch", "Digest", "Pull"}
+        for defence in ("before", "defended"):
+            assert row["undefended"]["droppers"] == row[defence]["droppers"] > 0
+            assert row[defence]["expected"] == row["undefended"]["expected"] > 0
+            assert set(row[defence]["repair_messages"]) == {"Watch", "Digest", "Pull"}
+        assert row["defended"]["dropping_links"] >= 0
 
 
 @pytest.mark.parametrize("value", ["1", "-0.1", "x", "nan"])
