@@ -132,7 +132,9 @@ def _run_sampling(sim: Simulator, plan: list[tuple[float, str, str]], timing: Ti
     every ``timing.sample`` (with those below a leaving peer, see the module docstring), and, at
     each crash, the subscribers it cut off (a rejoin can be quicker than the sampling
     step)."""
-    samples, cut, pending = [], [], list(plan)
+    # (a first sample at the start: a newcomer joining just after the first event is not
+    # owed it)
+    samples, cut, pending = [(sim.now, rooted_subscribers(sim))], [], list(plan)
     handed: list[tuple[float, set[str]]] = []
     t = sim.now
     while t < until:
