@@ -27,12 +27,12 @@ from ibe_pubsub.cli.arguments import (
 from ibe_pubsub.credentials import notice
 from ibe_pubsub.evaluation import (
     DEFAULT_EXPERIMENTS,
+    DROPPER_KINDS,
     EXACTNESS_SCHEMAS,
     EXPERIMENTS,
     Sizes,
     pyplot,
 )
-from ibe_pubsub.evaluation.sizes import DROPPER_KINDS
 
 if TYPE_CHECKING:
     from ibe_pubsub.evaluation import BenchSettings

@@ -21,6 +21,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "exceptions": ("BenchRunError", "BenchSettingsError", "EvaluationError"),
     "plotting": ("PlotsUnavailable", "pyplot"),
     "postgres": ("PostgresUnavailable",),
-    "sizes": ("DEFAULT_EXPERIMENTS", "EXACTNESS_SCHEMAS", "EXPERIMENTS", "Sizes"),
+    "sizes": ("DEFAULT_EXPERIMENTS", "DROPPER_KINDS", "EXACTNESS_SCHEMAS", "EXPERIMENTS",
+              "Sizes"),
     "trees": ("draw_run",),
 })

@@ -22,8 +22,14 @@ from ibe_pubsub.evaluation.delays import Runner
 from ibe_pubsub.evaluation.plots import figure
 from ibe_pubsub.evaluation.random_workload import Workload
 from ibe_pubsub.evaluation.sizes import DROPPER_KINDS
-from ibe_pubsub.overlay import LatencyModel, OverlayConfig, Routing, Simulator, summary
-from ibe_pubsub.overlay.simulator import DropperKind
+from ibe_pubsub.overlay import (
+    DropperKind,
+    LatencyModel,
+    OverlayConfig,
+    Routing,
+    Simulator,
+    summary,
+)
 
 JOIN_SPACING = 0.05
 #: How often the experiment looks at which links to droppers are left (seconds).

@@ -12,7 +12,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "exceptions": ("OverlayError",),
     "kits": ("real_kit",),
     "machine": ("PeerMachine",),
-    "simulator": ("LatencyModel", "Mode", "Simulator", "summary"),
+    "simulator": ("DropperKind", "LatencyModel", "Mode", "Simulator", "summary"),
     "snapshot": ("tree_status",),
     "wire": ("MAX_FRAME", "Handover", "Message", "Publish", "SwapHandover", "WireError",
              "decode"),

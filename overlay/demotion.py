@@ -29,8 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ibe_pubsub.credentials import Event
-from ibe_pubsub.credentials.decomposition import enclosing_path
+from ibe_pubsub.credentials import Event, enclosing_path
 from ibe_pubsub.overlay.actions import Action, Log, Send
 from ibe_pubsub.overlay.config import OverlayConfig
 from ibe_pubsub.overlay.crypto import CryptoRejected, CryptoSuite
