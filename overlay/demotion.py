@@ -63,7 +63,7 @@ class Demotion:
     def __init__(self, crypto: CryptoSuite, config: OverlayConfig, stats: Stats,
                  family: Family, dissemination: Dissemination,
                  lose_parent: Callable[[VirtualPeer, Node, float], list[Action]],
-                 due: Callable[[float], None]) -> None:
+                 due: Callable[[float], None], leaving: Callable[[], bool]) -> None:
         self.crypto = crypto
         self.config = config
         self.stats = stats
@@ -73,7 +73,7 @@ class Demotion:
         self.lose_parent = lose_parent
         self.due = due
         #: Whether the peer is leaving (it then takes no new evidence).
-        self.leaving: Callable[[], bool] = lambda: False
+        self.leaving = leaving
         self._checks: deque[_Check] = deque(maxlen=config.dedup_capacity)
         self._backup_checks: deque[_Check] = deque(maxlen=config.dedup_capacity)
 
@@ -157,9 +157,7 @@ class Demotion:
             if sum(link.gaps) >= self.config.demote_after:
                 out += self._demote(vp, parent, now)
         if not self.dissemination.has_seen(vp, check.digest):
-            data = self.dissemination.raw.get(check.digest)
-            if data is not None:
-                out += self.dissemination.take(vp, self.family.address, check.digest, data, now)
+            out += self.dissemination.take_held(vp, check.digest, now) or []
         return out
 
     def _owing(self, vp: VirtualPeer, check: _Check, sent: set[str]) -> list[Node]:

@@ -87,13 +87,20 @@ class Dissemination:
             self.stats.drop("not_from_parent")
             return [Log("info", f"{vp.vp}: event from non-parent {frm[0]} or tree dropped")]
         out = self.take(vp, frm[0], digest, m.event, now)
-        if not pulled and not vp.is_root and (vp.vp, digest) in self._seen:
+        if (self.config.demote_after and not pulled and not vp.is_root
+                and (vp.vp, digest) in self._seen):
             # (only an event that decoded and was taken: junk cannot push records out)
             sent = self.sources.get((vp.vp, digest))
             if sent is None:
                 self.sources.put((vp.vp, digest), sent := set())
             sent.add(frm[0])
         return out
+
+    def take_held(self, vp: VirtualPeer, digest: bytes, now: float) -> list[Action] | None:
+        """Take for ``vp`` an event another of this peer's virtual peers took (None: this
+        peer does not hold it)."""
+        data = self.raw.get(digest)
+        return None if data is None else self.take(vp, self.family.address, digest, data, now)
 
     def take(self, vp: VirtualPeer, source: str, digest: bytes, data: bytes, now: float
              ) -> list[Action]:

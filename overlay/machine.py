@@ -92,8 +92,8 @@ class PeerMachine:
                              self.dissemination, self._due)
         self.joining = Joining(crypto, config, rng, self.family, self.repair, self._due)
         self.demotion = Demotion(crypto, config, self.stats, self.family, self.dissemination,
-                                 self.joining.lose_parent, self._due)
-        self.demotion.leaving = lambda: self.leaving
+                                 self.joining.lose_parent, self._due,
+                                 leaving=lambda: self.leaving)
         for root in roots:
             vp = self.family.add(root.attribute, root.credential,
                                  "." + self.rng.randbytes(6).hex())  # first in the order

@@ -221,9 +221,9 @@ class Repair:
         for digest, entry in zip(m.ids, m.entries, strict=True):
             if self.dissemination.has_seen(vp, digest) or not self._wants(vp, entry):
                 continue
-            data = self.dissemination.raw.get(digest)
-            if data is not None:
-                out += self.dissemination.take(vp, self.address, digest, data, now)
+            held = self.dissemination.take_held(vp, digest, now)
+            if held is not None:
+                out += held
             elif digest not in backup.pulled:  # pulled from none, or from another backup
                 backup.pulled.put(digest, None)
                 wanted.append(digest)

@@ -213,6 +213,10 @@ class Simulator:
     def kill(self, address: str) -> None:
         """Crash a peer: it stops, messages to it are lost, nobody is told."""
         self.dead.add(address)
+        self._unlist(address)
+
+    def _unlist(self, address: str) -> None:
+        """Out of the directory: no newcomer joins through it any more."""
         for members in self.members.values():
             if address in members:
                 members.remove(address)
@@ -221,9 +225,7 @@ class Simulator:
         """Graceful leave at the current time: out of the directory at once, gone once its
         machine has stopped (it serves the children it handed over until they linked
         elsewhere, see ``PeerMachine.leave``)."""
-        for members in self.members.values():
-            if address in members:
-                members.remove(address)
+        self._unlist(address)
         self.leaving.add(address)
         self._apply(address, self.machines[address].leave(self.now), self.now)
         self._schedule_tick(address)

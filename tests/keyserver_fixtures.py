@@ -18,12 +18,14 @@ import itertools
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 import httpx
 import pytest
 
+from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
 from ibe_pubsub.evaluation.launcher import (
     free_port,
     init_keyserver,
@@ -121,3 +123,23 @@ def postgres_url() -> Iterator[str]:
             yield url
     except PostgresUnavailable as exc:
         pytest.skip(str(exc))
+
+
+@contextmanager
+def rooted_cluster(work: Path, init_args: Sequence[str] = (), peer_args: tuple[str, ...] = ()
+                   ) -> Iterator[tuple[KeyServer, Cluster, PeerProcess]]:
+    """A key server in ``work``, a cluster of peers around it and one root of the stock
+    schema's three trees, ready; every process is stopped on the way out."""
+    servers = KeyServers(work)
+    try:
+        server = servers.start(init_args=init_args)
+        cluster = Cluster(server.base_url, server.admin_token, work / "peers",
+                          peer_args=peer_args)
+        try:
+            root = cluster.start_root("root", ["symbol", "price", "volume"])
+            cluster.wait_ready([root])
+            yield server, cluster, root
+        finally:
+            cluster.stop_all()
+    finally:
+        servers.stop_all()

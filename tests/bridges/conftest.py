@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from keyserver_fixtures import KeyServers
+from keyserver_fixtures import rooted_cluster
 
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.evaluation.launcher import free_port
@@ -51,18 +51,8 @@ class Overlay:
 
 @pytest.fixture(scope="package")
 def overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Overlay]:
-    work = tmp_path_factory.mktemp("bridges-overlay")
-    servers = KeyServers(work)
-    try:
-        server = servers.start()
-        cluster = Cluster(server.base_url, server.admin_token, work / "peers")
-        try:
-            cluster.wait_ready([cluster.start_root("root", ["symbol", "price", "volume"])])
-            yield Overlay(server.base_url, cluster)
-        finally:
-            cluster.stop_all()
-    finally:
-        servers.stop_all()
+    with rooted_cluster(tmp_path_factory.mktemp("bridges-overlay")) as (server, cluster, _):
+        yield Overlay(server.base_url, cluster)
 
 
 class BrokerProcess:

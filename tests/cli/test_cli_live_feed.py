@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from keyserver_fixtures import KeyServers
+from keyserver_fixtures import rooted_cluster
 
 from ibe_pubsub.cli.delivery_sinks import CommandSink, Failure, SinkError, _listening_socket
 from ibe_pubsub.cli.event_feed import BACKLOG, BACKLOG_BYTES, EventFeed, Schedule
@@ -54,27 +54,16 @@ class Overlay:
 
 @pytest.fixture(scope="module")
 def overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Overlay]:
-    work = tmp_path_factory.mktemp("live-feed")
-    servers = KeyServers(work)
-    try:
-        server = servers.start(init_args=("--epoch-seconds", str(EPOCH),
-                                          "--grace-seconds", str(GRACE)))
-        cluster = Cluster(server.base_url, server.admin_token, work / "peers")
-        try:
-            root = cluster.start_root("root", ["symbol", "price", "volume"])
-            cluster.wait_ready([root])
-            # A socket path short enough for AF_UNIX (at most 107 bytes).
-            sock = Path(f"/tmp/ibe-live-feed-{os.getpid()}.sock")
-            command_out = cluster.workdir / "command.jsonl"
-            sub = cluster.start_subscriber("sub", "", extra=(
-                "--deliver-to-socket", str(sock), "--deliver-buffer", str(BUFFER),
-                "--deliver-to-command", f"cat > {command_out}"))
-            cluster.wait_ready([sub])
-            yield Overlay(cluster, sub, sock, command_out)
-        finally:
-            cluster.stop_all()
-    finally:
-        servers.stop_all()
+    epochs = ("--epoch-seconds", str(EPOCH), "--grace-seconds", str(GRACE))
+    with rooted_cluster(tmp_path_factory.mktemp("live-feed"), epochs) as (_, cluster, _):
+        # A socket path short enough for AF_UNIX (at most 107 bytes).
+        sock = Path(f"/tmp/ibe-live-feed-{os.getpid()}.sock")
+        command_out = cluster.workdir / "command.jsonl"
+        sub = cluster.start_subscriber("sub", "", extra=(
+            "--deliver-to-socket", str(sock), "--deliver-buffer", str(BUFFER),
+            "--deliver-to-command", f"cat > {command_out}"))
+        cluster.wait_ready([sub])
+        yield Overlay(cluster, sub, sock, command_out)
 
 
 def quote(event_id: str, price: float = 10.0, body: str = "") -> str:

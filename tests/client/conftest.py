@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from keyserver_fixtures import KeyServers
+from keyserver_fixtures import rooted_cluster
 
 from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
 
@@ -43,19 +43,8 @@ SHORT_EPOCH, SHORT_GRACE = 10, 4
 
 @contextmanager
 def _running(work: Path, init_args: tuple[str, ...] = ()) -> Iterator[Overlay]:
-    servers = KeyServers(work)
-    try:
-        server = servers.start(init_args=init_args)
-        cluster = Cluster(server.base_url, server.admin_token, work / "peers",
-                          peer_args=("--http", "0"))
-        try:
-            root = cluster.start_root("root", ["symbol", "price", "volume"])
-            cluster.wait_ready([root])
-            yield Overlay(server.base_url, cluster, root)
-        finally:
-            cluster.stop_all()
-    finally:
-        servers.stop_all()
+    with rooted_cluster(work, init_args, peer_args=("--http", "0")) as (server, cluster, root):
+        yield Overlay(server.base_url, cluster, root)
 
 
 @pytest.fixture(scope="module")

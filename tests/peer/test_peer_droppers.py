@@ -16,7 +16,9 @@ from ibe_pubsub.credentials.scheme import Event
 from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
 from ibe_pubsub.evaluation.demo import ground_truth
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+#: Alone: beside the bridge and client tests on 2 cores, the honest subscribers' second
+#: parents were not all found within 60 s (twice in a row; alone it takes about 2 s).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.serial]
 
 DROPPING_PEER = Path(__file__).with_name("dropping_peer.py")
 #: Each honest subscriber holds one credential below the dropper's ``price < 500``; the

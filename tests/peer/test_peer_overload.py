@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from keyserver_fixtures import KeyServers
+from keyserver_fixtures import rooted_cluster
 
 from ibe_pubsub.client import Publisher
 from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
@@ -43,22 +43,11 @@ class Tree:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
-    work = tmp_path_factory.mktemp("overload")
-    servers = KeyServers(work)
-    try:
-        server = servers.start()
-        cluster = Cluster(server.base_url, server.admin_token, work / "peers")
-        try:
-            root = cluster.start_root("root", ["symbol", "price", "volume"])
-            cluster.wait_ready([root])
-            steady = cluster.start_subscriber("steady", SUBSCRIPTION)
-            stalled = cluster.start_subscriber("stalled", SUBSCRIPTION)
-            cluster.wait_ready([steady, stalled])
-            yield Tree(server.base_url, cluster, root, steady, stalled)
-        finally:
-            cluster.stop_all()
-    finally:
-        servers.stop_all()
+    with rooted_cluster(tmp_path_factory.mktemp("overload")) as (server, cluster, root):
+        steady = cluster.start_subscriber("steady", SUBSCRIPTION)
+        stalled = cluster.start_subscriber("stalled", SUBSCRIPTION)
+        cluster.wait_ready([steady, stalled])
+        yield Tree(server.base_url, cluster, root, steady, stalled)
 
 
 def _publish(tree: Tree, name: str, count: int, rate: float | None, body: bytes = b""
