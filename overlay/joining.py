@@ -284,6 +284,16 @@ class Joining:
             # Nobody below this peer may take it either.
             return self._forward(vp, m, ups, []) + self.miss(vp, frm, m)
         fresh = not self._linked(vp, newcomer)
+        splits = m.depth < 0 or self.config.pushes_backup
+        if not fresh and splits:
+            # Linked to the newcomer already: every peer below this one is a path through
+            # it, so the search ends here at once (the parent that passed it down waits
+            # for this miss to split); a search for an OHF second parent climbs on, since
+            # the peers above cover the newcomer too.
+            climb = m.depth >= 0 and self.config.pushes_backup
+            creator = self.family.creator(vp)
+            up = [p for p in creator.parents if p != frm] if climb else []
+            return self._forward(creator, m, up, []) + self.miss(vp, frm, m)
         taken = self._take(vp, newcomer, m.join_id, admission, now) if fresh else None
         if taken is not None:
             return taken
@@ -299,18 +309,12 @@ class Joining:
         # relay may be split off, it climbs on from the peer the relays copy. A search for
         # an OHF second parent splits too (MCR's further parents share one instead).
         climbed = frm in vp.children and not vp.is_root
-        splits = m.depth < 0 or self.config.pushes_backup
         if fresh and splits and (climbed or not downs or (
                 m.split and frm == newcomer and m.dst_vp == vp.vp)):
             return self._split_or_climb(vp, m, admission, now)
         # The search stays below the first peer that may take the newcomer, so it costs
-        # the covering part of that subtree, not of the whole tree. A search for an OHF
-        # second parent that reached the first one (or its relay) climbs on as well: the
-        # peers above cover the newcomer too.
+        # the covering part of that subtree, not of the whole tree.
         out = self._forward(vp, m, downs, others if m.depth < 0 else [])
-        if not fresh and m.depth >= 0 and self.config.pushes_backup:
-            creator = self.family.creator(vp)
-            out += self._forward(creator, m, [p for p in creator.parents if p != frm], [])
         if not downs or m.hops <= 1:
             return out + self.miss(vp, frm, m)
         if fresh and splits:

@@ -193,3 +193,27 @@ def test_a_peer_whose_own_virtual_peers_fill_the_root_still_joins_at_once():
     assert all(vp.attached for vp in vpeers)
     assert max(sim.metrics.connection_delays) < config.join_timeout / 4
     assert not tree_violations(sim)
+
+
+def test_a_second_parent_search_through_the_first_parent_ends_there_and_splits():
+    """A dropper-shaped tree: the price root takes two children, ``price < 500`` and a decoy,
+    and three quarters join below the first. Each one's search for a second parent climbs
+    to the root, which passes it down to the first parent again; that parent is linked to
+    the searcher already and must answer with a miss at once, so that the root splits.
+    (Before it did, it passed the search on down, and the root waited for an answer that
+    never came: of seeds 60-119, 64, 95, 97, 103 and 111 left a quarter with one parent.)"""
+    for seed in range(60, 120):
+        sim = Simulator(SCHEMA, OverlayConfig(max_children=2, recruit_rounds=0),
+                        mode="plaintext", seed=seed)
+        sim.add_roots()
+        for at, text in ((0.0, "price < 500"), (0.5, "price >= 500"),
+                         (1.0, "price >= 375 and price < 500")):
+            _subscribe(sim, text, at)
+        quarters = [_subscribe(sim, f"price >= {lo} and price < {lo + 125}", 1.5)
+                    for lo in (0, 125, 250)]
+        sim.run_until(40.0)
+        for address in quarters:
+            machine = sim.machines[address]
+            [vp] = [v for v in machine.vpeers.values() if not v.relay]
+            assert len(vp.parents) >= machine.joining.wanted_links(vp), (seed, address)
+        assert not tree_violations(sim)
