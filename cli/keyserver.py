@@ -1,5 +1,5 @@
 """``ibe-pubsub keyserver``: create, serve and administer the key server's store
-(``init``, ``serve``, ``rotate-admin-token``)."""
+(``init``, ``serve``, ``rotate-admin-token``, ``backup``, ``restore``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +25,28 @@ from ibe_pubsub.cli.arguments import (
     write_json_atomically,
 )
 from ibe_pubsub.credentials import notice
-from ibe_pubsub.keyserver import check_lengths, default_grace
+from ibe_pubsub.keyserver import KeyStoreError, check_lengths, default_grace
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """A key store, value or file error ends the command with its one-line message."""
+    try:
+        yield
+    except (KeyStoreError, ValueError, OSError) as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from ibe_pubsub.keyserver import KeyStoreError, initialise
+    from ibe_pubsub.keyserver import initialise
 
-    try:
+    with _one_line_errors():
         if args.grace_seconds is None:
             args.grace_seconds = default_grace(args.epoch_seconds)
         check_lengths(args.epoch_seconds, args.grace_seconds)
         schema = args.schema  # loaded and checked by the argument type
         token_file = initialise(Path(args.data), schema, args.database_url, args.epoch_seconds,
                                 args.grace_seconds)
-    except (KeyStoreError, ValueError, OSError) as exc:
-        raise CommandError(str(exc)) from exc
     print(f"key store created in {args.data}; schema {schema.name!r} ({schema.id[:16]}...); "
           f"admin token in {token_file}", file=sys.stderr)
     _print_server_key(Path(args.data))
@@ -57,7 +66,7 @@ def _print_server_key(data_dir: Path) -> None:
 
 
 def cmd_rotate_admin_token(args: argparse.Namespace) -> int:
-    from ibe_pubsub.keyserver import KeyStoreError, rotate_admin_token
+    from ibe_pubsub.keyserver import rotate_admin_token
 
     try:
         path = rotate_admin_token(Path(args.data))
@@ -68,10 +77,32 @@ def cmd_rotate_admin_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    from ibe_pubsub.keyserver import back_up
+
+    with _one_line_errors():
+        manifest = back_up(Path(args.data), Path(args.out), args.database_url)
+    size = sum((Path(args.out) / name).stat().st_size for name in manifest["files"])
+    print(f"backup of {args.data} in {args.out}: {len(manifest['files'])} files "
+          f"({size / 2**20:.1f} MiB), {manifest['database']} database, signing key "
+          f"{manifest['server_key']}; it is as secret as the data directory", file=sys.stderr)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from ibe_pubsub.keyserver import restore
+
+    with _one_line_errors():
+        manifest = restore(Path(args.source), Path(args.data), args.database_url)
+    print(f"restored the key store of {args.source} (signing key {manifest['server_key']}) "
+          f"into {args.data}; serve it with the same passphrase"
+          + (" and --database-url" if args.database_url else ""), file=sys.stderr)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from ibe_pubsub.keyserver import (
         ConnectionLimits,
-        KeyStoreError,
         ServerConfig,
         check_listen_address,
         check_tls_files,
@@ -105,12 +136,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.ready_file:
             write_json_atomically(args.ready_file, {"url": url, "pid": os.getpid()})
 
-    try:
+    with _one_line_errors():
         serve(config, args.host, args.port, args.tls_cert, args.tls_key,
               "debug" if args.verbose > 1 else "info" if args.verbose else "warning", announce,
               limits)
-    except (KeyStoreError, ValueError, OSError) as exc:
-        raise CommandError(str(exc)) from exc
     return 0
 
 
@@ -226,3 +255,34 @@ def register(subparsers: Any) -> None:
         "new one after. Needs no passphrase.")
     rotate.add_argument("--data", required=True, help="data directory made by keyserver init")
     rotate.set_defaults(handler=cmd_rotate_admin_token)
+
+    backup = sub.add_parser(
+        "backup", help="copy the key store and its database, while the server runs",
+        description="Copy the key store in --data (sealed master secret, public "
+        "parameters, admin token, TLS files if any) and its database into the new directory "
+        "--out (mode 0700), with backup.json listing every file's SHA-256. SQLite is copied "
+        "with its online backup API, PostgreSQL with pg_dump; the server may keep running. "
+        "A backup is as secret as the data directory. Needs no passphrase.")
+    backup.add_argument("--data", required=True, help="data directory of the key server")
+    backup.add_argument("--out", required=True, metavar="DIR",
+                        help="where the backup goes: a new or empty directory")
+    backup.add_argument("--database-url",
+                        help="the database URL `keyserver serve` is given (default: SQLite in "
+                        "--data)")
+    backup.set_defaults(handler=cmd_backup)
+
+    restore = sub.add_parser(
+        "restore", help="make a new data directory from a backup",
+        description="Check every file of the backup in --from against its backup.json, then "
+        "write the key store into --data (a new or empty directory) and its database: "
+        "SQLite into --data, PostgreSQL (with pg_restore) into the new, empty database "
+        "--database-url. Then `keyserver serve --data DIR` with the same passphrase serves "
+        "the same keys, identities, revocations and epochs as at the backup.")
+    restore.add_argument("--from", dest="source", required=True, metavar="DIR",
+                         help="the backup's directory (made by keyserver backup)")
+    restore.add_argument("--data", required=True,
+                         help="the new data directory: new or empty")
+    restore.add_argument("--database-url",
+                         help="PostgreSQL backups only: the new, empty database to restore "
+                         "into")
+    restore.set_defaults(handler=cmd_restore)

@@ -8,7 +8,6 @@ tests only, never for data that matters.
 
 from __future__ import annotations
 
-import glob
 import os
 import pwd
 import shutil
@@ -23,18 +22,11 @@ from sqlalchemy import create_engine, text
 
 from ibe_pubsub.evaluation.exceptions import EvaluationError
 from ibe_pubsub.evaluation.launcher import free_port
+from ibe_pubsub.keyserver import postgres_program
 
 
 class PostgresUnavailable(EvaluationError):
     """No cluster can be started here; the message says why."""
-
-
-def _binary(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return candidates[-1] if candidates else None
 
 
 def _as_postgres_user(cmd: list[str]) -> list[str]:
@@ -50,7 +42,7 @@ def throwaway_postgres() -> Iterator[str]:
     except ImportError as exc:
         raise PostgresUnavailable("psycopg (the PostgreSQL driver) is not installed: "
                                   "pip install '.[postgres]'") from exc
-    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+    initdb, pg_ctl = postgres_program("initdb"), postgres_program("pg_ctl")
     if not initdb or not pg_ctl:
         raise PostgresUnavailable("PostgreSQL is not installed (no initdb/pg_ctl; "
                                   "apt-get install postgresql)")

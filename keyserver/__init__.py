@@ -3,6 +3,7 @@
 from ibe_pubsub.credentials import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "backups": ("BackupError", "back_up", "check_backup", "postgres_program", "restore"),
     "bundles": (
         "BulkBundle", "BundleError", "PublisherBundle", "ServerParams", "SubscriberBundle",
         "TransportCertificate", "decode_bulk_bundle", "decode_params", "decode_publisher_bundle",
