@@ -12,8 +12,8 @@ bad line spoils only itself.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -133,8 +133,11 @@ def _raw_lines(path: str) -> Iterator[tuple[int, bytes | Overlong]]:
     """(line number, bytes) as each line arrives: from a pipe or FIFO a line is yielded as
     soon as it is complete, not when the input ends. A line longer than :data:`MAX_LINE`
     is read past in chunks and yielded as :class:`Overlong`, so memory stays bounded."""
-    with contextlib.ExitStack() as stack:
-        handle = sys.stdin.buffer if path == "-" else stack.enter_context(Path(path).open("rb"))
+    # stdin through a reader of its own: a read that blocks holds its reader's lock, and
+    # the interpreter, shutting down while this runs in a daemon thread, closes sys.stdin
+    # (and aborts if that lock is held) but never this reader.
+    source: int | Path = os.dup(sys.stdin.fileno()) if path == "-" else Path(path)
+    with open(source, "rb") as handle:
         number = 0
         while raw := handle.readline(MAX_LINE + 1):
             number += 1

@@ -445,3 +445,29 @@ def test_a_delivery_socket_at_a_symbolic_link_is_refused_as_one(tmp_path):
         with pytest.raises(SinkError, match="is a symbolic link: give the socket's "
                                              "own path"):
             _listening_socket(tmp_path / "link.sock")
+
+
+def test_a_live_feed_that_fails_while_its_input_is_open_exits_with_its_error(
+        keyserver_factory):
+    """The reader thread waits in a read of stdin when the run ends on an error (here: no
+    root registers in time); the interpreter must still shut down cleanly, with the error
+    and status 2, not abort on the lock that read holds (it did, with status -6, when a
+    revoked publisher's feed ended at a rollover)."""
+    server = keyserver_factory.start()
+    cluster = Cluster(server.base_url, server.admin_token, keyserver_factory.root / "peers")
+    try:
+        process = subprocess.Popen(
+            cli_command("publish", "--server", server.base_url, "--advertise", "",
+                        "--events", "-", "--root-timeout", "1"),
+            env=child_env() | {"IBE_PUBSUB_TOKEN": cluster.identity("lonely", "publisher")},
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert process.stdin is not None and process.stderr is not None
+        try:
+            process.wait(60)  # stdin stays open: the reader is blocked in its read
+        finally:
+            process.stdin.close()
+        err = process.stderr.read().decode()
+    finally:
+        cluster.stop_all()
+    assert process.returncode == 2, err
+    assert "no root registered" in err and "Fatal Python error" not in err, err
