@@ -62,14 +62,26 @@ def non_negative_float(text: str) -> float:
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def positive_duration(text: str) -> float:
-    """Seconds, from e.g. ``1s``, ``250ms``, ``2m`` or a bare number of seconds."""
+def _duration(text: str) -> float:
     stripped = str(text).strip()
     unit = next((u for u in ("ms", "s", "m", "h") if stripped.endswith(u)), "")
     value = _parse(float, stripped.removesuffix(unit), "a duration such as 1s or 250ms")
-    seconds = value * DURATION_UNITS.get(unit, 1.0)
+    return value * DURATION_UNITS.get(unit, 1.0)
+
+
+def positive_duration(text: str) -> float:
+    """Seconds, from e.g. ``1s``, ``250ms``, ``2m`` or a bare number of seconds."""
+    seconds = _duration(text)
     if not 0 < seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return seconds
+
+
+def non_negative_duration(text: str) -> float:
+    """Like :func:`positive_duration`, 0 allowed."""
+    seconds = _duration(text)
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a duration of 0 or more, got {text!r}")
     return seconds
 
 

@@ -18,6 +18,7 @@ from ibe_pubsub.cli.arguments import (
     add_log_format,
     identity_token,
     known_servers,
+    non_negative_duration,
     non_negative_float,
     non_negative_int,
     positive_int,
@@ -91,7 +92,8 @@ async def _run_peer(args: argparse.Namespace) -> int:
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
         server_key=server_key(args), known_servers=known_servers(args),
         ca_file=args.ca_file, insecure_transport=args.insecure_transport, http=args.http,
-        http_allowed_hosts=args.http_allowed_hosts, socket_buffer=args.socket_buffer)
+        http_allowed_hosts=args.http_allowed_hosts, socket_buffer=args.socket_buffer,
+        server_wait=args.server_wait)
     try:
         node = PeerNode(options)
     except NodeError as exc:
@@ -288,6 +290,12 @@ def register(subparsers: Any) -> None:
                      help="split depth of fine credentials for multi-credential routing")
     run.add_argument("--heartbeat", type=non_negative_float, default=1.0,
                      help="seconds between heartbeats to each parent")
+    run.add_argument("--server-wait", type=non_negative_duration, default=30.0,
+                     metavar="DURATION",
+                     help="at start, wait this long for a key server that refuses "
+                     "connections or answers 502/503/504 (starting, or restarting), saying "
+                     "so every few seconds; other errors end the start at once (default 30s; "
+                     "0: do not wait)")
     run.add_argument("--failure-timeout", type=non_negative_float, default=10.0,
                      help="a neighbour silent this long is taken for failed")
     run.add_argument("--recruit-rounds", type=non_negative_int, default=3,

@@ -35,6 +35,9 @@ class KeyServerRequestError(KeyServerError):
             where = ".".join(str(p) for p in problems[0].get("loc", ()))
             message = f"{message} ({where}: {problems[0].get('msg', '')})"
         super().__init__(f"key server answered {status}: {message}" if status else message)
+        #: The server refused the connection or answered it is unavailable (502, 503, 504):
+        #: it may be starting or restarting, so waiting for it makes sense.
+        self.down = status in (502, 503, 504)
 
     def __reduce__(self) -> tuple[type, tuple[int, Any]]:
         """Pickled with its own arguments, so it crosses a process pool."""
@@ -89,9 +92,12 @@ class KeyServerClient:
             except httpx.TransportError as exc:
                 refusal = _certificate_refusal(exc)
                 if refusal is not None or last:  # retrying cannot change the certificate
-                    raise KeyServerRequestError(
+                    error = KeyServerRequestError(
                         0, f"cannot reach the key server at {self.base_url}: "
-                        f"{refusal or _unreachable(exc)}") from exc
+                        f"{refusal or _unreachable(exc)}")
+                    error.down = any(isinstance(c, ConnectionRefusedError)
+                                     for c in _causes(exc))
+                    raise error from exc
             else:
                 if response.status_code < 400:
                     if response.headers.get("content-type", "").startswith("application/json"):

@@ -145,6 +145,9 @@ class NodeOptions:
     http: tuple[str, int] | None = None
     #: Host names the endpoint answers to besides IP addresses, localhost and its own host.
     http_allowed_hosts: tuple[str, ...] = ()
+    #: Seconds to wait at start for a key server that refuses connections or says it is
+    #: unavailable (starting, restarting), rather than fail at once; 0: do not wait.
+    server_wait: float = 30.0
 
 
 class NodeError(PeerError):
@@ -294,6 +297,25 @@ class PeerNode:
 
     # -- life cycle ---------------------------------------------------------------------------
 
+    async def _wait_for_server(self) -> None:
+        """Until the key server answers, for at most ``server_wait`` seconds, while it
+        refuses connections or says it is unavailable: peers started with their key server,
+        or while it restarts, join once it is up. Any other failure (a wrong host name, a
+        certificate) ends the wait at once."""
+        deadline = time.monotonic() + self.options.server_wait
+        announcer = WaitAnnouncer(self._keys_awaited)
+        with KeyServerClient(self.options.server, retries=0,
+                             verify=self.options.ca_file or True) as probe:
+            while True:
+                try:
+                    await announcer.wait(in_daemon_thread(probe.health))
+                    return
+                except KeyServerRequestError as exc:
+                    if not exc.down or time.monotonic() > deadline:
+                        raise
+                announcer.tick()
+                await asyncio.sleep(0.5)
+
     @property
     def _keys_awaited(self) -> str:
         return f"keys from the key server at {self.client.base_url}"
@@ -301,6 +323,7 @@ class PeerNode:
     async def start(self) -> None:
         """Listen, enrol, register, join; returns once joining has begun (see ``ready``)."""
         limit_accept_errors(asyncio.get_running_loop(), RateLimit())
+        await self._wait_for_server()
         host, port = split_address(self.options.listen)
         if port == 0:
             for held in await WaitAnnouncer(self._keys_awaited).wait(

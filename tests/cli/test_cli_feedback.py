@@ -67,7 +67,8 @@ def test_unreachable_key_server_errors_name_the_url(keyserver):
     assert listed.returncode == 2
     assert listed.stderr == (f"ibe-pubsub: error: cannot reach the key server at {closed}: "
                              "connection refused\n")
-    peer = run("peer", "run", "--server", closed, "--subscribe", "", token="t")
+    peer = run("peer", "run", "--server", closed, "--subscribe", "", "--server-wait", "0",
+               token="t")
     assert f"peer could not start: cannot reach the key server at {closed}: " \
            "connection refused" in peer.stderr
 

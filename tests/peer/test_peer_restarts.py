@@ -8,8 +8,10 @@ import json
 import time
 
 import httpx
+from keyserver_fixtures import PASSPHRASE
 
 from ibe_pubsub.evaluation.cluster import Cluster
+from ibe_pubsub.evaluation.launcher import start_keyserver, wait_ready
 from ibe_pubsub.keyserver.client import KeyServerClient
 
 
@@ -76,3 +78,32 @@ def test_a_crashed_subscriber_restarts_without_waiting_on_its_own_dead_entry(
     assert again.address == first.address
     assert joined < 1.0  # 2.2 s when it dialled its own dead entry first
     assert "gave up on" not in again.log_tail(100)
+
+
+def test_a_peer_started_while_its_key_server_restarts_waits_for_it(keyserver_factory,
+                                                                    tmp_path):
+    """Found by the soak run: a subscriber restarted during the key server's own restart
+    exited at once ("connection refused"). It now waits (``--server-wait``, 30 s by
+    default) and starts once the server is back on its address. Control: with
+    ``--server-wait 0`` the same start fails at once."""
+    server = keyserver_factory.start()
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path)
+    token = cluster.identity("patient", "root")
+    port = int(server.base_url.rsplit(":", 1)[1])
+    keyserver_factory.stop(server)
+    try:
+        impatient = cluster.start_root("impatient", ["symbol"], token=token,
+                                       extra=("--server-wait", "0"))
+        assert impatient.process.wait(30) == 2
+        assert "connection refused" in impatient.log_tail()
+        root = cluster.start_root("patient", ["symbol"], token=token)
+        time.sleep(3)  # the key server is down for a while, as in a restart
+        assert root.process.poll() is None
+        process = start_keyserver(server.data_dir, port, PASSPHRASE,
+                                  log=server.data_dir / "server.log")
+        keyserver_factory.processes[server.base_url] = process
+        wait_ready(server.base_url, process)
+        cluster.wait_ready([root], timeout=30)
+        assert "waiting for keys from the key server at" in root.log_tail(50)
+    finally:
+        cluster.stop_all()
