@@ -34,10 +34,16 @@ from ibe_pubsub.peer import bundle_file, enrolment
 from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.tls import PeerTLS
-from ibe_pubsub.peer.transport import Transport
+from ibe_pubsub.peer.transport import Backoff, Transport
 from ibe_pubsub.peer.waiting import WaitAnnouncer, in_daemon_thread
 
 log = logging.getLogger(__name__)
+
+#: A publisher's only neighbours are the roots, and a root that restarts is back after
+#: seconds: its events wait for it about half a minute (16 dials, backoff capped at 3 s) before they
+#: are dropped, where a peer gives up on a neighbour after about 2.5 s (its heartbeats
+#: find another one).
+ROOT_BACKOFF = Backoff(attempts=16)
 
 
 class PublishRefused(PeerError):
@@ -58,7 +64,8 @@ class EventPublisher:
         self.bundle = bundle
         self.server_key = server_key
         self.known_servers = known_servers
-        self.transport = Transport(self._received, secure=not insecure_transport)
+        self.transport = Transport(self._received, secure=not insecure_transport,
+                                   backoff=ROOT_BACKOFF)
         self.params: ServerParams | None = None
         self.keys: enrolment.Publisher | None = None
         self.roots: dict[str, str] = {}
