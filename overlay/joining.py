@@ -221,8 +221,14 @@ class Joining:
             candidates = self.contacts.get(vp.attribute, [])
             if not candidates:
                 return [Log("warning", f"{vp.vp}: no contact for tree {vp.attribute!r}")]
+            # A join never succeeds below the joiner itself (it would close a cycle): its
+            # children are the last contacts to try, as are those silent lately.
+            below = {c[0] for r in (vp, *self.family.relays(self.family.creator(vp)))
+                     for c in r.children}
             answering = [c for c in candidates if self._silent.get(c, 0.0) <= now]
-            contact = self.rng.choice(answering or candidates)
+            contact = self.rng.choice([c for c in answering if c not in below]
+                                      or [c for c in candidates if c not in below]
+                                      or answering or candidates)
             target = (contact, "")
         join_id = self.rng.randbytes(16)
         vp.joins[join_id] = PendingJoin(now, self.family.epoch, contact=contact, backup=backup)
@@ -262,8 +268,10 @@ class Joining:
         newcomer = (m.origin, m.origin_vp)
         admission = open_request(self.crypto, vp, request)
         if admission is None:
-            if frm not in vp.parents:
-                return self._forward(vp, m, list(vp.parents), [])
+            if frm not in vp.parents or frm == newcomer:
+                # From a contact (its own parent, when a peer joins through its child):
+                # climb.
+                return self._forward(vp, m, [p for p in vp.parents if p != newcomer], [])
             # From the parent (a full peer that covers the newcomer): offer a swap, which
             # only a newcomer that covers this peer (on its first join) can take; on a retry
             # the offer also tells the newcomer where a split may take it (the parent). This

@@ -453,8 +453,15 @@ class PeerMachine:
                     *ends]
         vp = self._target(message)
         if vp is None:
-            return [Log("info", f"{type(message).__name__} from {sender} for unknown "
-                                f"virtual peer {message.dst_vp!r} dropped")]
+            dropped = Log("info", f"{type(message).__name__} from {sender} for unknown "
+                                  f"virtual peer {message.dst_vp!r} dropped")
+            if isinstance(message, Ping) and message.dst_vp:
+                # A heartbeat to a virtual peer this process does not have: its child from
+                # before a restart at this address. Told at once, it rejoins now rather
+                # than after the failure timeout (while events to this peer reach nobody).
+                return [dropped, Send(sender, Pong(message.dst_vp, message.src_vp, False, -1,
+                                                   "", ""))]
+            return [dropped]
         return self._handlers[type(message)](vp, (sender, message.src_vp), message, now)
 
     def _target(self, m: Message) -> VirtualPeer | None:

@@ -170,14 +170,21 @@ class Simulator:
     def add_roots(self) -> dict[str, str]:
         """One root peer per attribute tree."""
         for a in self.schema.names:
-            address = f"root-{a}"
-            kit = self.issuer.root_kit(a, self.epoch, EXPIRY)
-            self._add_machine(address, PeerMachine(address, self.crypto.for_peer(), self.config,
-                                                   random.Random(self.rng.random()),
-                                                   roots=[kit]))
-            self.roots[a] = address
-            self.members[a].append(address)
+            self.roots[a] = f"root-{a}"
+            self._start_root(a)
+            self.members[a].append(self.roots[a])
         return self.roots
+
+    def _start_root(self, attribute: str) -> None:
+        address = self.roots[attribute]
+        kit = self.issuer.root_kit(attribute, self.epoch, EXPIRY)
+        self._add_machine(address, PeerMachine(address, self.crypto.for_peer(), self.config,
+                                               random.Random(self.rng.random()), roots=[kit]))
+
+    def restart_root(self, attribute: str) -> None:
+        """The root of ``attribute`` crashes and starts again at once at its address: a new
+        process, which knows none of the old one's links or virtual peers."""
+        self._start_root(attribute)
 
     def add_subscriber(self, predicate: Predicate, at: float | None = None,
                        max_credentials: int | None = 4, fine_depth: int = 1) -> str:

@@ -217,3 +217,27 @@ def test_a_second_parent_search_through_the_first_parent_ends_there_and_splits()
             [vp] = [v for v in machine.vpeers.values() if not v.relay]
             assert len(vp.parents) >= machine.joining.wanted_links(vp), (seed, address)
         assert not tree_violations(sim)
+
+
+def test_children_of_a_restarted_root_rejoin_at_their_next_heartbeat():
+    """A root that restarts at its address has none of its old virtual peers: it answers a
+    heartbeat to one of them with a refusal, so its former children let go of the dead link
+    and rejoin within a heartbeat or two instead of after the failure timeout (10 s here),
+    during which events reach the new root and nobody below it. Found by the soak run (a
+    killed root's tree missed 6 s of events)."""
+    config = OverlayConfig(failure_timeout=10.0, heartbeat_interval=1.0)
+    for seed in range(1, 6):
+        sim = Simulator(SCHEMA, config, mode="plaintext", seed=seed)
+        sim.add_roots()
+        subscribers = [_subscribe(sim, f"price in [{lo}, {lo + 99}]", 0.1 * i)
+                       for i, lo in enumerate(range(0, 800, 100))]
+        sim.run_until(15.0)
+        root = sim.roots["price"]
+        children = {c[0] for vp in sim.machines[root].vpeers.values() for c in vp.children
+                    if c[0] != root}
+        sim.restart_root("price")
+        sim.run_until(18.0)  # three heartbeats, a third of the failure timeout
+        vps = [v for a in subscribers for v in sim.machines[a].vpeers.values() if not v.relay]
+        dead = [(v.vp, p) for v in vps for p in v.parents if p[1] not in sim.machines[p[0]].vpeers]
+        assert children and not dead, seed
+        assert not tree_violations(sim)
