@@ -21,6 +21,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "exceptions": ("BenchRunError", "BenchSettingsError", "EvaluationError"),
     "plotting": ("PlotsUnavailable", "pyplot"),
     "postgres": ("PostgresUnavailable",),
+    "soak": ("SoakSettings", "run_soak"),
+    "soak_oracle": ("plot_soak",),
     "sizes": ("DEFAULT_EXPERIMENTS", "DROPPER_KINDS", "EXACTNESS_SCHEMAS", "EXPERIMENTS",
               "Sizes"),
     "trees": ("draw_run",),

@@ -135,7 +135,8 @@ class Cluster:
         return env
 
     def _spawn(self, name: str, role: str, token: str | None, args: list[str],
-               subscription: str | None = None, script: Path | None = None) -> PeerProcess:
+               subscription: str | None = None, script: Path | None = None,
+               stdin: int = subprocess.DEVNULL) -> PeerProcess:
         env = self._env(token)
         log = (self.workdir / f"{name}.log").open("ab")
         verbosity = ["-v"] if self.verbose else []
@@ -143,8 +144,7 @@ class Cluster:
                    else cli_command(*verbosity, *args))
         try:
             process = subprocess.Popen(command, env=env,
-                                       stdout=subprocess.DEVNULL, stderr=log,
-                                       stdin=subprocess.DEVNULL)
+                                       stdout=subprocess.DEVNULL, stderr=log, stdin=stdin)
         finally:
             log.close()
         peer = PeerProcess(name, role, process, self.workdir, subscription)
@@ -222,6 +222,17 @@ class Cluster:
                         *self._transport_args()),
             env=self._env(token), capture_output=True, text=True, timeout=timeout,
             check=False)
+
+    def start_feed(self, name: str, token: str, stream_window: str | None = None
+                   ) -> PeerProcess:
+        """``ibe-pubsub publish`` of a live feed: it advertises everything and sends each
+        JSON line written to its ``process.stdin`` as it arrives (a stream with
+        ``stream_window``), recording what it sent as :meth:`publish` does."""
+        return self._spawn(name, "publisher", token, [
+            "publish", "--server", self.server, "--advertise", "", "--events", "-",
+            "--sent-out", str(self.workdir / f"{name}.sent.jsonl"),
+            *_option("--stream-window", stream_window), *self._transport_args()],
+            stdin=subprocess.PIPE)
 
     def sent_times(self, publisher: str) -> dict[str, float]:
         return {d["id"]: d["sent_at"] for d in read_deliveries(

@@ -17,7 +17,7 @@ from pathlib import Path
 PROC = Path("/proc")
 
 
-def _rss(pid: int) -> int:
+def rss_bytes(pid: int) -> int:
     """Resident bytes of a process (0 if it is gone)."""
     try:
         for line in (PROC / str(pid) / "status").read_text().splitlines():
@@ -26,6 +26,14 @@ def _rss(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def open_fds(pid: int) -> int:
+    """Open file descriptors of a process (0 if it is gone)."""
+    try:
+        return len(os.listdir(PROC / str(pid) / "fd"))
+    except OSError:
+        return 0
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -37,7 +45,8 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run."""
     out: list[int] = []
     try:
         for task in (PROC / str(pid) / "task").iterdir():
@@ -67,14 +76,14 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._watch, name="peak-memory", daemon=True)
 
     def sample(self) -> None:
-        sums = {"driver": _rss(os.getpid())}
-        todo = _children(os.getpid())
+        sums = {"driver": rss_bytes(os.getpid())}
+        todo = child_pids(os.getpid())
         while todo:
             pid = todo.pop()
             group = _group(pid)
-            sums[group] = sums.get(group, 0) + _rss(pid)
+            sums[group] = sums.get(group, 0) + rss_bytes(pid)
             self._cpu[pid] = (group, max(_cpu_seconds(pid), self._cpu.get(pid, ("", 0.0))[1]))
-            todo += _children(pid)
+            todo += child_pids(pid)
         for group, value in sums.items():
             self.peaks[group] = max(self.peaks.get(group, 0), value)
 
