@@ -54,6 +54,10 @@ from ibe_pubsub.overlay.wire import (
     Tokens,
 )
 
+#: Join timeouts after which an opened request or a search is of no use any more (the
+#: newcomer retried, or a handover or split for it came long ago).
+STALE_JOINS = 4
+
 
 @dataclass
 class _Opened:
@@ -62,6 +66,7 @@ class _Opened:
     vp: str
     newcomer: Node
     admission: Admission
+    at: float
 
 
 @dataclass
@@ -286,7 +291,8 @@ class Joining:
                                              depth_of(vp))),
                     *self.miss(vp, frm, m)]
         position = admission.position
-        self._opened.put(m.join_id, _Opened(vp.vp, newcomer, admission))
+        self._forget_stale(now)
+        self._opened.put(m.join_id, _Opened(vp.vp, newcomer, admission, now))
         ups = [p for p in vp.parents if p != frm]
         if not vp.attached or not vp.precedes(position, m.origin_vp):
             # Nobody below this peer may take it either.
@@ -330,6 +336,14 @@ class Joining:
             self._searches.put((vp.vp, m.join_id),
                                _Search(m, set(downs), upstream, now, admission))
         return out
+
+    def _forget_stale(self, now: float) -> None:
+        """Opened requests and searches outlive their join's retries by nothing: each holds
+        a decoded request (kilobytes with its group elements), and a root that opens
+        hundreds of joins a minute (rotations, restarts) would otherwise keep thousands."""
+        oldest = now - STALE_JOINS * self.config.join_timeout
+        self._opened.expire(lambda o: o.at < oldest)
+        self._searches.expire(lambda s: s.started < oldest)
 
     def _take(self, vp: VirtualPeer, newcomer: Node, join_id: bytes, admission: Admission,
               now: float) -> list[Action] | None:

@@ -8,7 +8,7 @@ A physical peer runs one virtual peer per (attribute, credential) it holds
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -47,6 +47,15 @@ class Bounded(Generic[K, V]):
 
     def pop(self, key: K) -> V | None:
         return self._data.pop(key, None)
+
+    def expire(self, stale: Callable[[V], bool]) -> None:
+        """Drop the oldest entries as long as ``stale`` says they are (for entries put in
+        the order they age)."""
+        while self._data:
+            key, value = next(iter(self._data.items()))
+            if not stale(value):
+                return
+            del self._data[key]
 
 
 def comes_first(position: int, vp_id: str, other_position: int, other_vp_id: str) -> bool:
