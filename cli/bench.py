@@ -628,8 +628,16 @@ def _register_e2e(bench: argparse._SubParsersAction) -> None:
 
 def _run_soak(args: argparse.Namespace) -> int:
     import tempfile
+    from contextlib import nullcontext
 
-    from ibe_pubsub.evaluation import BenchSettingsError, SoakSettings, plot_soak, run_soak
+    from ibe_pubsub.evaluation import (
+        BenchSettingsError,
+        SoakSettings,
+        fresh_database,
+        plot_soak,
+        postgres_cluster,
+        run_soak,
+    )
 
     pyplot()
     try:
@@ -643,7 +651,10 @@ def _run_soak(args: argparse.Namespace) -> int:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="soak-", dir=json_path.parent))
     notice(f"soak: {args.minutes:g} minutes; every process's log goes to {workdir}")
-    report = run_soak(settings, workdir, notice)
+    postgres = args.postgres or args.postgres_url is not None
+    with (postgres_cluster(args.postgres_url) if postgres else nullcontext(None)) as cluster:
+        database = fresh_database(cluster) if cluster is not None else None
+        report = run_soak(settings, workdir, notice, database)
     write_json_atomically(json_path, report)
     plot = json_path.with_suffix(".png")
     plot_soak(report, plot)
@@ -692,6 +703,12 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
                       metavar="DURATION", help="the peers' --failure-timeout (default 5s)")
     soak.add_argument("--seed", type=int, default=1, help="seed of the schedule, the "
                       "subscriptions and the events")
+    soak.add_argument("--postgres", action="store_true",
+                      help="the key server on PostgreSQL, in a throwaway cluster from the "
+                      "local initdb/pg_ctl (default: SQLite)")
+    soak.add_argument("--postgres-url", metavar="URL",
+                      help="the key server on PostgreSQL, in a new database on this server "
+                      "(implies --postgres)")
     soak.add_argument("--json", default="bench/soak.json", metavar="FILE",
                       help="output JSON file (the PNG and the run's directory go next to it)")
     soak.set_defaults(handler=_run_soak)

@@ -18,8 +18,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from ibe_pubsub.evaluation.launcher import (
     stop,
     wait_ready,
 )
-from ibe_pubsub.evaluation.postgres import fresh_database, throwaway_postgres
+from ibe_pubsub.evaluation.postgres import fresh_database, postgres_cluster
 
 UNLIMITED = ("--rate", "1e9", "--burst", "1000000000", "--address-rate", "1e9",
              "--address-burst", "1000000000", "--key-rate", "1e9", "--key-burst", "1000000000")
@@ -82,16 +82,6 @@ def measure_replicas(settings: BenchSettings, cluster_url: str, cores: Sequence[
                                                                 strict=True)]
     return result | {"replicas": len(cores), "cores": list(cores), "cpu_seconds": cpu,
                      "keys_per_cpu_second": result["keys"] / sum(cpu)}
-
-
-@contextmanager
-def postgres_cluster(url: str | None) -> Iterator[str]:
-    """The given cluster URL, or a throwaway cluster for the duration."""
-    if url is not None:
-        yield url
-        return
-    with throwaway_postgres() as started:
-        yield started
 
 
 def run_replica_bench(settings: BenchSettings, replicas: int, cores: Sequence[int],

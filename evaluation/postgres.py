@@ -85,3 +85,13 @@ def fresh_database(cluster_url: str) -> str:
     finally:
         engine.dispose()
     return cluster_url.rsplit("/", 1)[0] + "/" + name
+
+
+@contextmanager
+def postgres_cluster(url: str | None) -> Iterator[str]:
+    """The given cluster URL, or a throwaway cluster for the duration."""
+    if url is not None:
+        yield url
+        return
+    with throwaway_postgres() as started:
+        yield started

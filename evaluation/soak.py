@@ -66,9 +66,10 @@ class SoakSettings:
     steady: int = 6
     epoch_seconds: int = 120
     grace_seconds: int = 30
-    #: Events per second of the version-2 feed, the stream and the revoked publisher.
+    #: Events per second of the version-2 feed, the stream and the revoked publisher (with
+    #: 24 subscribers these keep the 2-core machine busy but not behind).
     v2_rate: float = 2.0
-    stream_rate: float = 10.0
+    stream_rate: float = 5.0
     revoked_rate: float = 1.0
     kill_every: float = 20.0
     #: A killed subscriber restarts after a pause drawn from this range (seconds).
@@ -213,8 +214,10 @@ class SoakRun:
     """The processes of one soak run and what happened to them."""
 
     def __init__(self, settings: SoakSettings, workdir: Path,
-                 progress: Callable[[str], None] = print) -> None:
+                 progress: Callable[[str], None] = print,
+                 database_url: str | None = None) -> None:
         self.settings = settings
+        self.database = ("--database-url", database_url) if database_url else ()
         self.workdir = workdir
         self.progress = progress
         self.passphrase = f"soak-{random.Random(settings.seed).getrandbits(64):x}"
@@ -245,7 +248,8 @@ class SoakRun:
     # -- processes ---------------------------------------------------------------------------
 
     def _start_keyserver(self) -> None:
-        self.keyserver = start_keyserver(self.data, self.port, self.passphrase, ("-v",),
+        self.keyserver = start_keyserver(self.data, self.port, self.passphrase,
+                                         ("-v", *self.database),
                                          log=self.workdir / "keyserver.log")
         wait_ready(self.url, self.keyserver)
         self._track("keyserver", "keyserver", self.keyserver.pid)
@@ -291,7 +295,8 @@ class SoakRun:
     def start(self) -> None:
         s = self.settings
         init_keyserver(self.data, self.passphrase, ("--epoch-seconds", str(s.epoch_seconds),
-                                                    "--grace-seconds", str(s.grace_seconds)))
+                                                    "--grace-seconds", str(s.grace_seconds),
+                                                    *self.database))
         self._start_keyserver()
         token = (self.data / "admin.token").read_text().strip()
         self.cluster = Cluster(self.url, token, self.workdir / "peers", verbose=True,
@@ -457,12 +462,7 @@ class SoakRun:
             feed.close()
         for name, feed in self.feeds.items():  # each sends what it has, then exits
             if name in self.live:
-                try:
-                    feed.peer.process.wait(60)
-                except subprocess.TimeoutExpired:
-                    feed.peer.process.kill()
-                    feed.peer.process.wait()
-                self._ended(name, time.time(), "stopped", feed.peer.process.returncode)
+                self._ended(name, time.time(), "stopped", self._drained(feed))
         time.sleep(drain)
         self._sample()
         self._notice_exits()
@@ -485,6 +485,22 @@ class SoakRun:
         """Processes this run started (or theirs started) that still run."""
         pids = {i.pid for i in self.incarnations} | self.descendants
         return sorted(p for p in pids if rss_bytes(p) and _not_zombie(p))
+
+    def _drained(self, feed: _Feed, quiet: float = 30.0) -> int | None:
+        """Wait for a publisher to send what it was fed and exit, as long as it keeps
+        sending (one behind its feed catches up); killed after ``quiet`` seconds without
+        progress. Its exit status."""
+        assert self.cluster is not None
+        process, sent = feed.peer.process, self.cluster.workdir / f"{feed.peer.name}.sent.jsonl"
+        progress_at, size = time.monotonic(), -1
+        while process.poll() is None and time.monotonic() - progress_at < quiet:
+            now_size = sent.stat().st_size if sent.exists() else 0
+            if now_size != size:
+                progress_at, size = time.monotonic(), now_size
+            time.sleep(0.5)
+        if process.poll() is None:
+            process.kill()
+        return process.wait()
 
     def _read_audit(self) -> list[dict[str, Any]]:
         """The key server's whole audit log, from the running server."""
@@ -533,6 +549,7 @@ class SoakRun:
                 "samples": self.samples, "revoked_at": self.revoked_at,
                 "revoked_epoch": self.revoked_epoch,
                 "audit": self.audit_log, "client_answers": self._client_answers(),
+                "fed": {name: len(feed.values) for name, feed in self.feeds.items()},
                 "revoked_publisher": "pub-revoked"}
 
 
@@ -548,13 +565,14 @@ def _not_zombie(pid: int) -> bool:
     return state != "Z"
 
 
-def run_soak(settings: SoakSettings, workdir: Path,
-             progress: Callable[[str], None] = print) -> dict[str, Any]:
+def run_soak(settings: SoakSettings, workdir: Path, progress: Callable[[str], None] = print,
+             database_url: str | None = None) -> dict[str, Any]:
     """One soak run in ``workdir`` (kept: every process's log is there) and the oracle's
-    verdict; every process is stopped on the way out, whatever happens."""
+    verdict, with the key server on ``database_url`` (None: SQLite in its directory);
+    every process is stopped on the way out, whatever happens."""
     from ibe_pubsub.evaluation.soak_oracle import analyse, passed
 
-    run = SoakRun(settings, workdir, progress)
+    run = SoakRun(settings, workdir, progress, database_url)
     try:
         run.start()
         run.run()
@@ -568,4 +586,5 @@ def run_soak(settings: SoakSettings, workdir: Path,
     verdict = analyse(record, run.leftovers())
     (workdir / "record.json").write_text(json.dumps(record))
     return {"benchmark": "soak", "settings": asdict(settings), "workdir": str(workdir),
+            "database": "postgresql" if database_url else "sqlite",
             "passed": passed(verdict), "verdict": verdict}
