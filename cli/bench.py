@@ -644,7 +644,8 @@ def _run_soak(args: argparse.Namespace) -> int:
         settings = SoakSettings(
             minutes=args.minutes, subscribers=args.subscribers, steady=args.steady,
             epoch_seconds=args.epoch_seconds, grace_seconds=args.grace_seconds,
-            kill_every=args.kill_every, failure_timeout=args.failure_timeout, seed=args.seed)
+            kill_every=args.kill_every, failure_timeout=args.failure_timeout, seed=args.seed,
+            drain=args.drain)
     except BenchSettingsError as exc:
         raise CommandError(str(exc)) from exc
     json_path = Path(args.json)
@@ -701,6 +702,9 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
                       metavar="DURATION", help="time between subscriber kills (default 20s)")
     soak.add_argument("--failure-timeout", type=positive_duration, default=5.0,
                       metavar="DURATION", help="the peers' --failure-timeout (default 5s)")
+    soak.add_argument("--drain", type=positive_duration, default=15.0, metavar="DURATION",
+                      help="time for the last events to arrive after the feeds end (default "
+                      "15s)")
     soak.add_argument("--seed", type=int, default=1, help="seed of the schedule, the "
                       "subscriptions and the events")
     soak.add_argument("--postgres", action="store_true",

@@ -78,6 +78,8 @@ class SoakSettings:
     server_pause: float = 3.0
     failure_timeout: float = 5.0
     seed: int = 1
+    #: Seconds between the end of the feeds and the end of the run, for the last events.
+    drain: float = 15.0
 
     def __post_init__(self) -> None:
         if self.minutes <= 0 or self.subscribers < 2 or not 0 <= self.steady < self.subscribers:
@@ -455,7 +457,7 @@ class SoakRun:
 
     # -- the end -----------------------------------------------------------------------------
 
-    def finish(self, drain: float = 15.0) -> None:
+    def finish(self) -> None:
         """Close the feeds, give the last events time to arrive, stop everything
         gracefully (SIGCONT first for a stopped peer)."""
         for feed in self.feeds.values():
@@ -463,7 +465,7 @@ class SoakRun:
         for name, feed in self.feeds.items():  # each sends what it has, then exits
             if name in self.live:
                 self._ended(name, time.time(), "stopped", self._drained(feed))
-        time.sleep(drain)
+        time.sleep(self.settings.drain)
         self._sample()
         self._notice_exits()
         self._notice_ready()
@@ -481,10 +483,16 @@ class SoakRun:
         for name in list(self.live):
             self._ended(name, now, "stopped", processes[name].returncode)
 
-    def leftovers(self) -> list[int]:
-        """Processes this run started (or theirs started) that still run."""
+    def leftovers(self, grace: float = 10.0) -> list[int]:
+        """Processes this run started (or theirs started) still running ``grace`` seconds
+        after the end (a killed key server's workers notice within a second, and exit)."""
         pids = {i.pid for i in self.incarnations} | self.descendants
-        return sorted(p for p in pids if rss_bytes(p) and _not_zombie(p))
+        deadline = time.monotonic() + grace
+        while True:
+            left = sorted(p for p in pids if rss_bytes(p) and _not_zombie(p))
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
 
     def _drained(self, feed: _Feed, quiet: float = 30.0) -> int | None:
         """Wait for a publisher to send what it was fed and exit, as long as it keeps

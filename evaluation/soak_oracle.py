@@ -12,7 +12,8 @@ revocation are owed to nobody.
 Fault windows: each fault may make *other* subscribers miss events for a while (the
 children of a killed peer, every subscriber of a killed root's tree). A window is declared
 per fault, from its start to a bound its kind allows (:func:`fault_windows`); a miss inside
-one is counted under its kind, a miss outside every window is *lost*. The time each fault
+one is counted under the kind of the latest fault that began before it, a miss outside
+every window is *lost*. The time each fault
 really needed ("settled") is measured: from the fault to the last missed event attributed
 to it (0 when nothing was missed).
 
@@ -69,7 +70,7 @@ def fault_windows(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _attached(incarnations: list[dict[str, Any]], t: float) -> bool:
+def attached(incarnations: list[dict[str, Any]], t: float) -> bool:
     """Was a process of this subscriber attached and settled when an event was sent at
     wall-clock time ``t``?"""
     for i in incarnations:
@@ -210,7 +211,7 @@ def analyse(record: dict[str, Any], leftovers: Iterable[int] = ()) -> dict[str, 
             if (event["publisher"] == record["revoked_publisher"] and revoked_at is not None
                     and t >= revoked_at):
                 continue
-            if not predicate.matches(event["values"]) or not _attached(incarnations[name], t):
+            if not predicate.matches(event["values"]) or not attached(incarnations[name], t):
                 continue
             owed_total += 1
             minute = timeline[min(minutes, int((t - started) // 60))]
@@ -223,8 +224,8 @@ def analyse(record: dict[str, Any], leftovers: Iterable[int] = ()) -> dict[str, 
             elapsed = t - started
             misses_at.append((elapsed, name, event_id))
             inside = [w for w in windows if w["from"] <= elapsed <= w["to"]]
-            if inside:
-                excused[inside[0]["kind"]] += 1
+            if inside:  # counted against the latest fault that began before it
+                excused[max(inside, key=lambda w: w["from"])["kind"]] += 1
             else:
                 lost.append({"subscriber": name, "event": event_id,
                              "sent_s": round(elapsed, 3)})

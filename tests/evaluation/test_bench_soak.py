@@ -1,5 +1,5 @@
-"""``bench soak``, shortened for CI: 90 seconds of real processes (a key server with 30 s
-epochs, three roots, six subscribers in both routing modes, three live feeds) under every
+"""``bench soak``, shortened for CI: 45 seconds of real processes (a key server with 15 s
+epochs, three roots, four subscribers in both routing modes, three live feeds) under every
 fault of the schedule (subscriber kills, a SIGSTOP, a root and the key server killed and
 restarted, a publisher revoked), with nothing lost outside the fault windows, no
 duplicate, no crash, nothing left running and every enrolment in the audit log. Then the
@@ -14,18 +14,22 @@ from pathlib import Path
 
 import pytest
 
+from ibe_pubsub.credentials import default_schema, parse_predicate
 from ibe_pubsub.evaluation.launcher import child_env, cli_command
-from ibe_pubsub.evaluation.soak_oracle import analyse, passed
+from ibe_pubsub.evaluation.soak_oracle import analyse, attached, passed
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+#: Alone on the machine (with the timing-sensitive tests): its fifteen processes would slow
+#: whatever ran beside it, and fault windows are timings too.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     out = tmp_path_factory.mktemp("soak") / "soak.json"
     done = subprocess.run(cli_command(
-        "bench", "soak", "--minutes", "1.5", "--subscribers", "6", "--steady", "2",
-        "--epoch-seconds", "30", "--grace-seconds", "8", "--kill-every", "15", "--seed", "3",
+        "bench", "soak", "--minutes", "0.75", "--subscribers", "4", "--steady", "1",
+        "--epoch-seconds", "15", "--grace-seconds", "4", "--kill-every", "10", "--drain", "8",
+        "--seed", "3",
         "--json", str(out)), env=child_env(), capture_output=True, text=True, timeout=500,
         check=False)
     assert out.exists(), done.stderr[-3000:]
@@ -44,7 +48,7 @@ def test_a_short_soak_loses_nothing_outside_its_fault_windows(soak):
     assert report["passed"], summary
     assert set(verdict["faults_by_kind"]) == {"subscriber_kill", "subscriber_stop",
                                                "root_kill", "keyserver_kill", "revocation"}
-    assert verdict["owed"] >= 100 and verdict["delivered"] + sum(
+    assert verdict["owed"] >= 50 and verdict["delivered"] + sum(
         verdict["missed_in_fault_windows"].values()) == verdict["owed"]
     # Three rollovers at least: every long-lived subscriber enrolled again at each.
     assert max(i["epoch"] or 0 for i in record["audit"]) >= 4
@@ -56,16 +60,23 @@ def _owed_delivery(record: dict, verdict: dict) -> tuple[str, int]:
     """A subscriber and the index of one of its deliveries that was owed outside every
     fault window."""
     windows = verdict["fault_windows"]
+    incarnations: dict[str, list[dict]] = {}
+    for inc in record["incarnations"]:
+        incarnations.setdefault(inc["name"], []).append(inc)
     for name, deliveries in record["deliveries"].items():
+        predicate = parse_predicate(default_schema(), record["subscriptions"][name])
         for k, (event_id, _) in enumerate(deliveries):
             sent = record["sent"].get(event_id)
-            t = sent["sent_at"] - record["started"] if sent else None
-            if (t is not None and sent["publisher"] == "pub-v2" and t > 10
+            if sent is None or sent["publisher"] == "pub-revoked":
+                continue
+            t = sent["sent_at"] - record["started"]
+            if (predicate.matches(sent["values"])
+                    and attached(incarnations[name], sent["sent_at"])
                     and not any(w["from"] <= t <= w["to"] for w in windows)):
                 probe = copy.deepcopy(record)
                 del probe["deliveries"][name][k]
-                if analyse(probe)["lost"] == 1:
-                    return name, k
+                assert analyse(probe)["lost"] == 1
+                return name, k
     raise AssertionError("no owed delivery outside the fault windows")
 
 
