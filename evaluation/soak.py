@@ -263,7 +263,6 @@ class SoakRun:
         return incarnation
 
     def _spawned(self, peer: PeerProcess) -> None:
-        peer.ready_file.unlink(missing_ok=True)
         self._track(peer.name, peer.role, peer.process.pid)
 
     def _start_root(self, name: str) -> PeerProcess:
