@@ -637,6 +637,7 @@ def _run_soak(args: argparse.Namespace) -> int:
         plot_soak,
         postgres_cluster,
         run_soak,
+        soak_network,
     )
 
     pyplot()
@@ -645,7 +646,8 @@ def _run_soak(args: argparse.Namespace) -> int:
             minutes=args.minutes, subscribers=args.subscribers, steady=args.steady,
             epoch_seconds=args.epoch_seconds, grace_seconds=args.grace_seconds,
             kill_every=args.kill_every, failure_timeout=args.failure_timeout, seed=args.seed,
-            drain=args.drain)
+            drain=args.drain, group=args.group, link_delay_ms=args.link_delay_ms,
+            link_loss=args.link_loss, partition_seconds=args.partition)
     except BenchSettingsError as exc:
         raise CommandError(str(exc)) from exc
     json_path = Path(args.json)
@@ -653,9 +655,13 @@ def _run_soak(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="soak-", dir=json_path.parent))
     notice(f"soak: {args.minutes:g} minutes; every process's log goes to {workdir}")
     postgres = args.postgres or args.postgres_url is not None
-    with (postgres_cluster(args.postgres_url) if postgres else nullcontext(None)) as cluster:
+    outside = ("--postgres-url names a server outside the namespaces"
+               if args.postgres_url is not None else None)
+    # The namespaces first: a throwaway PostgreSQL then starts inside them.
+    with (soak_network(settings, workdir, notice, outside) as (network, skipped),
+          postgres_cluster(args.postgres_url) if postgres else nullcontext(None) as cluster):
         database = fresh_database(cluster) if cluster is not None else None
-        report = run_soak(settings, workdir, notice, database)
+        report = run_soak(settings, workdir, notice, database, network, skipped)
     write_json_atomically(json_path, report)
     plot = json_path.with_suffix(".png")
     plot_soak(report, plot)
@@ -682,7 +688,9 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
         "stream, and a publisher revoked half-way) on loopback, and inject faults on a "
         "schedule the seed fixes: SIGKILL of a subscriber every --kill-every seconds "
         "(restarted after a pause), SIGSTOP of one for longer than the failure timeout, "
-        "SIGKILL of a root and of the key server (both restarted), the revocation. Then "
+        "SIGKILL of a root and of the key server (both restarted), the revocation, and, "
+        "as root, a cut of the link to --group subscribers that run in a network namespace "
+        "of their own behind a delaying, lossy link (see --link-delay-ms). Then "
         "check that every event a subscriber's predicate matches, sent while it was "
         "attached and settled, was delivered to it exactly once outside the declared fault "
         "windows; that nothing of the revoked publisher came after its last epoch plus "
@@ -707,6 +715,16 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
                       "15s)")
     soak.add_argument("--seed", type=int, default=1, help="seed of the schedule, the "
                       "subscriptions and the events")
+    soak.add_argument("--group", type=int, default=4,
+                      help="subscribers run as if on another host, in a network namespace "
+                      "of their own behind an emulated link that is cut once (needs root; "
+                      "skipped, saying why, otherwise; 0: none)")
+    soak.add_argument("--link-delay-ms", type=float, default=20.0,
+                      help="delay each way on the group's link, in milliseconds")
+    soak.add_argument("--link-loss", type=float, default=0.01,
+                      help="share of the packets the group's link drops")
+    soak.add_argument("--partition", type=positive_duration, default=20.0, metavar="DURATION",
+                      help="how long the group's link is cut (default 20s)")
     soak.add_argument("--postgres", action="store_true",
                       help="the key server on PostgreSQL, in a throwaway cluster from the "
                       "local initdb/pg_ctl (default: SQLite)")

@@ -21,7 +21,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "exceptions": ("BenchRunError", "BenchSettingsError", "EvaluationError"),
     "plotting": ("PlotsUnavailable", "pyplot"),
     "postgres": ("PostgresUnavailable", "fresh_database", "postgres_cluster"),
-    "soak": ("SoakSettings", "run_soak"),
+    "soak": ("SoakSettings", "run_soak", "soak_network"),
     "soak_oracle": ("plot_soak",),
     "sizes": ("DEFAULT_EXPERIMENTS", "DROPPER_KINDS", "EXACTNESS_SCHEMAS", "EXPERIMENTS",
               "Sizes"),

@@ -136,12 +136,13 @@ class Cluster:
 
     def _spawn(self, name: str, role: str, token: str | None, args: list[str],
                subscription: str | None = None, script: Path | None = None,
-               stdin: int = subprocess.DEVNULL) -> PeerProcess:
+               stdin: int = subprocess.DEVNULL, prefix: tuple[str, ...] = ()
+               ) -> PeerProcess:
         env = self._env(token)
         log = (self.workdir / f"{name}.log").open("ab")
         verbosity = ["-v"] if self.verbose else []
-        command = ([sys.executable, str(script), *verbosity, *args] if script is not None
-                   else cli_command(*verbosity, *args))
+        command = [*prefix, *([sys.executable, str(script), *verbosity, *args]
+                              if script is not None else cli_command(*verbosity, *args))]
         try:
             process = subprocess.Popen(command, env=env,
                                        stdout=subprocess.DEVNULL, stderr=log, stdin=stdin)
@@ -171,19 +172,21 @@ class Cluster:
 
     def start_subscriber(self, name: str, subscription: str | None, token: str | None = None,
                          listen: str = "127.0.0.1:0", bundle: Path | None = None,
-                         extra: tuple[str, ...] = (), script: Path | None = None
-                         ) -> PeerProcess:
+                         extra: tuple[str, ...] = (), script: Path | None = None,
+                         prefix: tuple[str, ...] = ()) -> PeerProcess:
         """A subscriber of ``subscription``, or with the keys of ``bundle`` (from ``bulk
         issue``; narrowed to ``subscription`` if given; its token unless ``token``); ``extra``
         options override the cluster's ``peer_args``. ``script``: a Python file run instead
         of ``python -m ibe_pubsub.cli`` with the same arguments (a peer altered for a fault
-        test, which ends by running the command)."""
+        test, which ends by running the command). ``prefix``: a command that runs it, e.g.
+        ``ip netns exec NAME``."""
         if token is None and bundle is None:
             token = self.identity(name, "subscriber")
         return self._spawn(name, "subscriber", token, [
             *self._run_args(name, listen), *extra, *_option("--subscribe", subscription),
             *_option("--bundle", bundle),
-            "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription, script)
+            "--events-out", str(self.workdir / f"{name}.events.jsonl")], subscription, script,
+            prefix=prefix)
 
     def wait_ready(self, peers: list[PeerProcess], timeout: float = 60.0) -> None:
         """Until every peer wrote its ready file; raises with the log of one that did not."""

@@ -44,8 +44,9 @@ def init_keyserver(data_dir: Path, passphrase: str, extra: Sequence[str] = ()) -
         raise BenchRunError(f"keyserver init failed: {done.stderr.strip()}")
 
 
-def _serve_command(data_dir: Path, port: int, extra: Sequence[str]) -> list[str]:
-    return cli_command("keyserver", "serve", "--data", str(data_dir), "--host", "127.0.0.1",
+def _serve_command(data_dir: Path, port: int, extra: Sequence[str],
+                   host: str = "127.0.0.1") -> list[str]:
+    return cli_command("keyserver", "serve", "--data", str(data_dir), "--host", host,
                        "--port", str(port), *extra)
 
 
@@ -58,11 +59,11 @@ def serve_expecting_exit(data_dir: Path, passphrase: str, extra: Sequence[str] =
 
 
 def start_keyserver(data_dir: Path, port: int, passphrase: str, extra: Sequence[str] = (),
-                    log: Path | None = None, prefix: Sequence[str] = ()
-                    ) -> subprocess.Popen[bytes]:
-    """``keyserver serve`` on 127.0.0.1:``port`` in a child process (not yet ready), run
+                    log: Path | None = None, prefix: Sequence[str] = (),
+                    host: str = "127.0.0.1") -> subprocess.Popen[bytes]:
+    """``keyserver serve`` on ``host``:``port`` in a child process (not yet ready), run
     through ``prefix`` if given (e.g. ``taskset -c 0``)."""
-    command = [*prefix, *_serve_command(data_dir, port, extra)]
+    command = [*prefix, *_serve_command(data_dir, port, extra, host)]
     if log is None:
         return subprocess.Popen(command, env=child_env(passphrase), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT)

@@ -12,7 +12,11 @@ publisher whose identity is revoked half-way. Faults, on a schedule a seed fixes
 * ``root_kill``: SIGKILL of a root, restarted after a pause;
 * ``keyserver_kill``: SIGKILL of the key server while events flow, restarted from the same
   data directory on the same port;
-* ``revocation``: the third publisher's identity revoked.
+* ``revocation``: the third publisher's identity revoked;
+* ``partition``: where the run may build network namespaces (as root), the last
+  ``group`` subscribers run "on another host": in a namespace of their own, behind a link
+  that delays every packet and loses some (:mod:`evaluation.netns`); the link is cut for
+  ``partition_seconds``, then healed.
 
 A few subscribers are never killed or stopped, so that their memory and descriptors can
 be followed over the whole run. Every process runs with ``-v``, so the key server's
@@ -31,7 +35,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,13 +51,16 @@ from ibe_pubsub.evaluation.launcher import (
     wait_ready,
 )
 from ibe_pubsub.evaluation.memory import child_pids, open_fds, rss_bytes
+from ibe_pubsub.evaluation.netns import CORE_ADDRESS, GROUP_ADDRESS, SplitNetwork, unavailable
 from ibe_pubsub.evaluation.stock_workload import event_values, subscription_text
 from ibe_pubsub.keyserver import KeyServerClient
 
 #: Seconds between samples of every process's memory and descriptors.
 SAMPLE_EVERY = 5.0
+#: The publisher whose identity the run revokes.
+REVOKED_PUBLISHER = "pub-revoked"
 FAULT_KINDS = ("subscriber_kill", "subscriber_stop", "root_kill", "keyserver_kill",
-               "revocation")
+               "revocation", "partition")
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,12 @@ class SoakSettings:
     seed: int = 1
     #: Seconds between the end of the feeds and the end of the run, for the last events.
     drain: float = 15.0
+    #: Subscribers in a network namespace of their own (where root; 0: none), behind a link
+    #: with this delay each way and this packet loss, cut once for ``partition_seconds``.
+    group: int = 4
+    link_delay_ms: float = 20.0
+    link_loss: float = 0.01
+    partition_seconds: float = 20.0
 
     def __post_init__(self) -> None:
         if self.minutes <= 0 or self.subscribers < 2 or not 0 <= self.steady < self.subscribers:
@@ -89,8 +102,13 @@ class SoakSettings:
             raise BenchSettingsError("the grace window must be positive and at most half "
                                      "the epoch")
         if min(self.v2_rate, self.stream_rate, self.revoked_rate, self.kill_every,
-               self.failure_timeout) <= 0:
-            raise BenchSettingsError("rates, kill_every and failure_timeout must be positive")
+               self.failure_timeout, self.partition_seconds) <= 0:
+            raise BenchSettingsError("rates, kill_every, failure_timeout and "
+                                     "partition_seconds must be positive")
+        if not (0 <= self.group <= self.subscribers and self.link_delay_ms >= 0
+                and 0 <= self.link_loss < 1):
+            raise BenchSettingsError("the group must be 0 to all subscribers, the link's delay "
+                                     "at least 0 and its loss in [0, 1)")
 
     @property
     def seconds(self) -> float:
@@ -125,9 +143,10 @@ class Incarnation:
     paused: list[tuple[float, float]] = field(default_factory=list)
 
 
-def schedule(settings: SoakSettings, subscribers: list[str], roots: list[str]
-             ) -> list[Fault]:
-    """The faults of a run, from its seed: the same settings give the same schedule."""
+def schedule(settings: SoakSettings, subscribers: list[str], roots: list[str],
+             partition: bool = False) -> list[Fault]:
+    """The faults of a run, from its seed: the same settings give the same schedule (a
+    ``partition`` of the namespace group, if asked, draws nothing from the seed)."""
     rng = random.Random(f"soak-{settings.seed}")
     total = settings.seconds
     victims = subscribers[settings.steady:]
@@ -140,8 +159,10 @@ def schedule(settings: SoakSettings, subscribers: list[str], roots: list[str]
     stop_for = 2.5 * settings.failure_timeout
     one_off = [(0.3, "root_kill", rng.choice(roots), settings.server_pause),
                (0.4, "subscriber_stop", rng.choice(victims), stop_for),
-               (0.5, "revocation", "pub-revoked", 0.0),
+               (0.5, "revocation", REVOKED_PUBLISHER, 0.0),
                (0.65, "keyserver_kill", "keyserver", settings.server_pause)]
+    if partition:
+        one_off.append((0.15, "partition", "group", settings.partition_seconds))
     for share, kind, target, lasts in one_off:
         start = share * total + settings.kill_every / 2  # between two subscriber kills
         faults.append(Fault(start, kind, target, start + lasts))
@@ -217,15 +238,23 @@ class SoakRun:
 
     def __init__(self, settings: SoakSettings, workdir: Path,
                  progress: Callable[[str], None] = print,
-                 database_url: str | None = None) -> None:
+                 database_url: str | None = None, network: SplitNetwork | None = None,
+                 network_skipped: str | None = None) -> None:
         self.settings = settings
         self.database = ("--database-url", database_url) if database_url else ()
         self.workdir = workdir
         self.progress = progress
         self.passphrase = f"soak-{random.Random(settings.seed).getrandbits(64):x}"
         self.data = workdir / "keyserver"
+        self.network, self.network_skipped = network, network_skipped
+        #: The address of the key server and of every peer outside the namespace group.
+        self.host = CORE_ADDRESS if network is not None else "127.0.0.1"
+        self.group: list[str] = []
+        #: Plain HTTP off loopback is refused unless asked for: here the "other host" is a
+        #: namespace of this machine, and the run is about the link, not the server's TLS.
+        self._plain_http = ("--insecure",) if network is not None else ()
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{self.host}:{self.port}"
         self.keyserver: subprocess.Popen[bytes] | None = None
         self.cluster: Cluster | None = None
         self.tokens: dict[str, str] = {}
@@ -251,8 +280,8 @@ class SoakRun:
 
     def _start_keyserver(self) -> None:
         self.keyserver = start_keyserver(self.data, self.port, self.passphrase,
-                                         ("-v", *self.database),
-                                         log=self.workdir / "keyserver.log")
+                                         ("-v", *self.database, *self._plain_http),
+                                         log=self.workdir / "keyserver.log", host=self.host)
         wait_ready(self.url, self.keyserver)
         self._track("keyserver", "keyserver", self.keyserver.pid)
 
@@ -269,16 +298,20 @@ class SoakRun:
         assert self.cluster is not None
         self.cluster.peers.pop(name, None)
         (self.cluster.workdir / f"{name}.ready.json").unlink(missing_ok=True)
-        peer = self.cluster.start_root(name, [self.roots[name]], token=self.tokens[name])
+        peer = self.cluster.start_root(name, [self.roots[name]], token=self.tokens[name],
+                                       listen=f"{self.host}:0")
         self._spawned(peer)
         return peer
 
     def _start_subscriber(self, name: str) -> PeerProcess:
         assert self.cluster is not None
         (self.cluster.workdir / f"{name}.ready.json").unlink(missing_ok=True)
-        peer = self.cluster.start_subscriber(name, self.subscriptions[name],
-                                             token=self.tokens[name],
-                                             extra=("--routing", self.routing[name]))
+        elsewhere = self.network is not None and name in self.group
+        peer = self.cluster.start_subscriber(
+            name, self.subscriptions[name], token=self.tokens[name],
+            extra=("--routing", self.routing[name]),
+            listen=f"{GROUP_ADDRESS if elsewhere else self.host}:0",
+            prefix=self.network.group_prefix if elsewhere and self.network else ())
         self._spawned(peer)
         return peer
 
@@ -313,17 +346,20 @@ class SoakRun:
             self.subscriptions[name] = text
             self.routing[name] = ("ohf", "mcr")[i % 2]
             self._identity(name, "subscriber")
+        if self.network is not None and s.group:
+            self.group = list(self.subscriptions)[-s.group:]
         started = [self._start_subscriber(name) for name in self.subscriptions]
         self._wait_ready(started)
         self.progress(f"soak: {len(started)} subscribers ready")
         for name, prefix, rate, window in (("pub-v2", "v2", s.v2_rate, None),
                                            ("pub-stream", "stream", s.stream_rate, "1s"),
-                                           ("pub-revoked", "revoked", s.revoked_rate, None)):
+                                           (REVOKED_PUBLISHER, "revoked", s.revoked_rate, None)):
             self._identity(name, "publisher")
             peer = self.cluster.start_feed(name, self.tokens[name], window)
             self._track(name, "publisher", peer.process.pid)
             self.feeds[name] = _Feed(peer, prefix, rate, s.seed)
-        self.faults = schedule(s, list(self.subscriptions), list(self.roots))
+        self.faults = schedule(s, list(self.subscriptions), list(self.roots),
+                               partition=bool(self.group))
         self.started = time.time()
         for feed in self.feeds.values():
             feed.start()
@@ -360,7 +396,7 @@ class SoakRun:
     def _begin(self, fault: Fault) -> None:
         now = time.time()
         record = {**asdict(fault), "started": now}
-        if fault.target not in self.live and fault.kind != "revocation":
+        if fault.target not in self.live and fault.kind not in ("revocation", "partition"):
             self.progress(f"soak: {fault.kind} {fault.target} skipped: it is not running")
             return
         if fault.kind in ("subscriber_kill", "root_kill"):
@@ -378,6 +414,9 @@ class SoakRun:
             self.revoked_epoch = self.cluster.admin.epoch()
             self.cluster.admin.revoke(self.ids[fault.target])
             self.revoked_at = now
+        elif fault.kind == "partition":
+            assert self.network is not None
+            self.network.partition()
         self.done_faults.append(record)
         self.progress(f"soak: {fault.kind} {fault.target} at {fault.at:.0f} s")
 
@@ -394,6 +433,9 @@ class SoakRun:
             incarnation.paused[-1] = (incarnation.paused[-1][0], now)
         elif fault.kind == "keyserver_kill":
             self._start_keyserver()
+        elif fault.kind == "partition":
+            assert self.network is not None
+            self.network.heal()
         elif fault.kind in ("root_kill", "subscriber_kill"):
             # Not waited for here: a peer may wait for the key server, whose own restart
             # must not wait behind it.
@@ -463,7 +505,10 @@ class SoakRun:
             feed.close()
         for name, feed in self.feeds.items():  # each sends what it has, then exits
             if name in self.live:
-                self._ended(name, time.time(), "stopped", self._drained(feed))
+                # The revoked publisher's events are owed to nobody, and roots refuse its
+                # links: it would wait half a minute for them before giving up.
+                quiet = 5.0 if name == REVOKED_PUBLISHER and self.revoked_at else 30.0
+                self._ended(name, time.time(), "stopped", self._drained(feed, quiet))
         time.sleep(self.settings.drain)
         self._sample()
         self._notice_exits()
@@ -557,7 +602,16 @@ class SoakRun:
                 "revoked_epoch": self.revoked_epoch,
                 "audit": self.audit_log, "client_answers": self._client_answers(),
                 "fed": {name: len(feed.values) for name, feed in self.feeds.items()},
-                "revoked_publisher": "pub-revoked"}
+                "revoked_publisher": REVOKED_PUBLISHER, "network": self._network_record()}
+
+    def _network_record(self) -> dict[str, Any]:
+        if self.network is None:
+            return {"skipped": self.network_skipped}
+        s = self.settings
+        return {"group": self.group, "core_address": CORE_ADDRESS,
+                "group_address": GROUP_ADDRESS, "delay_ms_each_way": s.link_delay_ms,
+                "loss": s.link_loss, "partition_seconds": s.partition_seconds,
+                "link_log": self.network.log.read_text(errors="replace").splitlines()}
 
 
 ENROL_ANSWER = re.compile(
@@ -572,14 +626,37 @@ def _not_zombie(pid: int) -> bool:
     return state != "Z"
 
 
+@contextlib.contextmanager
+def soak_network(settings: SoakSettings, workdir: Path, progress: Callable[[str], None],
+                 outside: str | None = None) -> Iterator[tuple[SplitNetwork | None, str | None]]:
+    """The namespaces of the subscriber group (entered for the run, torn down after it),
+    or None and why the run goes without them: not root, no group asked for, or
+    ``outside``, a reason the run needs the machine's own network (a database elsewhere)."""
+    reason = ("no subscriber group asked for" if not settings.group
+              else outside or unavailable())
+    if reason is not None:
+        progress(f"soak: no network namespaces: {reason}")
+        yield None, reason
+        return
+    with SplitNetwork(settings.link_delay_ms, settings.link_loss, settings.seed,
+                      workdir / "link.log") as network:
+        progress(f"soak: {settings.group} subscribers in the namespace {network.group} "
+                 f"({GROUP_ADDRESS}), the rest in {network.core} ({CORE_ADDRESS}); the link "
+                 f"between them: {settings.link_delay_ms:g} ms each way, "
+                 f"{settings.link_loss:.0%} loss")
+        yield network, None
+
+
 def run_soak(settings: SoakSettings, workdir: Path, progress: Callable[[str], None] = print,
-             database_url: str | None = None) -> dict[str, Any]:
+             database_url: str | None = None, network: SplitNetwork | None = None,
+             network_skipped: str | None = None) -> dict[str, Any]:
     """One soak run in ``workdir`` (kept: every process's log is there) and the oracle's
-    verdict, with the key server on ``database_url`` (None: SQLite in its directory);
-    every process is stopped on the way out, whatever happens."""
+    verdict, with the key server on ``database_url`` (None: SQLite in its directory) and
+    the subscriber group in ``network`` (from :func:`soak_network`); every process is
+    stopped on the way out, whatever happens."""
     from ibe_pubsub.evaluation.soak_oracle import analyse, passed
 
-    run = SoakRun(settings, workdir, progress, database_url)
+    run = SoakRun(settings, workdir, progress, database_url, network, network_skipped)
     try:
         run.start()
         run.run()
@@ -594,4 +671,5 @@ def run_soak(settings: SoakSettings, workdir: Path, progress: Callable[[str], No
     (workdir / "record.json").write_text(json.dumps(record))
     return {"benchmark": "soak", "settings": asdict(settings), "workdir": str(workdir),
             "database": "postgresql" if database_url else "sqlite",
+            "network": record["network"],
             "passed": passed(verdict), "verdict": verdict}

@@ -53,9 +53,10 @@ _CLEAN = {False: (0,), True: (0, -15)}
 
 def fault_windows(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The declared window of every fault (seconds into the run): a subscriber's kill or
-    stop, until the failure timeout plus ``WINDOW_SLACK`` after it ended (its children
-    notice it and find another parent); a root or the key server, until ``WINDOW_SLACK``
-    after it was ready again. A revocation makes nobody miss anything: no window."""
+    stop, and a partition, until the failure timeout plus ``WINDOW_SLACK`` after it ended
+    (the peers on either side of it notice and find other parents); a root or the key
+    server, until ``WINDOW_SLACK`` after it was ready again. A revocation makes nobody
+    miss anything: no window."""
     timeout = record["settings"]["failure_timeout"]
     started = record["started"]
     out = []
@@ -63,7 +64,8 @@ def fault_windows(record: dict[str, Any]) -> list[dict[str, Any]]:
         if fault["kind"] == "revocation":
             continue
         back = fault.get("ready", fault.get("ended", fault["started"])) - started
-        slack = WINDOW_SLACK + (timeout if fault["kind"].startswith("subscriber_") else 0.0)
+        slack = WINDOW_SLACK + (timeout if fault["kind"].startswith(("subscriber_", "partition"))
+                                else 0.0)
         out.append({"kind": fault["kind"], "target": fault["target"],
                     "from": round(fault["started"] - started, 3),
                     "to": round(back + slack, 3)})

@@ -1,9 +1,11 @@
 """``bench soak``, shortened for CI: 45 seconds of real processes (a key server with 15 s
 epochs, three roots, four subscribers in both routing modes, three live feeds) under every
 fault of the schedule (subscriber kills, a SIGSTOP, a root and the key server killed and
-restarted, a publisher revoked), with nothing lost outside the fault windows, no
-duplicate, no crash, nothing left running and every enrolment in the audit log. Then the
-oracle is shown to catch each failure in that same run's record (the controls)."""
+restarted, a publisher revoked, and, as root, one subscriber in a network namespace of its
+own behind a delaying, lossy link that is cut for 6 s), with nothing lost outside the
+fault windows, no duplicate, no crash, nothing left running and every enrolment in the
+audit log. Then the oracle is shown to catch each failure in that same run's record (the
+controls)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 
 from ibe_pubsub.credentials import default_schema, parse_predicate
 from ibe_pubsub.evaluation.launcher import child_env, cli_command
+from ibe_pubsub.evaluation.netns import GROUP_ADDRESS, unavailable
 from ibe_pubsub.evaluation.soak_oracle import analyse, attached, passed
 
 #: Alone on the machine (with the timing-sensitive tests): its fifteen processes would slow
@@ -29,7 +32,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     done = subprocess.run(cli_command(
         "bench", "soak", "--minutes", "0.75", "--subscribers", "4", "--steady", "1",
         "--epoch-seconds", "15", "--grace-seconds", "4", "--kill-every", "10", "--drain", "8",
-        "--seed", "3",
+        "--seed", "3", "--group", "1", "--partition", "6",
         "--json", str(out)), env=child_env(), capture_output=True, text=True, timeout=500,
         check=False)
     assert out.exists(), done.stderr[-3000:]
@@ -46,8 +49,9 @@ def test_a_short_soak_loses_nothing_outside_its_fault_windows(soak):
     summary = {k: verdict[k] for k in ("lost_examples", "duplicate_examples", "crashed",
                                        "left_running", "audit_mismatches", "wrong_examples")}
     assert report["passed"], summary
-    assert set(verdict["faults_by_kind"]) == {"subscriber_kill", "subscriber_stop",
-                                               "root_kill", "keyserver_kill", "revocation"}
+    kinds = {"subscriber_kill", "subscriber_stop", "root_kill", "keyserver_kill", "revocation"}
+    assert set(verdict["faults_by_kind"]) == kinds | ({"partition"} if unavailable() is None
+                                                      else set())
     assert verdict["owed"] >= 50 and verdict["delivered"] + sum(
         verdict["missed_in_fault_windows"].values()) == verdict["owed"]
     # Three rollovers at least: every long-lived subscriber enrolled again at each.
@@ -107,3 +111,23 @@ def test_the_oracle_catches_a_loss_a_duplicate_a_late_revoked_event_and_a_crash(
     entry = next(e for e in unaudited["audit"] if e["action"] == "issue_subscriber")
     unaudited["audit"].remove(entry)
     assert analyse(unaudited)["audit_mismatches"][0]["identity"] == entry["actor"]
+
+
+def test_the_group_ran_behind_a_lossy_link_that_was_cut_and_healed(soak):
+    """As root: the group's subscriber ran at the namespace's address, its link lost
+    packets and dropped everything while cut, and it received events from both sides of
+    the cut."""
+    if unavailable() is not None:
+        pytest.skip(f"no network namespaces here: {unavailable()}")
+    report, record = soak
+    network = report["network"]
+    assert network["group"] == ["sub-03"]
+    ready = Path(report["workdir"]) / "peers" / "sub-03.ready.json"
+    assert json.loads(ready.read_text())["address"].startswith(GROUP_ADDRESS + ":")
+    healed = next(line for line in network["link_log"] if "healed" in line)
+    counts = json.loads(healed.split("so far ", 1)[1])
+    assert counts["lost"] > 0 and counts["partitioned"] > 0 and counts["delivered"] > 100
+    cut = next(f for f in record["faults"] if f["kind"] == "partition")
+    times = sorted(record["sent"][i]["sent_at"] for i, _ in record["deliveries"]["sub-03"]
+                   if i in record["sent"])
+    assert any(t < cut["started"] for t in times) and any(t > cut["ended"] for t in times)

@@ -1,0 +1,151 @@
+"""Two hosts on one machine: network namespaces joined by a veth pair whose packets pass
+through :mod:`evaluation.link_emulator` (delay, loss, partitions).
+
+The *core* namespace holds the key server, the roots, the publishers and most
+subscribers; the *group* namespace holds a few subscribers, as if on another host behind
+a slow, lossy link. The caller's thread enters the core namespace for the lifetime of the
+context (so that everything it starts, and every connection it makes, stays inside the
+namespaces made here: no packet reaches another address), and leaves it on the way out;
+processes of the group are started through :attr:`SplitNetwork.group_prefix`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+CORE_ADDRESS, GROUP_ADDRESS = "10.213.0.1", "10.213.0.2"
+_CLONE_NEWNET = 0x40000000
+
+
+def unavailable() -> str | None:
+    """Why the namespaces cannot be built here, or None when they can."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are a Linux feature"
+    if os.geteuid() != 0:
+        return "not running as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+    for tool in ("ip", "iptables"):
+        if shutil.which(tool) is None:
+            return f"the {tool} command is not installed (Debian: iproute2, iptables)"
+    return None
+
+
+def _setns(fd: int) -> None:
+    """Move the calling thread into the network namespace open as ``fd``."""
+    if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns: {os.strerror(error)}")
+
+
+def _run(*command: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(command)}: {done.stderr.strip() or done.returncode}")
+
+
+class SplitNetwork:
+    """The two namespaces, the link between them and its emulator (a context manager)."""
+
+    def __init__(self, delay_ms: float, loss: float, seed: int, log: Path) -> None:
+        self.delay_ms, self.loss, self.seed, self.log = delay_ms, loss, seed, log
+        tag = f"ibe{os.getpid()}"
+        self.core, self.group = f"{tag}-core", f"{tag}-group"
+        self._core_link, self._group_link = f"{tag}c", f"{tag}g"
+        self._emulator: subprocess.Popen[bytes] | None = None
+        self._home: int | None = None
+
+    @property
+    def group_prefix(self) -> tuple[str, ...]:
+        """The command prefix that runs a program in the group namespace."""
+        return ("ip", "netns", "exec", self.group)
+
+    def __enter__(self) -> SplitNetwork:
+        try:
+            self._build()
+        except BaseException:
+            self._tear_down()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._tear_down()
+
+    def _build(self) -> None:
+        _run("ip", "netns", "add", self.core)
+        _run("ip", "netns", "add", self.group)
+        _run("ip", "link", "add", self._core_link, "netns", self.core, "type", "veth",
+             "peer", "name", self._group_link, "netns", self.group)
+        for space, link, address in ((self.core, self._core_link, CORE_ADDRESS),
+                                     (self.group, self._group_link, GROUP_ADDRESS)):
+            _run("ip", "-n", space, "address", "add", f"{address}/24", "dev", link)
+            _run("ip", "-n", space, "link", "set", "lo", "up")
+            _run("ip", "-n", space, "link", "set", link, "up")
+        # Every packet crossing the link, both ways, goes through the emulator's queue (and
+        # is dropped, not let through, if the emulator is not there).
+        for chain, direction in (("OUTPUT", "-o"), ("INPUT", "-i")):
+            _run(*self.group_prefix, "iptables", "-A", chain, direction, self._group_link,
+                 "-j", "NFQUEUE", "--queue-num", "0")
+        out = self.log.open("wb")
+        try:
+            self._emulator = subprocess.Popen(
+                [*self.group_prefix, sys.executable, "-m",
+                 "ibe_pubsub.evaluation.link_emulator", "--queue", "0",
+                 "--delay-ms", str(self.delay_ms), "--loss", str(self.loss),
+                 "--seed", str(self.seed)], stdout=out, stderr=subprocess.STDOUT)
+        finally:
+            out.close()
+        self._wait_for_emulator()
+        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        core = os.open(f"/run/netns/{self.core}", os.O_RDONLY)
+        try:
+            _setns(core)
+        finally:
+            os.close(core)
+
+    def _wait_for_emulator(self, timeout: float = 30.0) -> None:
+        """Until the emulator has bound its queue (until then the link drops everything)."""
+        assert self._emulator is not None
+        deadline = time.monotonic() + timeout
+        while "link: queue" not in self.log.read_text(errors="replace"):
+            if self._emulator.poll() is not None or time.monotonic() > deadline:
+                raise OSError(f"the link emulator did not start: {self.log.read_text()}")
+            time.sleep(0.05)
+
+    def _signal(self, number: int) -> None:
+        if self._emulator is None or self._emulator.poll() is not None:
+            raise OSError(f"the link emulator is not running (see {self.log})")
+        self._emulator.send_signal(number)
+
+    def partition(self) -> None:
+        """Cut the link: every packet between the namespaces is dropped, silently."""
+        self._signal(signal.SIGUSR1)
+
+    def heal(self) -> None:
+        self._signal(signal.SIGUSR2)
+
+    def _tear_down(self) -> None:
+        if self._home is not None:
+            try:
+                _setns(self._home)
+            finally:
+                os.close(self._home)
+                self._home = None
+        if self._emulator is not None:
+            self._emulator.terminate()
+            try:
+                self._emulator.wait(5)
+            except subprocess.TimeoutExpired:
+                self._emulator.kill()
+                self._emulator.wait()
+        for space in (self.group, self.core):  # deleting them deletes the link
+            with contextlib.suppress(OSError):
+                _run("ip", "netns", "delete", space)
