@@ -1,0 +1,389 @@
+"""The threshold key service (docs/scheme.md, version 3): key shares from ``t`` of ``n``
+servers, each publicly checkable, combined by the client into version-2 keys; and threshold
+BLS signatures in place of the single server's Ed25519 key.
+
+Nobody forms ``alpha`` or ``beta``. With ``delta = alpha / beta``, ``W = g2^beta`` and
+``G = g2^(1/beta)`` (from :mod:`credentials.ceremony`):
+``g2^alpha = W^delta`` and ``D = g2^((gamma_s + alpha) / beta) = G^gamma_s * g2^delta``, so
+only ``delta``, ``phi`` and the signing key ``x`` are secret-shared (by
+:mod:`credentials.dkg`). Events, routing, decryption and verification are version 2's:
+a combined key is a :class:`SubscriberKey` or :class:`PublisherKey` like any other.
+
+Server ``i`` draws its per-key randomness from a PRF of its own, so asking again returns
+the same share. Shares of one subscriber's keys must all be combined over the same set of
+``t`` servers: the binding ``gamma_s = sum lambda_i gamma_s_i`` depends on the set.
+
+**A change to the draft of version 3.** The draft derived ``gamma_s_i = PRF_i(identity,
+epoch)``: one binding for every key an identity receives in an epoch. Version 2 draws a
+fresh ``gamma_s`` per issuance, and that matters when an identity's policy changes
+within an epoch: keys issued under the old policy and under the new one would share
+``gamma_s`` and combine, credential by credential, into keys that neither policy allows
+(``symbol = IBM`` from the first with ``price < 200`` from the second; the test suite
+shows it). Here the binding is per *issuance*: ``gamma_s_i`` and every ``gamma_i`` also
+take the digest of the exact credential lists issued (:func:`issuance_digest`), so asking
+again for the same keys returns the same shares (what the fallback to another server
+needs), and any other request gets an independent binding, as in version 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets as system_random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ibe_pubsub.credentials.ceremony import BetaState
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.exceptions import CredentialsError
+from ibe_pubsub.credentials.groups import G1, G2, GT, Element, PairingGroup
+from ibe_pubsub.credentials.keys import (
+    MasterPublicKey,
+    PublisherKey,
+    RoutingToken,
+    SubscriberCredentialKey,
+    SubscriberKey,
+)
+from ibe_pubsub.credentials.scheme import PUB, SUB, PublicParams, identity_string
+from ibe_pubsub.credentials.shamir import lagrange_at, lagrange_at_zero
+
+#: Weights of the small-exponent batch test of a share's equations: a wrong share passes
+#: with probability at most 2^-63.
+BATCH_WEIGHT_BITS = 64
+
+#: Domain tags: g2 from the deployment's label, and the key service's signed messages
+#: (kept apart from the events' M, so no signature of one kind is ever one of the other).
+DST_G2 = b"IBE-PUBSUB-V3-G2"
+DST_SIGNATURE = b"IBE-PUBSUB-V3-SIG"
+
+
+class ThresholdError(CredentialsError, ValueError):
+    """Shares that cannot be combined: too few, a repeated server, mixed keys or epochs."""
+
+
+def derive_g2(group: PairingGroup, deployment: bytes) -> Element:
+    """``g2 = H(deployment)`` onto G1: a point whose discrete logarithm nobody knows."""
+    return group.hash_to_g1(deployment, DST_G2)
+
+
+@dataclass(frozen=True)
+class ThresholdPublicKey:
+    """What every client of a deployment holds: the version-2 MPK (peers use only it), and
+    ``W``, ``G``, ``X = ĝ^x`` and each server's public shares ``ĝ^delta_i``, ``ĝ^phi_i``,
+    ``ĝ^x_i`` (index i = server number, 1..n), which make every share checkable."""
+
+    deployment: bytes
+    t: int
+    n: int
+    mpk: MasterPublicKey
+    W: Element
+    G: Element
+    X: Element
+    delta_shares: Mapping[int, Element]
+    phi_shares: Mapping[int, Element]
+    x_shares: Mapping[int, Element]
+
+
+def assemble_public_key(group: PairingGroup, deployment: bytes, t: int, n: int,
+                        beta: BetaState, delta_key: Element,
+                        delta_shares: Mapping[int, Element], phi_key: Element,
+                        phi_shares: Mapping[int, Element], x_key: Element,
+                        x_shares: Mapping[int, Element]) -> ThresholdPublicKey:
+    """From the ceremony's last state and the three key generations' public outputs:
+    ``h = ĝ^phi``, ``hd`` from the ceremony, ``Y = e(W, ĝ^delta)`` (= e(g2, ĝ)^alpha).
+    Refuses public shares that do not lie on one polynomial of degree below ``t`` through
+    their key, and identity elements."""
+    for name, key, shares in (("delta", delta_key, delta_shares), ("phi", phi_key, phi_shares),
+                              ("x", x_key, x_shares)):
+        check_public_shares(group, t, n, key, shares, name)
+    if any(bytes(e) == bytes(group.identity(e.kind)) for e in (beta.W, beta.G, beta.hd)):
+        raise ThresholdError("the ceremony's points include the identity")
+    g2 = derive_g2(group, deployment)
+    mpk = MasterPublicKey(curve=group.curve, g=group.generator(G1),
+                          g_hat=group.generator(G2), g2=g2, h=phi_key, hd=beta.hd,
+                          Y=group.pair(beta.W, delta_key))
+    return ThresholdPublicKey(deployment, t, n, mpk, beta.W, beta.G, x_key,
+                              dict(delta_shares), dict(phi_shares), dict(x_shares))
+
+
+def check_public_shares(group: PairingGroup, t: int, n: int, key: Element,
+                        shares: Mapping[int, Element], name: str = "key") -> None:
+    """Every ``ĝ^(f(j))`` of 1..n, and ``ĝ^(f(0))`` = ``key``, interpolated in the exponent
+    from those of servers 1..t, so that any ``t`` servers' partial results combine to the
+    same value; no element the identity."""
+    if sorted(shares) != list(range(1, n + 1)) or not 0 < t <= n:
+        raise ThresholdError(f"{name}: need the public shares of servers 1..{n}")
+    base = list(range(1, t + 1))
+    identity = group.identity(key.kind)
+    for j, expected in [(0, key), *((j, shares[j]) for j in range(t + 1, n + 1))]:
+        weights = lagrange_at(base, j, group.order)
+        if expected == identity or group.multi_exp(
+                [shares[i] for i in base], [weights[i] for i in base]) != expected:
+            raise ThresholdError(f"{name}: the public shares do not lie on one polynomial "
+                                 f"of degree below {t} through the public key")
+    if any(shares[i] == identity for i in base):
+        raise ThresholdError(f"{name}: a public share is the identity")
+
+
+@dataclass(frozen=True)
+class ServerSecrets:
+    """Server ``index``'s secret shares ``delta_i``, ``phi_i``, ``x_i`` and its PRF key."""
+
+    index: int
+    delta: int
+    phi: int
+    x: int
+    prf_key: bytes
+
+    def __repr__(self) -> str:
+        return f"ServerSecrets(index={self.index}, ...)"
+
+
+def prf_scalar(group: PairingGroup, key: bytes, *parts: bytes) -> int:
+    """``PRF_i(parts)`` in Zq*: HMAC-SHA512 over the length-prefixed parts, reduced."""
+    message = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+    digest = hmac.new(key, message, hashlib.sha512).digest()
+    return int.from_bytes(digest, "big") % (group.order - 1) + 1
+
+
+def _epoch(epoch: int) -> bytes:
+    return epoch.to_bytes(8, "big")
+
+
+# -- Key shares --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SubscriberKeyShare:
+    """Server ``index``'s share of a subscriber's keys: ``D_i``, ``Gamma_i = ĝ^gamma_s_i``
+    (to check it), and per credential ``(S1_i, S2_i, T_i)``, with the fine tokens' ``T_i``."""
+
+    index: int
+    key: SubscriberKey
+    Gamma: Element
+
+
+@dataclass(frozen=True)
+class PublisherKeyShare:
+    """Server ``index``'s share ``(P1_i, P2_i)`` of a publisher's key for one credential."""
+
+    index: int
+    key: PublisherKey
+
+
+def issuance_digest(epoch: int, credentials: Sequence[Credential],
+                    fine_credentials: Sequence[Credential]) -> bytes:
+    """SHA-256 of the epoch and the identity strings of every credential issued, in order,
+    then of the fine credentials: what makes one subscriber issuance's binding its own."""
+    digest = hashlib.sha256(b"IBE-PUBSUB-V3-ISSUANCE" + _epoch(epoch))
+    for part, listed in ((b"credentials", credentials), (b"fine", fine_credentials)):
+        digest.update(part + len(listed).to_bytes(4, "big"))
+        for c in listed:
+            name = identity_string(c.attribute, SUB, epoch, c)
+            digest.update(len(name).to_bytes(4, "big") + name)
+    return digest.digest()
+
+
+def keyshare_subscriber(pp: PublicParams, tpk: ThresholdPublicKey, secrets: ServerSecrets,
+                        identity: str, epoch: int, credentials: Sequence[Credential],
+                        fine_credentials: Sequence[Credential] = ()) -> SubscriberKeyShare:
+    """With ``I`` the issuance digest, ``gamma_s_i = PRF_i("gamma_s", identity, I)`` and
+    ``gamma_i = PRF_i(SUB, identity, I, credential)``: ``D_i = G^gamma_s_i * g2^delta_i``,
+    ``Gamma_i = ĝ^gamma_s_i``; per credential ``S1_i = g2^gamma_s_i * F^gamma_i``,
+    ``S2_i = ĝ^gamma_i``, ``T_i = F^phi_i``."""
+    group, g2, g_hat = pp.group, tpk.mpk.g2, tpk.mpk.g_hat
+    who = identity.encode()
+    issuance = issuance_digest(epoch, credentials, fine_credentials)
+    gamma_s = prf_scalar(group, secrets.prf_key, b"gamma_s", who, issuance)
+    D = group.exp_secret(tpk.G, gamma_s) * group.exp_secret(g2, secrets.delta)
+    g2_gamma_s = group.exp_secret(g2, gamma_s)
+    keys = []
+    for c in credentials:
+        name = identity_string(c.attribute, SUB, epoch, c)
+        gamma = prf_scalar(group, secrets.prf_key, SUB.encode(), who, issuance, name)
+        F = pp.F(name)
+        keys.append(SubscriberCredentialKey(
+            credential=c, epoch=epoch, S1=g2_gamma_s * group.exp_secret(F, gamma),
+            S2=group.exp_secret(g_hat, gamma), T=group.exp_secret(F, secrets.phi)))
+    fine = tuple(RoutingToken(c, epoch, group.exp_secret(
+        pp.F(identity_string(c.attribute, SUB, epoch, c)), secrets.phi))
+        for c in fine_credentials)
+    return SubscriberKeyShare(secrets.index, SubscriberKey(epoch, D, tuple(keys), fine),
+                              group.exp_secret(g_hat, gamma_s))
+
+
+def keyshare_publisher(pp: PublicParams, tpk: ThresholdPublicKey, secrets: ServerSecrets,
+                       identity: str, credential: Credential, epoch: int
+                       ) -> PublisherKeyShare:
+    """``P1_i = W^delta_i * F^gamma_i``, ``P2_i = ĝ^gamma_i``."""
+    group = pp.group
+    name = identity_string(credential.attribute, PUB, epoch, credential)
+    gamma = prf_scalar(group, secrets.prf_key, PUB.encode(), identity.encode(), name)
+    return PublisherKeyShare(secrets.index, PublisherKey(
+        credential=credential, epoch=epoch,
+        P1=group.exp_secret(tpk.W, secrets.delta) * group.exp_secret(pp.F(name), gamma),
+        P2=group.exp_secret(tpk.mpk.g_hat, gamma)))
+
+
+def _holds(group: PairingGroup, *pairs: tuple[Element, Element]) -> bool:
+    """``prod e(a, b) == 1`` in GT: one multi-pairing per equation."""
+    return group.multi_pair(list(pairs)) == group.identity(GT)
+
+
+def verify_subscriber_share(pp: PublicParams, tpk: ThresholdPublicKey,
+                            share: SubscriberKeyShare, epoch: int,
+                            credentials: Sequence[Credential],
+                            fine_credentials: Sequence[Credential] = ()) -> bool:
+    """Is ``share`` server ``share.index``'s answer to this request (``epoch``, the
+    credentials, in order), and valid: ``e(D_i, ĝ) = e(G, Gamma_i) e(g2, ĝ^delta_i)``; per
+    credential ``e(S1_i, ĝ) = e(g2, Gamma_i) e(F, S2_i)`` and ``e(T_i, ĝ) = e(F, ĝ^phi_i)``;
+    per fine credential ``e(T_i, ĝ) = e(F, ĝ^phi_i)``? The equations are checked at once,
+    each raised to a random 64-bit weight ``w`` (one multi-pairing of 4 + credentials
+    Miller loops):
+    ``e(D^w0 prod S1^w prod T^w', ĝ) e(G^-w0 g2^-sum(w), Gamma) e(g2^-w0, ĝ^delta_i)
+    prod e(F^-w, S2) e(prod F^-w', ĝ^phi_i) = 1``."""
+    group, mpk, key = pp.group, tpk.mpk, share.key
+    delta_i, phi_i = tpk.delta_shares.get(share.index), tpk.phi_shares.get(share.index)
+    if (delta_i is None or phi_i is None or key.epoch != epoch
+            or [k.credential for k in key.credentials] != list(credentials)
+            or [f.credential for f in key.fine_tokens] != list(fine_credentials)
+            or any(k.epoch != epoch for k in (*key.credentials, *key.fine_tokens))):
+        return False
+    w0 = system_random.randbits(BATCH_WEIGHT_BITS) | 1
+    on_g_hat, on_g_hat_w = [key.D], [w0]
+    pairs: list[tuple[Element, Element]] = []
+    on_phi, on_phi_w, s1_w = [], [], []
+    for k in key.credentials:
+        F = pp.F(identity_string(k.credential.attribute, SUB, epoch, k.credential))
+        w, w_t = (system_random.randbits(BATCH_WEIGHT_BITS) | 1 for _ in "st")
+        on_g_hat += [k.S1, k.T]
+        on_g_hat_w += [w, w_t]
+        pairs.append((~(F ** w), k.S2))
+        on_phi.append(F)
+        on_phi_w.append(w_t)
+        s1_w.append(w)
+    for token in key.fine_tokens:
+        w_t = system_random.randbits(BATCH_WEIGHT_BITS) | 1
+        on_g_hat.append(token.T)
+        on_g_hat_w.append(w_t)
+        on_phi.append(pp.F(identity_string(token.attribute, SUB, epoch, token.credential)))
+        on_phi_w.append(w_t)
+    pairs += [(group.multi_exp(on_g_hat, on_g_hat_w), mpk.g_hat),
+              (~group.multi_exp([tpk.G, mpk.g2], [w0, sum(s1_w)]), share.Gamma),
+              (~(mpk.g2 ** w0), delta_i)]
+    if on_phi:
+        pairs.append((~group.multi_exp(on_phi, on_phi_w), phi_i))
+    return _holds(group, *pairs)
+
+
+def verify_publisher_share(pp: PublicParams, tpk: ThresholdPublicKey,
+                           share: PublisherKeyShare, credential: Credential, epoch: int
+                           ) -> bool:
+    """Is ``share`` server ``share.index``'s answer for this credential and epoch, and
+    valid: ``e(P1_i, ĝ) = e(W, ĝ^delta_i) e(F, P2_i)``?"""
+    delta_i, key = tpk.delta_shares.get(share.index), share.key
+    if delta_i is None or (key.credential, key.epoch) != (credential, epoch):
+        return False
+    F = pp.F(identity_string(credential.attribute, PUB, epoch, credential))
+    return _holds(pp.group, (key.P1, tpk.mpk.g_hat), (~tpk.W, delta_i), (~F, key.P2))
+
+
+def _weights(tpk: ThresholdPublicKey, indices: Sequence[int], order: int) -> dict[int, int]:
+    """Lagrange weights of exactly ``t`` distinct servers of the deployment."""
+    if len(indices) != tpk.t or len(set(indices)) != tpk.t or any(
+            not 0 < i <= tpk.n for i in indices):
+        raise ThresholdError(f"combining needs the shares of exactly {tpk.t} distinct "
+                             f"servers of 1..{tpk.n}, got {sorted(indices)}")
+    return lagrange_at_zero(indices, order)
+
+
+def _combine(group: PairingGroup, elements: Sequence[Element], weights: Sequence[int]
+             ) -> Element:
+    return group.multi_exp(list(elements), list(weights))
+
+
+def combine_subscriber_key(pp: PublicParams, tpk: ThresholdPublicKey,
+                           shares: Sequence[SubscriberKeyShare]) -> SubscriberKey:
+    """``D = prod D_i^lambda_i``, and likewise every ``S1``, ``S2``, ``T``, over one set
+    of ``t`` servers whose shares hold the same epoch and credentials, in the same order."""
+    group = pp.group
+    weights = _weights(tpk, [s.index for s in shares], group.order)
+    lambdas = [weights[s.index] for s in shares]
+    first = shares[0].key
+    shape = (first.epoch, [k.credential for k in first.credentials],
+             [f.credential for f in first.fine_tokens])
+    for share in shares[1:]:
+        key = share.key
+        if (key.epoch, [k.credential for k in key.credentials],
+                [f.credential for f in key.fine_tokens]) != shape:
+            raise ThresholdError("the shares are of different epochs or credentials")
+    credentials = tuple(SubscriberCredentialKey(
+        credential=k.credential, epoch=first.epoch,
+        S1=_combine(group, [s.key.credentials[n].S1 for s in shares], lambdas),
+        S2=_combine(group, [s.key.credentials[n].S2 for s in shares], lambdas),
+        T=_combine(group, [s.key.credentials[n].T for s in shares], lambdas))
+        for n, k in enumerate(first.credentials))
+    fine = tuple(RoutingToken(f.credential, first.epoch,
+                              _combine(group, [s.key.fine_tokens[n].T for s in shares],
+                                       lambdas))
+                 for n, f in enumerate(first.fine_tokens))
+    return SubscriberKey(first.epoch, _combine(group, [s.key.D for s in shares], lambdas),
+                         credentials, fine)
+
+
+def combine_publisher_key(pp: PublicParams, tpk: ThresholdPublicKey,
+                          shares: Sequence[PublisherKeyShare]) -> PublisherKey:
+    """``P1 = prod P1_i^lambda_i``, ``P2 = prod P2_i^lambda_i`` over one set of ``t``."""
+    group = pp.group
+    weights = _weights(tpk, [s.index for s in shares], group.order)
+    lambdas = [weights[s.index] for s in shares]
+    first = shares[0].key
+    if any((s.key.credential, s.key.epoch) != (first.credential, first.epoch)
+           for s in shares):
+        raise ThresholdError("the shares are of different credentials or epochs")
+    return PublisherKey(first.credential, first.epoch,
+                        _combine(group, [s.key.P1 for s in shares], lambdas),
+                        _combine(group, [s.key.P2 for s in shares], lambdas))
+
+
+# -- Threshold BLS signatures ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PartialSignature:
+    """``sigma_i = M(message)^x_i`` from server ``index``."""
+
+    index: int
+    sigma: Element
+
+
+def _message_point(group: PairingGroup, message: bytes) -> Element:
+    return group.hash_to_g1(message, DST_SIGNATURE)
+
+
+def partial_sign(group: PairingGroup, secrets: ServerSecrets, message: bytes
+                 ) -> PartialSignature:
+    """``sigma_i = M(message)^x_i``."""
+    return PartialSignature(secrets.index,
+                            group.exp_secret(_message_point(group, message), secrets.x))
+
+
+def verify_partial_signature(group: PairingGroup, tpk: ThresholdPublicKey, message: bytes,
+                             partial: PartialSignature) -> bool:
+    """``e(sigma_i, ĝ) = e(M(message), ĝ^x_i)``."""
+    x_i = tpk.x_shares.get(partial.index)
+    return x_i is not None and _holds(group, (partial.sigma, tpk.mpk.g_hat),
+                                      (~_message_point(group, message), x_i))
+
+
+def combine_signatures(group: PairingGroup, tpk: ThresholdPublicKey,
+                       partials: Sequence[PartialSignature]) -> Element:
+    """``sigma = prod sigma_i^lambda_i = M(message)^x`` over ``t`` servers: the same
+    signature whichever ``t`` signed."""
+    weights = _weights(tpk, [p.index for p in partials], group.order)
+    return _combine(group, [p.sigma for p in partials], [weights[p.index] for p in partials])
+
+
+def verify_signature(group: PairingGroup, X: Element, message: bytes, signature: Element
+                     ) -> bool:
+    """``e(sigma, ĝ) = e(M(message), X)``: one public key for the whole deployment."""
+    return _holds(group, (signature, group.generator(G2)),
+                  (~_message_point(group, message), X))

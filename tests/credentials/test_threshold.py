@@ -1,0 +1,507 @@
+"""The threshold key service's cryptography (docs/scheme.md, version 3), 3 of 5 servers:
+dealer-free set-up (three key generations and the beta ceremony), key shares checked and
+combined into version-2 keys, threshold signatures; and the attacks on it, each with a
+control that shows the attack code works where it should.
+
+Everything runs the real algorithms in one process: the servers' network part is not
+built yet, so the messages a server would send are handed over directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import replace
+
+import pytest
+
+from ibe_pubsub.credentials import scheme as S
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.ceremony import (
+    BetaState,
+    BetaStep,
+    CeremonyError,
+    beta_step,
+    check_beta_step,
+    initial_beta_state,
+    proof_challenge,
+)
+from ibe_pubsub.credentials.decomposition import decompose
+from ibe_pubsub.credentials.dkg import (
+    Complaint,
+    Dealing,
+    DkgError,
+    Justification,
+    Participant,
+    qualified_dealers,
+)
+from ibe_pubsub.credentials.groups import G1, G2
+from ibe_pubsub.credentials.predicates import parse_predicate
+from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials.shamir import lagrange_at_zero
+
+t, n, EPOCH, DEPLOYMENT = 3, 5, 7, b"test-deployment"
+EVENT = S.Event("quote-1", {"symbol": "IBM", "price": 131.5, "volume": 2000}, b"hello")
+
+
+def broadcast(participants, sender, message):
+    """Every participant takes the message (an authenticated, consistent broadcast); the
+    answers it draws (justifications), by their authors."""
+    answers = [p.receive(sender, message) for p in participants]
+    return [a for a in answers if a is not None]
+
+
+def run_dkg(group, cheat=None, answer=None):
+    """One key generation among n servers, each phase after the one before: dealings and
+    private shares, complaints, answers, results. ``cheat(dealer, shares)`` may alter the
+    shares a dealer sends (a missing key: the share is never sent); ``answer(j)`` may
+    replace a dealer's answer (None: it stays silent)."""
+    participants = [Participant(group, i, t, n) for i in range(1, n + 1)]
+    for p in participants:
+        dealing, shares = p.dealing()
+        if cheat is not None:
+            shares = cheat(p.index, dict(shares))
+        broadcast(participants, p.index, dealing)
+        for q in participants:
+            if q.index in shares:
+                q.receive_share(p.index, shares[q.index])
+    complaints = [(p.index, c) for p in participants for c in p.complaints()]
+    answers = [a for sender, c in complaints for a in broadcast(participants, sender, c)]
+    for a in answers:
+        a = answer(a) if answer is not None else a
+        if a is not None:
+            broadcast(participants, a.dealer, a)
+    return participants, [c for _, c in complaints]
+
+
+def finished(participants):
+    return [p.finish() for p in participants]
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    group, schema = load_group(), default_schema()
+    delta, phi, x = (finished(run_dkg(group)[0]) for _ in "dpx")
+    g2 = T.derive_g2(group, DEPLOYMENT)
+    state = initial_beta_state(g2, group.generator(G2))
+    for server in range(1, n + 1):
+        state = check_beta_step(group, DEPLOYMENT, g2, state,
+                                beta_step(group, DEPLOYMENT, server, state), server)
+    tpk = T.assemble_public_key(group, DEPLOYMENT, t, n, state, delta[0].public_key,
+                                delta[0].public_shares, phi[0].public_key,
+                                phi[0].public_shares, x[0].public_key, x[0].public_shares)
+    secrets = {i: T.ServerSecrets(i, delta[i - 1].share, phi[i - 1].share, x[i - 1].share,
+                                  os.urandom(32)) for i in range(1, n + 1)}
+    pp = S.PublicParams(group, tpk.mpk, schema)
+    publisher = [publisher_key(pp, tpk, secrets, c, (1, 2, 3)) for c in credentials(pp, "")]
+    return pp, tpk, secrets, S.encrypt_and_sign(pp, publisher, EVENT)
+
+
+def credentials(pp, subscription):
+    parts = decompose(pp.schema, parse_predicate(pp.schema, subscription))
+    return [c for cs in parts.values() for c in cs]
+
+
+def publisher_key(pp, tpk, secrets, credential, servers):
+    shares = [T.keyshare_publisher(pp, tpk, secrets[i], "pub", credential, EPOCH)
+              for i in servers]
+    assert all(T.verify_publisher_share(pp, tpk, s, credential, EPOCH) for s in shares)
+    return T.combine_publisher_key(pp, tpk, shares)
+
+
+def shares_of(pp, tpk, secrets, subscription, servers, identity="alice"):
+    return [T.keyshare_subscriber(pp, tpk, secrets[i], identity, EPOCH,
+                                  credentials(pp, subscription)) for i in servers]
+
+
+def reads(pp, key, ciphertext) -> bool:
+    try:
+        return S.decrypt(pp, S.prepare_subscriber_key(pp, key), ciphertext) == EVENT
+    except S.SchemeError:
+        return False
+
+
+def combine_anyway(pp, shares):
+    """What an attacker does with shares the client code refuses: Lagrange weights of the
+    indices given, whatever their number, applied to every component."""
+    group = pp.group
+    weights = lagrange_at_zero([s.index for s in shares], group.order)
+    lam = [weights[s.index] for s in shares]
+
+    def mix(parts):
+        return group.multi_exp(parts, lam)
+
+    first = shares[0].key
+    return S.SubscriberKey(first.epoch, mix([s.key.D for s in shares]), tuple(
+        replace(k, S1=mix([s.key.credentials[m].S1 for s in shares]),
+                S2=mix([s.key.credentials[m].S2 for s in shares]),
+                T=mix([s.key.credentials[m].T for s in shares]))
+        for m, k in enumerate(first.credentials)))
+
+
+def pooled(base, donor, attribute):
+    """``base``'s key with its credential keys on ``attribute`` taken from ``donor``."""
+    keep = tuple(k for k in base.credentials if k.credential.attribute != attribute)
+    return replace(base, credentials=keep + donor.for_attribute(attribute))
+
+
+# -- what must work ----------------------------------------------------------------------------
+
+def test_keys_combined_from_any_three_servers_route_decrypt_and_sign(deployment):
+    pp, tpk, secrets, ciphertext = deployment
+    assert S.verify(pp, ciphertext)  # publisher keys combined from servers 1, 2, 3
+    for servers in itertools.combinations(range(1, n + 1), t):
+        subscription = 'symbol = "IBM" and price < 200'
+        shares = shares_of(pp, tpk, secrets, subscription, servers)
+        assert all(T.verify_subscriber_share(pp, tpk, s, EPOCH, credentials(pp, subscription))
+                   for s in shares)
+        key = T.combine_subscriber_key(pp, tpk, shares)
+        assert reads(pp, key, ciphertext), servers
+        assert S.route_test(pp, key.for_attribute("symbol")[0].token, ciphertext)
+    publisher = [publisher_key(pp, tpk, secrets, c, (2, 4, 5)) for c in credentials(pp, "")]
+    assert S.verify(pp, S.encrypt_and_sign(pp, publisher, EVENT))
+    other = T.combine_subscriber_key(pp, tpk, shares_of(pp, tpk, secrets, "price > 500",
+                                                         (1, 2, 3)))
+    assert not reads(pp, other, ciphertext)
+    assert not S.route_test(pp, other.for_attribute("price")[0].token, ciphertext)
+
+
+def test_asking_again_gives_the_same_share_and_another_request_a_new_binding(deployment):
+    pp, tpk, secrets, _ = deployment
+    first, again = (shares_of(pp, tpk, secrets, 'symbol = "IBM"', (2,))[0] for _ in "ab")
+    assert first == again
+    other = shares_of(pp, tpk, secrets, 'symbol = "IBM" and price < 200', (2,))[0]
+    assert other.Gamma != first.Gamma and other.key.D != first.key.D
+    assert shares_of(pp, tpk, secrets, 'symbol = "IBM"', (2,), "bob")[0].key.D != first.key.D
+
+
+def test_each_server_public_share_matches_its_secret_share():
+    group = load_group()
+    results = finished(run_dkg(group)[0])
+    g_hat = group.generator(G2)
+    for r in results:
+        assert r.public_shares == results[0].public_shares and r.qualified == set(range(1, 6))
+        assert g_hat ** r.share == r.public_shares[r.index]
+    for chosen in ((1, 2, 3), (3, 4, 5)):
+        weights = lagrange_at_zero(chosen, group.order)
+        assert g_hat ** sum(weights[i] * results[i - 1].share for i in chosen) == \
+            results[0].public_key
+
+
+def test_threshold_signatures_combine_from_any_three_and_verify_against_one_key(deployment):
+    pp, tpk, secrets, _ = deployment
+    group, message = pp.group, b"schema v1"
+    partials = {i: T.partial_sign(group, secrets[i], message) for i in range(1, n + 1)}
+    assert all(T.verify_partial_signature(group, tpk, message, p) for p in partials.values())
+    signatures = {T.combine_signatures(group, tpk, [partials[i] for i in chosen])
+                  for chosen in itertools.combinations(range(1, n + 1), t)}
+    assert len(signatures) == 1
+    signature = signatures.pop()
+    assert T.verify_signature(group, tpk.X, message, signature)
+    assert not T.verify_signature(group, tpk.X, b"schema v2", signature)
+
+
+# -- attacks by a subscriber -------------------------------------------------------------------
+
+def test_the_shares_of_two_servers_do_not_decrypt(deployment):
+    pp, tpk, secrets, ciphertext = deployment
+    subscription = 'symbol = "IBM"'
+    with pytest.raises(T.ThresholdError):
+        T.combine_subscriber_key(pp, tpk, shares_of(pp, tpk, secrets, subscription, (1, 2)))
+    for pair in itertools.combinations(range(1, n + 1), 2):
+        assert not reads(pp, combine_anyway(pp, shares_of(pp, tpk, secrets, subscription,
+                                                          pair)), ciphertext)
+    # Control: the attacker's own combination, given a third share, reads.
+    assert reads(pp, combine_anyway(pp, shares_of(pp, tpk, secrets, subscription, (1, 2, 5))),
+                 ciphertext)
+
+
+def test_parts_of_one_key_combined_over_two_server_sets_do_not_mix(deployment):
+    pp, tpk, secrets, ciphertext = deployment
+    subscription = 'symbol = "IBM"'
+    a = T.combine_subscriber_key(pp, tpk, shares_of(pp, tpk, secrets, subscription, (1, 2, 3)))
+    b = T.combine_subscriber_key(pp, tpk, shares_of(pp, tpk, secrets, subscription, (3, 4, 5)))
+    assert reads(pp, a, ciphertext) and reads(pp, b, ciphertext)
+    assert not reads(pp, replace(a, D=b.D), ciphertext)
+    assert not reads(pp, pooled(a, b, "price"), ciphertext)
+    assert reads(pp, pooled(a, a, "price"), ciphertext)  # control: the pooling itself works
+
+
+def test_two_subscribers_cannot_pool_their_keys(deployment):
+    """Alice's symbol matches, not her price; Bob's price, not his symbol. Each reads
+    nothing; their keys pooled read nothing either."""
+    pp, tpk, secrets, ciphertext = deployment
+    servers = (1, 3, 4)
+    alice = T.combine_subscriber_key(pp, tpk, shares_of(
+        pp, tpk, secrets, 'symbol = "IBM" and price > 500', servers, "alice"))
+    bob = T.combine_subscriber_key(pp, tpk, shares_of(
+        pp, tpk, secrets, 'symbol = "MSFT" and price < 200', servers, "bob"))
+    assert not reads(pp, alice, ciphertext) and not reads(pp, bob, ciphertext)
+    assert not reads(pp, pooled(alice, bob, "price"), ciphertext)
+    assert not reads(pp, pooled(bob, alice, "symbol"), ciphertext)
+    # Control: the same pooling of one identity's keys from two requests bound by one
+    # gamma_s (the same request twice) reads.
+    full = T.combine_subscriber_key(pp, tpk, shares_of(
+        pp, tpk, secrets, 'symbol = "IBM" and price < 200', servers, "alice"))
+    assert reads(pp, pooled(full, full, "price"), ciphertext)
+
+
+def draft_keyshare_subscriber(pp, tpk, secrets, identity, epoch, creds):
+    """The draft's derivation, ``gamma_s_i = PRF_i(identity, epoch)`` and ``gamma_i =
+    PRF_i(identity, epoch, credential)``: one binding per identity and epoch."""
+    group, g2, g_hat = pp.group, tpk.mpk.g2, tpk.mpk.g_hat
+    gamma_s = T.prf_scalar(group, secrets.prf_key, identity.encode(), epoch.to_bytes(8, "big"))
+    keys = []
+    for c in creds:
+        name = S.identity_string(c.attribute, S.SUB, epoch, c)
+        gamma = T.prf_scalar(group, secrets.prf_key, identity.encode(), name)
+        F = pp.F(name)
+        keys.append(S.SubscriberCredentialKey(
+            c, epoch, group.exp_secret(g2, gamma_s) * group.exp_secret(F, gamma),
+            group.exp_secret(g_hat, gamma), group.exp_secret(F, secrets.phi)))
+    D = group.exp_secret(tpk.G, gamma_s) * group.exp_secret(g2, secrets.delta)
+    return T.SubscriberKeyShare(secrets.index, S.SubscriberKey(epoch, D, tuple(keys)),
+                                group.exp_secret(g_hat, gamma_s))
+
+
+def test_keys_issued_under_two_policies_in_one_epoch_do_not_combine(deployment):
+    """The design flaw this implementation fixes: an identity whose policy changes within
+    an epoch (symbol IBM with prices above 500, then symbol MSFT under 200) holds keys of
+    both. Under the draft's per-identity binding they pool into IBM under 200, which
+    neither policy allowed; under the per-issuance binding they do not."""
+    pp, tpk, secrets, ciphertext = deployment
+    servers = (2, 3, 5)
+    before, after = 'symbol = "IBM" and price > 500', 'symbol = "MSFT" and price < 200'
+
+    def draft(subscription):
+        return T.combine_subscriber_key(pp, tpk, [draft_keyshare_subscriber(
+            pp, tpk, secrets[i], "alice", EPOCH, credentials(pp, subscription))
+            for i in servers])
+
+    old, new = draft(before), draft(after)
+    assert not reads(pp, old, ciphertext) and not reads(pp, new, ciphertext)
+    assert reads(pp, pooled(old, new, "price"), ciphertext)  # the attack, on the draft
+    old, new = (T.combine_subscriber_key(pp, tpk, shares_of(pp, tpk, secrets, s, servers))
+                for s in (before, after))
+    assert not reads(pp, pooled(old, new, "price"), ciphertext)
+    assert not reads(pp, pooled(new, old, "symbol"), ciphertext)
+
+
+# -- attacks by a server -----------------------------------------------------------------------
+
+def test_a_bad_share_is_detected_and_a_replacement_server_used(deployment):
+    pp, tpk, secrets, ciphertext = deployment
+    subscription = 'symbol = "IBM"'
+    good = {s.index: s for s in shares_of(pp, tpk, secrets, subscription, range(1, n + 1))}
+    g1 = pp.group.generator(G1)
+    bad = good[2]
+    first, rest = bad.key.credentials[0], bad.key.credentials[1:]
+
+    def with_first(**changes):
+        return replace(bad, key=replace(bad.key, credentials=(replace(first, **changes),
+                                                              *rest)))
+
+    forged = [
+        replace(bad, key=replace(bad.key, D=bad.key.D * g1)),
+        with_first(S1=first.S1 * g1),
+        with_first(T=good[3].key.credentials[0].T),
+        replace(good[3], index=2),  # another server's share under this server's number
+    ]
+    request = (EPOCH, credentials(pp, subscription))
+    assert T.verify_subscriber_share(pp, tpk, bad, *request)
+    # A wrong check value alone is refused too (the client cannot tell which part lies).
+    assert not T.verify_subscriber_share(pp, tpk, replace(bad, Gamma=good[3].Gamma), *request)
+    for share in forged:
+        assert not T.verify_subscriber_share(pp, tpk, share, *request)
+        assert not reads(pp, T.combine_subscriber_key(pp, tpk, [good[1], share, good[4]]),
+                         ciphertext)
+    # Routed around: server 5 instead of server 2.
+    assert reads(pp, T.combine_subscriber_key(pp, tpk, [good[1], good[4], good[5]]),
+                 ciphertext)
+    credential = credentials(pp, "")[0]
+    share = T.keyshare_publisher(pp, tpk, secrets[2], "pub", credential, EPOCH)
+    assert T.verify_publisher_share(pp, tpk, share, credential, EPOCH)
+    assert not T.verify_publisher_share(pp, tpk, replace(share, key=replace(
+        share.key, P1=share.key.P1 * g1)), credential, EPOCH)
+    assert not T.verify_publisher_share(pp, tpk, replace(share, index=4), credential, EPOCH)
+    # A valid share, for another request, is not taken for this one.
+    assert not T.verify_publisher_share(pp, tpk, share, credential, EPOCH + 1)
+    other = shares_of(pp, tpk, secrets, 'symbol = "IBM" and price < 200', (2,))[0]
+    assert T.verify_subscriber_share(pp, tpk, other, EPOCH,
+                                     credentials(pp, 'symbol = "IBM" and price < 200'))
+    assert not T.verify_subscriber_share(pp, tpk, other, *request)
+
+
+def test_a_bad_partial_signature_is_detected(deployment):
+    pp, tpk, secrets, _ = deployment
+    group, message = pp.group, b"root certificate"
+    partials = [T.partial_sign(group, secrets[i], message) for i in (1, 2, 3)]
+    wrong = [T.partial_sign(group, secrets[2], b"another message"),
+             replace(partials[1], index=4),
+             replace(partials[1], sigma=partials[1].sigma * group.generator(G1))]
+    for partial in wrong:
+        assert not T.verify_partial_signature(group, tpk, message, partial)
+        combined = T.combine_signatures(group, tpk, [partials[0], partial, partials[2]])
+        assert not T.verify_signature(group, tpk.X, message, combined)
+    with pytest.raises(T.ThresholdError):
+        T.combine_signatures(group, tpk, partials[:2])
+    weights = lagrange_at_zero([1, 2], group.order)
+    two = group.multi_exp([p.sigma for p in partials[:2]], [weights[1], weights[2]])
+    assert not T.verify_signature(group, tpk.X, message, two)
+    assert T.verify_signature(group, tpk.X, message,
+                              T.combine_signatures(group, tpk, partials))  # control
+
+
+def secret_of(group, results, chosen):
+    """ĝ^(the secret) from the shares of ``chosen``, to compare with the public key."""
+    weights = lagrange_at_zero(chosen, group.order)
+    return group.generator(G2) ** sum(weights[i] * results[i - 1].share for i in chosen)
+
+
+def test_a_dealer_that_sends_a_bad_or_no_share_must_reveal_a_good_one_or_is_disqualified():
+    group = load_group()
+
+    def wrong_to_4_none_to_5(dealer, shares):
+        if dealer == 2:
+            shares[4] = (shares[4] + 1) % group.order
+            del shares[5]
+        return shares
+
+    # Both complaints answered with the right shares: everyone finishes, dealer 2 stays.
+    participants, complaints = run_dkg(group, wrong_to_4_none_to_5)
+    assert complaints == [Complaint(4, 2), Complaint(5, 2)]
+    results = finished(participants)
+    assert all(r.qualified == set(range(1, 6)) for r in results)
+    assert secret_of(group, results, (1, 4, 5)) == secret_of(group, results, (2, 3, 5)) == \
+        results[0].public_key
+    # The dealer answers with a wrong share, or stays silent: disqualified by everyone,
+    # and the others' shares still add up to the public key.
+    for lie in (lambda a: replace(a, share=a.share + 1), lambda a: None):
+        participants, _ = run_dkg(group, wrong_to_4_none_to_5, lie)
+        results = finished(participants)
+        assert all(r.qualified == {1, 3, 4, 5} for r in results)
+        assert secret_of(group, results, (1, 4, 5)) == results[0].public_key
+
+
+def test_messages_in_another_servers_name_are_refused_and_stray_answers_ignored():
+    """A corrupt server 3 complains in server 1's name (the dealers would reveal server 1's
+    shares: with two such names and its own, it would hold t shares of the secret), names
+    a non-member or asks for f(0), and posts an unasked-for wrong answer naming server 1."""
+    group = load_group()
+    participants, _ = run_dkg(group)
+    honest = participants[0]
+    for forged in (Complaint(1, 2), Dealing(1, ()), Justification(2, 1, 5)):
+        with pytest.raises(DkgError, match="in the name of"):
+            honest.receive(3, forged)
+    for outsider in (Complaint(0, 2), Complaint(6, 2)):
+        with pytest.raises(DkgError, match="not a server"):
+            honest.receive(outsider.accuser, outsider)
+    with pytest.raises(DkgError, match="not a server"):
+        honest.receive(3, Complaint(3, 0))  # a dealer 0 would reveal f(0)
+    # A wrong answer nobody asked for disqualifies its dealer, for everyone alike; every
+    # server still finishes, on the same key.
+    for p in participants:
+        p.receive(4, Justification(4, 1, 12345))
+    results = finished(participants)
+    assert all(r.qualified == {1, 2, 3, 5} for r in results)
+    assert secret_of(group, results, (1, 2, 3)) == secret_of(group, results, (2, 4, 5)) == \
+        results[0].public_key
+    # Control: a complaint in its own name is answered, with the share it asked about.
+    answer = participants[1].receive(3, Complaint(3, 2))
+    assert answer is not None and answer.accuser == 3
+
+
+def test_malformed_dealings_are_disqualified_and_too_few_dealers_stop_the_generation():
+    group = load_group()
+    participants = [Participant(group, i, t, n) for i in range(1, n + 1)]
+    dealings = {p.index: p.dealing()[0] for p in participants}
+    kept = {1: replace(dealings[1], commitments=dealings[1].commitments[:-1]),
+            2: replace(dealings[2], commitments=(group.identity(G2),
+                                                 *dealings[2].commitments[1:])),
+            4: dealings[4], 5: dealings[5]}
+    assert qualified_dealers(group, kept, t, n, [], []) == {4, 5}
+    with pytest.raises(DkgError, match="a second dealing"):
+        broadcast(participants, 3, dealings[3]) + broadcast(participants, 3, dealings[3])
+    with pytest.raises(DkgError, match="fewer than t"):
+        participants[4].finish()  # only dealer 3's dealing came
+
+
+def test_fewer_than_2t_minus_1_servers_are_refused():
+    """With n = 2t - 2, t - 1 corrupt dealers could commit to a C_0 they do not know the
+    logarithm of and still hand every honest server a valid share, so as to choose the
+    public key; n >= 2t - 1 leaves t honest shares that pin each polynomial down."""
+    group = load_group()
+    with pytest.raises(DkgError, match="2t - 1"):
+        Participant(group, 1, 3, 4)
+    assert Participant(group, 1, 3, 5).n == 5
+
+
+def test_the_last_server_of_the_ceremony_cannot_choose_beta(deployment):
+    """The rushing attack: the last server replaces the state with ``(g2^z, g2^(1/z),
+    ĝ^z)`` for a ``z`` it knows, which would give it beta = z. The pairings hold for that
+    state; only the proof of knowledge (over the previous ``hd``) stops it."""
+    pp = deployment[0]
+    group, g_hat = pp.group, pp.group.generator(G2)
+    g2 = T.derive_g2(group, DEPLOYMENT)
+    state = initial_beta_state(g2, g_hat)
+    for server in (1, 2):
+        state = check_beta_step(group, DEPLOYMENT, g2, state,
+                                beta_step(group, DEPLOYMENT, server, state), server)
+    q, z = group.order, group.random_scalar()
+    chosen = BetaState(g2 ** z, g2 ** pow(z, -1, q), g_hat ** z)
+    assert group.pair(chosen.W, g_hat) == group.pair(g2, chosen.hd)
+    assert group.pair(chosen.G, chosen.hd) == group.pair(g2, g_hat)
+    # It knows z = log_ĝ(hd), not log of hd to the previous hd's base: a Schnorr proof
+    # with z, committed over either base, fails.
+    for base in (state.hd, g_hat):
+        r = group.random_scalar()
+        R = base ** r
+        c = proof_challenge(group, DEPLOYMENT, 3, state, chosen, R)
+        with pytest.raises(CeremonyError):
+            check_beta_step(group, DEPLOYMENT, g2, state,
+                            BetaStep(3, chosen, R, (r + c * z) % q), 3)
+    honest = beta_step(group, DEPLOYMENT, 3, state)
+    assert check_beta_step(group, DEPLOYMENT, g2, state, honest, 3) == honest.state  # control
+    # Another server's or another deployment's proof does not carry over.
+    with pytest.raises(CeremonyError):
+        check_beta_step(group, DEPLOYMENT, g2, state, replace(honest, server=4), 4)
+    with pytest.raises(CeremonyError, match="expected the step of server 4"):
+        check_beta_step(group, DEPLOYMENT, g2, state, honest, 4)
+    with pytest.raises(CeremonyError):
+        check_beta_step(group, b"another deployment", g2, state, honest, 3)
+    # A W or G that does not match hd, with a valid proof for hd, is refused.
+    b, r = group.random_scalar(), group.random_scalar()
+    for skewed in (BetaState(state.W ** b * g2, state.G ** pow(b, -1, q), state.hd ** b),
+                   BetaState(state.W ** b, state.G ** b, state.hd ** b)):
+        R = state.hd ** r
+        c = proof_challenge(group, DEPLOYMENT, 3, state, skewed, R)
+        step = BetaStep(3, skewed, R, (r + c * b) % q)
+        with pytest.raises(CeremonyError, match="do not match"):
+            check_beta_step(group, DEPLOYMENT, g2, state, step, 3)
+
+
+
+def test_public_shares_off_one_polynomial_are_refused(deployment):
+    """A transcript whose public shares do not interpolate to the public key (a server's
+    published share altered, or the key) is refused when the public key is put together."""
+    pp, tpk, _, _ = deployment
+    group = pp.group
+    g_hat = group.generator(G2)
+    state = BetaState(tpk.W, tpk.G, tpk.mpk.hd)
+    delta, phi, x = (finished(run_dkg(group)[0])[0] for _ in "dpx")
+
+    def assemble(delta_key, delta_shares):
+        return T.assemble_public_key(group, DEPLOYMENT, t, n, state, delta_key, delta_shares,
+                                     phi.public_key, phi.public_shares, x.public_key,
+                                     x.public_shares)
+
+    assert assemble(delta.public_key, delta.public_shares).t == t  # control
+    for key, shares in ((delta.public_key * g_hat, delta.public_shares),
+                        (delta.public_key, {**delta.public_shares,
+                                            4: delta.public_shares[4] * g_hat}),
+                        (delta.public_key, {**delta.public_shares,
+                                            1: delta.public_shares[1] * g_hat}),
+                        (delta.public_key, {i: delta.public_shares[i] for i in (1, 2, 3, 4)})):
+        with pytest.raises(T.ThresholdError):
+            assemble(key, shares)
