@@ -119,12 +119,19 @@ def register_peer(session: Session, identity: Identity, attribute: str, address:
 def vouch(session: Session, identity_id: int, attribute: str, addresses: Sequence[str],
           now: float) -> None:
     """Record that the live entries of ``addresses`` in the tree answered ``identity_id``
-    just now; entries of the identity itself are left alone (no vouching for oneself)."""
-    if addresses:
-        session.execute(update(DirectoryEntry).where(
-            DirectoryEntry.attribute == attribute, DirectoryEntry.address.in_(addresses),
-            DirectoryEntry.identity_id != identity_id, DirectoryEntry.expires_at > now)
-            .values(vouched_at=now))
+    just now; entries of the identity itself are left alone (no vouching for oneself). The
+    rows are locked in address order first, so that concurrent vouches for overlapping
+    neighbours wait for each other instead of deadlocking (SQLite ignores the lock: its
+    writes are serialized anyway)."""
+    if not addresses:
+        return
+    ids = session.scalars(select(DirectoryEntry.id).where(
+        DirectoryEntry.attribute == attribute, DirectoryEntry.address.in_(addresses),
+        DirectoryEntry.identity_id != identity_id, DirectoryEntry.expires_at > now)
+        .order_by(DirectoryEntry.address).with_for_update()).all()
+    if ids:
+        session.execute(update(DirectoryEntry).where(DirectoryEntry.id.in_(ids))
+                        .values(vouched_at=now))
 
 
 def remove_entries_at(session: Session, identity_id: int, address: str) -> None:

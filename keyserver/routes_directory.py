@@ -55,8 +55,11 @@ def _register(state: AppState, identity: Identity, body: DirectoryIn, now: float
         expires_at = min(now + body.ttl, owned_until(session, identity.id, body.address, now))
         entry = register_peer(session, identity, body.attribute, body.address, body.role,
                               expires_at)
+    # The vouches in a transaction of their own: two neighbours renewing at once, each
+    # holding its own entry while waiting for the other's, deadlocked on PostgreSQL.
+    with state.sessions.begin() as session:
         vouch(session, identity.id, body.attribute, body.seen, now)
-        return entry
+    return entry
 
 
 def _out(entry: DirectoryEntry, now: float) -> dict[str, Any]:
