@@ -522,27 +522,31 @@ class PeerNode:
             await asyncio.sleep(0.5)
 
     def _rekey(self) -> tuple[float, SubscriberKit | None, list[RootKit], TransportCertificate]:
-        """Keys and link certificate of the next epoch, and its end (in a worker thread)."""
+        """Keys and link certificate of the next epoch, and its end (in a worker thread). Of
+        the epoch now current once its rollover has passed: a peer that could not renew
+        during the grace window (the key server down, or this peer too busy) catches up
+        then, while its old keys and certificate are still in their grace, instead of
+        asking for the epoch after, which the key server refuses until that one's grace."""
         assert self.params is not None
+        next_epoch = time.time() < self.epoch_end
         if self.options.bundle is not None and self._bundle is not None:
             bundle = bundle_file.next_bundle(self.options.bundle, self.params, self._bundle)
             kit = self._bundle_kit(bundle)
-            # a bundle found after the rollover is the current epoch's
-            certificate = self._certify(next_epoch=time.time() < self.epoch_end)
+            certificate = self._certify(next_epoch=next_epoch)
             self._bundle = bundle
             return bundle.keys.epoch_end, kit, [], certificate
-        certificate = self._certify(next_epoch=True)
+        certificate = self._certify(next_epoch=next_epoch)
         if self.options.roots:
             roots = []
             end = 0.0
             for attribute, signer in self._signers.items():
                 root, end = enrolment.enrol_root(self.client, self.params, attribute, signer,
-                                                 next_epoch=True)
+                                                 next_epoch=next_epoch)
                 roots.append(root)
             return end, None, roots, certificate
         assert self.predicate is not None
         kit, end = enrolment.enrol_subscriber(
-            self.client, self.params, self.predicate, next_epoch=True,
+            self.client, self.params, self.predicate, next_epoch=next_epoch,
             max_credentials=self.options.max_credentials, fine_depth=self.options.fine_depth)
         return end, kit, [], certificate
 
@@ -570,7 +574,7 @@ class PeerNode:
             # refused or unreachable: retry later
             except (KeyServerRequestError, BundleError) as exc:
                 if self._bundle is None:
-                    log.warning("fetching next-epoch keys failed: %s", exc)
+                    log.warning("fetching the next keys failed: %s", exc)
                     self._refresh_at = now + 2.0
                 else:
                     log.warning("%s; the keys of epoch %d expire at %s, and the peer stops "

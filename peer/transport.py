@@ -597,8 +597,11 @@ class Transport:
     async def _renew(self, link: _Link) -> None:
         """Make-before-break: a fresh connection with the current certificate becomes the
         link's writable one; the old one drains like a duplicate. A failed attempt (a busy
-        peer that did not finish the handshake in time) is retried until the link
+        peer that did not finish the handshake in time), or one that lives no longer (the
+        other side still presented the certificate that expires, not having fetched its
+        next one yet, as after a rollover both sides missed), is retried until the link
         expires."""
+        renewing = link.renewed_for
         try:
             conn = await self._connect(link)
         except (_Refused, OSError, TimeoutError, TransportError) as exc:
@@ -611,6 +614,8 @@ class Transport:
             return
         self.renewals += 1
         self._attach(link, conn)
+        if renewing is not None and conn.expires <= renewing:
+            link.renewed_for, link.renew_retry_at = None, time.time() + RENEW_RETRY
 
     async def _connect(self, link: _Link) -> _Connection:
         """One dial: TCP, TLS (the acceptor's certificate must name the address dialed),

@@ -1,10 +1,13 @@
 """Epochs on a running overlay: peers fetch next-epoch keys before the rollover and keep
-delivering; a revoked publisher is refused new keys, and what it publishes with its old
-keys is rejected once that epoch's grace has passed."""
+delivering; a peer that could not (the key server hung through the grace window) catches
+up after the rollover; a revoked publisher is refused new keys, and what it publishes with
+its old keys is rejected once that epoch's grace has passed."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +22,9 @@ from ibe_pubsub.peer.publisher import EventPublisher
 pytestmark = [pytest.mark.timeout(300), pytest.mark.serial]
 
 EPOCH, GRACE = 10, 4
+#: The key server that hangs through a grace window: a longer grace, since the peers must
+#: catch up within it on a busy machine.
+MISSED_EPOCH, MISSED_GRACE = 12, 6
 
 
 def _ids(cluster: Cluster, name: str) -> set[str]:
@@ -35,16 +41,20 @@ async def _wait_ids(cluster: Cluster, names: list[str], event_id: str, timeout: 
 
 
 def test_rollovers_renew_links_and_shut_out_a_revoked_publisher(keyserver_factory, tmp_path):
-    """Both scenarios below spend their time waiting for the same kind of rollover, so they
+    """The scenarios below spend their time waiting for the same kind of rollover, so they
     run side by side, each on its own key server and overlay."""
-    servers = [keyserver_factory.start(init_args=("--epoch-seconds", str(EPOCH),
-                                                  "--grace-seconds", str(GRACE)))
-               for _ in range(2)]
-    with ThreadPoolExecutor(2) as pool:
+    servers = [keyserver_factory.start(init_args=("--epoch-seconds", str(epoch),
+                                                  "--grace-seconds", str(grace)))
+               for epoch, grace in ((EPOCH, GRACE), (EPOCH, GRACE),
+                                    (MISSED_EPOCH, MISSED_GRACE))]
+    with ThreadPoolExecutor(3) as pool:
         runs = [pool.submit(revoked_publisher_is_rejected_after_the_rollover, servers[0],
                             tmp_path / "revocation"),
                 pool.submit(links_are_renewed_at_rollovers_without_dropping_any, servers[1],
-                            tmp_path / "renewal")]
+                            tmp_path / "renewal"),
+                pool.submit(keys_missed_in_the_grace_window_are_fetched_after_the_rollover,
+                            servers[2], keyserver_factory.processes[servers[2].base_url],
+                            tmp_path / "missed")]
         for run in runs:
             run.result()
 
@@ -129,3 +139,37 @@ def links_are_renewed_at_rollovers_without_dropping_any(server: KeyServer, workd
         assert s["transport"]["refused"] == {}, (name, s)
         assert s.get("parents_lost", 0) == 0, (name, s)
         assert len(s["epochs"]) >= 1
+
+
+def keys_missed_in_the_grace_window_are_fetched_after_the_rollover(
+        server: KeyServer, process: subprocess.Popen[bytes], workdir: Path) -> None:
+    """The key server hangs (SIGSTOP) through the whole grace window and past the rollover,
+    so no peer can fetch the next epoch's keys in time. Once it answers, the peers fetch
+    the keys of the epoch now current (they used to ask for the epoch after it, refused
+    until that one's grace, while their certificates expired and a publisher refused the
+    root): a publisher after the old grace reaches the subscriber."""
+    cluster = Cluster(server.base_url, server.admin_token, workdir)
+    try:
+        cluster.wait_ready([cluster.start_root("root", ["symbol", "price", "volume"])])
+        cluster.wait_ready([cluster.start_subscriber("low", "price < 500")])
+        publisher = cluster.identity("late", "publisher")
+        end = cluster.admin.epoch()["epoch_end"]
+        if end - MISSED_GRACE - time.time() < 1.0:  # too close to this grace window
+            end += MISSED_EPOCH
+        time.sleep(max(0.0, end - MISSED_GRACE - 0.5 - time.time()))
+        process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(max(0.0, end + 0.5 - time.time()))
+        finally:
+            process.send_signal(signal.SIGCONT)
+        # After the old certificates' expiry.
+        time.sleep(max(0.0, end + MISSED_GRACE + 1.0 - time.time()))
+        result = cluster.publish("late", [Event("late", {"symbol": "IBM", "price": 120.5,
+                                                         "volume": 1})], "", publisher)
+        assert result.returncode == 0, result.stderr
+        cluster.wait_deliveries({"low": {"late"}}, timeout=20)
+    finally:
+        cluster.stop_all()
+    assert _ids(cluster, "low") == {"late"}, cluster.peers["low"].log_tail()
+    for name in ("root", "low"):
+        assert cluster.peers[name].stats()["transport"]["expired_links"] == 0
