@@ -671,6 +671,7 @@ def _run_soak(args: argparse.Namespace) -> int:
           f"duplicates {v['duplicates']}, wrong {v['wrong_deliveries']}, revoked publisher "
           f"after its grace {v['revoked_after_grace']}, crashed {len(v['crashed'])}, left "
           f"running {len(v['left_running'])}, audit mismatches {len(v['audit_mismatches'])}, "
+          f"key server 5xx answers {sum(v['server_errors'].values())}, "
           f"memory and descriptors flat: {v['all_flat']}")
     for kind, stats in v["settled_s"].items():
         print(f"  {kind}: settled in median {stats.get('median', 0):.1f} s, p95 "

@@ -581,6 +581,17 @@ class SoakRun:
             out[name] = counts
         return out
 
+    def _server_errors(self) -> dict[str, int]:
+        """The key server's answers with a 5xx status, per method, route and status, from
+        its access log (e.g. ``{"POST /v1/directory 500": 398}``)."""
+        log = self.workdir / "keyserver.log"
+        counts: dict[str, int] = {}
+        if log.exists():
+            for match in SERVER_ERROR.finditer(log.read_text(errors="replace")):
+                key = f"{match[1]} {match[2]} {match[3]}"
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
     def record(self) -> dict[str, Any]:
         """What the oracle needs, as JSON-able data."""
         assert self.cluster is not None
@@ -601,6 +612,7 @@ class SoakRun:
                 "samples": self.samples, "revoked_at": self.revoked_at,
                 "revoked_epoch": self.revoked_epoch,
                 "audit": self.audit_log, "client_answers": self._client_answers(),
+                "server_errors": self._server_errors(),
                 "fed": {name: len(feed.values) for name, feed in self.feeds.items()},
                 "revoked_publisher": REVOKED_PUBLISHER, "network": self._network_record()}
 
@@ -614,6 +626,7 @@ class SoakRun:
                 "link_log": self.network.log.read_text(errors="replace").splitlines()}
 
 
+SERVER_ERROR = re.compile(r'"([A-Z]+) ([^ ?"]+)[^"]* HTTP/[\d.]+" (5\d\d)')
 ENROL_ANSWER = re.compile(
     r'HTTP Request: POST \S+/v1/enrol/(subscriber|publisher|root|transport) "HTTP/[\d.]+ (\d+)')
 

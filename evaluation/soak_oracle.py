@@ -11,7 +11,8 @@ revocation are owed to nobody.
 
 Fault windows: each fault may make *other* subscribers miss events for a while (the
 children of a killed peer, every subscriber of a killed root's tree). A window is declared
-per fault, from its start to a bound its kind allows (:func:`fault_windows`); a miss inside
+per fault, from ``IN_FLIGHT`` seconds before its start (the events in flight when it
+strikes) to a bound its kind allows (:func:`fault_windows`); a miss inside
 one is counted under the kind of the latest fault that began before it, a miss outside
 every window is *lost*. The time each fault
 really needed ("settled") is measured: from the fault to the last missed event attributed
@@ -20,8 +21,9 @@ to it (0 when nothing was missed).
 Also checked: no event delivered twice to a subscriber (over all its processes), none
 delivered that its predicate does not match, nothing of the revoked publisher delivered
 after its last epoch plus the grace window, no process ended but those the schedule
-killed, resident memory and descriptors flat after warm-up, and every enrolment and
-refusal a process saw in the key server's audit log once.
+killed, resident memory and descriptors flat after warm-up, every enrolment and
+refusal a process saw in the key server's audit log once, and no answer of the key server
+with a 5xx status.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ _CLEAN = {False: (0,), True: (0, -15)}
 
 
 def fault_windows(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The declared window of every fault (seconds into the run): a subscriber's kill or
-    stop, and a partition, until the failure timeout plus ``WINDOW_SLACK`` after it ended
+    """The declared window of every fault (seconds into the run), from ``IN_FLIGHT``
+    before it: a subscriber's kill or stop, and a partition, until the failure timeout
+    plus ``WINDOW_SLACK`` after it ended
     (the peers on either side of it notice and find other parents); a root or the key
     server, until ``WINDOW_SLACK`` after it was ready again. A revocation makes nobody
     miss anything: no window."""
@@ -67,7 +70,7 @@ def fault_windows(record: dict[str, Any]) -> list[dict[str, Any]]:
         slack = WINDOW_SLACK + (timeout if fault["kind"].startswith(("subscriber_", "partition"))
                                 else 0.0)
         out.append({"kind": fault["kind"], "target": fault["target"],
-                    "from": round(fault["started"] - started, 3),
+                    "from": round(fault["started"] - started - IN_FLIGHT, 3),
                     "to": round(back + slack, 3)})
     return out
 
@@ -278,6 +281,7 @@ def analyse(record: dict[str, Any], leftovers: Iterable[int] = ()) -> dict[str, 
             if sent.get(i, {}).get("publisher") == record["revoked_publisher"]
             and revoked_at is not None and sent[i]["sent_at"] >= revoked_at),
         "crashed": crashed, "left_running": list(leftovers),
+        "server_errors": record.get("server_errors", {}),
         "flatness": flat, "all_flat": all(r["flat"] for r in flat),
         "audit_mismatches": audit,
         "fault_windows": windows,
@@ -290,10 +294,11 @@ def analyse(record: dict[str, Any], leftovers: Iterable[int] = ()) -> dict[str, 
 
 def passed(verdict: dict[str, Any]) -> bool:
     """Nothing lost outside the fault windows, no duplicate, no wrong or late delivery, no
-    crash, nothing left running, every answer in the audit log."""
+    crash, nothing left running, every answer in the audit log, no 5xx answer."""
     return not (verdict["lost"] or verdict["duplicates"] or verdict["wrong_deliveries"]
                 or verdict["revoked_after_grace"] or verdict["crashed"]
-                or verdict["left_running"] or verdict["audit_mismatches"])
+                or verdict["left_running"] or verdict["audit_mismatches"]
+                or verdict["server_errors"])
 
 
 def plot_soak(report: dict[str, Any], path: Any) -> None:

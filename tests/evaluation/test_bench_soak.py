@@ -87,9 +87,10 @@ def _owed_delivery(record: dict, verdict: dict) -> tuple[str, int]:
 def test_the_oracle_catches_a_loss_a_duplicate_a_late_revoked_event_and_a_crash(soak):
     """Controls: the same record with one owed delivery removed, one delivered twice, one
     of the revoked publisher's events delivered after its grace, a process that exited on
-    its own, an enrolment missing from the audit log: each fails the verdict."""
+    its own, an enrolment missing from the audit log, a 500 from the key server: each
+    fails the verdict."""
     report, record = soak
-    assert passed(analyse(record))
+    assert passed(analyse(record)) and record["server_errors"] == {}
     name, k = _owed_delivery(record, report["verdict"])
 
     duplicated = copy.deepcopy(record)
@@ -111,6 +112,8 @@ def test_the_oracle_catches_a_loss_a_duplicate_a_late_revoked_event_and_a_crash(
     entry = next(e for e in unaudited["audit"] if e["action"] == "issue_subscriber")
     unaudited["audit"].remove(entry)
     assert analyse(unaudited)["audit_mismatches"][0]["identity"] == entry["actor"]
+
+    assert not passed(analyse({**record, "server_errors": {"POST /v1/directory 500": 1}}))
 
 
 def test_the_group_ran_behind_a_lossy_link_that_was_cut_and_healed(soak):
