@@ -24,10 +24,10 @@ demo: $(STAMP)
 # Three processes run the test files side by side (most of their time is spent waiting
 # for the processes they start, so three keep two cores busier than two do); the
 # timing-sensitive tests (marked serial: they bound delays and deadlines) run after them,
-# alone on the machine.
+# alone on the machine. Each lists its 15 slowest tests (the suite must stay under 15 minutes).
 test: lint
-	$(VENV)/bin/python -m pytest -q -n 3 --dist loadfile -m "not serial"
-	$(VENV)/bin/python -m pytest -q -m serial
+	$(VENV)/bin/python -m pytest -q -n 3 --dist loadfile -m "not serial" --durations=15
+	$(VENV)/bin/python -m pytest -q -m serial --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

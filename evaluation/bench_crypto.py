@@ -23,12 +23,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials import G2, Credential, PairingGroup, Schema, codec
 from ibe_pubsub.credentials import scheme as S
+from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.evaluation.plotting import pyplot
+from ibe_pubsub.evaluation.threshold_lab import local_deployment
 
 BATCHES = 5
 ALGORITHMS = ("keygen_publisher", "keygen_subscriber", "encrypt_and_sign", "route_test",
               "route", "decrypt", "verify", "build_connection_request",
-              "open_connection_request", "open_request")
+              "open_connection_request", "open_request", "keyshare_subscriber",
+              "verify_subscriber_share", "combine_subscriber_key")
+#: The threshold deployment the version-3 algorithms run in (docs/scheme.md, section 16).
+THRESHOLD_T, THRESHOLD_N = 3, 5
 
 
 def batch_time(fn: Callable[[], object], seconds: float, min_calls: int = 2,
@@ -146,6 +151,10 @@ def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random
     request, _ = S.build_connection_request(pp, server, joiner, epoch, 2 ** 40)
     token = subscriber.credentials[0].token
     event_bytes, request_bytes = codec.encode_event(ct), codec.encode_request(request)
+    tpk, secrets = local_deployment(group, THRESHOLD_T, THRESHOLD_N, b"bench")
+    tpp = S.PublicParams(group, tpk.mpk, schema)
+    shares = [T.keyshare_subscriber(tpp, tpk, secrets[i], "bench", epoch, mine)
+              for i in range(1, THRESHOLD_T + 1)]
     blinded = codec.decode_blinded_token(group, codec.encode_blinded_token(token.blinded()))
     return {
         "keygen_publisher": lambda: S.keygen_publisher(pp, msk, mine[0], epoch),
@@ -160,6 +169,12 @@ def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random
         "open_connection_request": lambda: S.open_connection_request(pp, token, request),
         "open_request": lambda: S.open_connection_request(
             pp, blinded, codec.decode_request(group, request_bytes)),
+        # Version 3: one server's share, a client's check of one share, and combining t.
+        "keyshare_subscriber": lambda: T.keyshare_subscriber(tpp, tpk, secrets[1], "bench",
+                                                             epoch, mine),
+        "verify_subscriber_share": lambda: T.verify_subscriber_share(tpp, tpk, shares[0],
+                                                                     epoch, mine),
+        "combine_subscriber_key": lambda: T.combine_subscriber_key(tpp, tpk, shares),
     }
 
 

@@ -1,0 +1,40 @@
+"""A threshold deployment (docs/scheme.md, section 16) with every server in this process,
+for benchmarks only: it runs the three key generations and the ``beta`` ceremony by
+handing each server's messages to the others directly, so this one process ends up with
+every server's secret shares, which a real deployment never allows."""
+
+from __future__ import annotations
+
+import os
+
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.credentials.ceremony import beta_step, check_beta_step, initial_beta_state
+from ibe_pubsub.credentials.dkg import DkgResult, Participant
+from ibe_pubsub.credentials.groups import G2, PairingGroup
+
+
+def _key_generation(group: PairingGroup, t: int, n: int) -> list[DkgResult]:
+    """Every server honest: dealings, shares, no complaints, results."""
+    participants = [Participant(group, i, t, n) for i in range(1, n + 1)]
+    for dealer in participants:
+        dealing, shares = dealer.dealing()
+        for p in participants:
+            p.receive(dealer.index, dealing)
+            p.receive_share(dealer.index, shares[p.index])
+    return [p.finish() for p in participants]
+
+
+def local_deployment(group: PairingGroup, t: int, n: int, deployment: bytes
+                     ) -> tuple[T.ThresholdPublicKey, dict[int, T.ServerSecrets]]:
+    """The public key and every server's secrets of a fresh ``t``-of-``n`` deployment."""
+    delta, phi, x = (_key_generation(group, t, n) for _ in range(3))
+    g2 = T.derive_g2(group, deployment)
+    state = initial_beta_state(g2, group.generator(G2))
+    for server in range(1, n + 1):
+        state = check_beta_step(group, deployment, g2, state,
+                                beta_step(group, deployment, server, state), server)
+    tpk = T.assemble_public_key(group, deployment, t, n, state, delta[0].public_key,
+                                delta[0].public_shares, phi[0].public_key,
+                                phi[0].public_shares, x[0].public_key, x[0].public_shares)
+    return tpk, {i: T.ServerSecrets(i, delta[i - 1].share, phi[i - 1].share,
+                                    x[i - 1].share, os.urandom(32)) for i in range(1, n + 1)}
