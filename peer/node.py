@@ -528,13 +528,13 @@ class PeerNode:
         then, while its old keys and certificate are still in their grace, instead of
         asking for the epoch after, which the key server refuses until that one's grace."""
         assert self.params is not None
-        next_epoch = time.time() < self.epoch_end
         if self.options.bundle is not None and self._bundle is not None:
             bundle = bundle_file.next_bundle(self.options.bundle, self.params, self._bundle)
             kit = self._bundle_kit(bundle)
-            certificate = self._certify(next_epoch=next_epoch)
+            certificate = self._certify(next_epoch=time.time() < self.epoch_end)
             self._bundle = bundle
             return bundle.keys.epoch_end, kit, [], certificate
+        next_epoch = time.time() < self.epoch_end
         certificate = self._certify(next_epoch=next_epoch)
         if self.options.roots:
             roots = []
@@ -556,6 +556,21 @@ class PeerNode:
             return False
         assert self.options.bundle is not None
         return bundle_file.stamp(self.options.bundle) != self._bundle_seen
+
+    def _install_next(self, end: float, kit: SubscriberKit | None, roots: list[RootKit],
+                      certificate: TransportCertificate) -> None:
+        """The next epoch's keys and link certificate, in use from now on."""
+        assert self.machine is not None and self.params is not None
+        self._bundle_seen = None
+        # Keys of the ending epoch stay valid until its end plus the server's grace.
+        now = time.time()
+        grace = max(0.0, self.epoch_end + self.params.grace - now)
+        self._perform(self.machine.rekey(now, kit=kit, roots=roots, grace=grace))
+        self._install_link_certificate(certificate)
+        self.epoch_end = end
+        self.machine.crypto.open_epoch(self.machine.epoch, end)
+        self._refresh_at = self._refresh_time()
+        log.info("keys of the next epoch installed (valid until %.0f)", end)
 
     async def _background_work(self, now: float) -> None:
         """Key refresh and directory renewal; failures are logged and retried later."""
@@ -582,16 +597,12 @@ class PeerNode:
                                 self._bundle.keys.epoch, bundle_file.when(expiry))
                     self._refresh_at, self._bundle_seen = now + BUNDLE_RETRY, seen
             else:
-                self._bundle_seen = None
-                # Keys of the ending epoch stay valid until its end plus the server's grace.
-                now = time.time()
-                grace = max(0.0, self.epoch_end + self.params.grace - now)
-                self._perform(self.machine.rekey(now, kit=kit, roots=roots, grace=grace))
-                self._install_link_certificate(certificate)
-                self.epoch_end = end
-                self.machine.crypto.open_epoch(self.machine.epoch, end)
-                self._refresh_at = self._refresh_time()
-                log.info("keys of the next epoch installed (valid until %.0f)", end)
+                if self._bundle is None and end <= self.epoch_end:
+                    # This peer's clock runs ahead of the key server's, which answered with
+                    # the epoch this peer holds: its rollover is still to come there.
+                    self._refresh_at = now + 1.0
+                else:
+                    self._install_next(end, kit, roots, certificate)
         if self.ready.is_set() and now >= self._register_at:
             try:
                 await asyncio.to_thread(self._register)

@@ -219,6 +219,8 @@ class _Link:
     renewed_for: float | None = None
     #: After a failed renewal, not before this (Unix time).
     renew_retry_at: float = 0.0
+    #: Renewals in a row that met the other side's expiring certificate (for the backoff).
+    renew_early: int = 0
     #: Set when held frames leave or the connection written on changes: paused
     #: connections look again.
     released: asyncio.Event = field(default_factory=asyncio.Event)
@@ -439,10 +441,11 @@ class Transport:
 
     def maintain(self, now: float, renew_before: float) -> None:
         """Close connections whose certificates expired by ``now`` (Unix time); the next
-        send redials with the current certificate. Renew, once per expiry, the links this
-        side preferably dials whose connection expires within ``renew_before`` seconds,
-        when this side's current certificate outlasts it (a fresh connection could not
-        live longer otherwise)."""
+        send redials with the current certificate. Renew the links this side preferably
+        dials whose connection expires within ``renew_before`` seconds, when this side's
+        current certificate outlasts it (a fresh connection could not live longer
+        otherwise): once per expiry, again after a failed attempt or one that met the
+        other side's expiring certificate."""
         tls = self._tls
         if tls is None:
             return
@@ -613,9 +616,16 @@ class Transport:
             link.renewed_for, link.renew_retry_at = None, time.time() + RENEW_RETRY
             return
         self.renewals += 1
-        self._attach(link, conn)
+        self._attach(link, conn)  # make-before-break, even if it lives no longer
         if renewing is not None and conn.expires <= renewing:
-            link.renewed_for, link.renew_retry_at = None, time.time() + RENEW_RETRY
+            # The other side presented the certificate that expires: it has not fetched
+            # its next one yet. Ask again later, backing off (2, 4, 8 ... up to 30 s).
+            link.renew_early += 1
+            link.renewed_for = None
+            link.renew_retry_at = time.time() + min(
+                RENEW_RETRY * 2 ** (link.renew_early - 1), 30.0)
+        else:
+            link.renew_early = 0
 
     async def _connect(self, link: _Link) -> _Connection:
         """One dial: TCP, TLS (the acceptor's certificate must name the address dialed),
