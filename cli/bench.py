@@ -686,7 +686,8 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
         "revocation, every delivery checked",
         description="Start a key server with short epochs, a root per tree, --subscribers "
         "subscribers (OHF and MCR alternating) and three live feeds (version-2 events, a "
-        "stream, and a publisher revoked half-way) on loopback, and inject faults on a "
+        "stream, and a publisher revoked half-way) on loopback (in network namespaces of "
+        "their own with --group, as root), and inject faults on a "
         "schedule the seed fixes: SIGKILL of a subscriber every --kill-every seconds "
         "(restarted after a pause), SIGSTOP of one for longer than the failure timeout, "
         "SIGKILL of a root and of the key server (both restarted), the revocation, and, "
@@ -696,9 +697,11 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
         "attached and settled, was delivered to it exactly once outside the declared fault "
         "windows; that nothing of the revoked publisher came after its last epoch plus "
         "grace; that no process crashed or was left running; that memory and descriptors "
-        "stayed flat; and that the audit log holds every enrolment and refusal the "
-        "processes saw. Writes JSON (with a per-minute timeline) and a PNG; exits 1 if a "
-        "check failed.")
+        "stayed flat; that the audit log holds every enrolment and refusal the "
+        "processes saw; and that the key server never answered with a 5xx status. The "
+        "fault windows are not scoped to the subscribers a fault can reach, and cover most "
+        "of a run (reported as window_coverage). Writes JSON (with a per-minute timeline) "
+        "and a PNG; exits 1 if a check failed.")
     soak.add_argument("--minutes", type=float, default=30.0, help="length of the run")
     soak.add_argument("--subscribers", type=positive_int, default=24, help="subscribers")
     soak.add_argument("--steady", type=int, default=6,
@@ -718,8 +721,9 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
                       "subscriptions and the events")
     soak.add_argument("--group", type=int, default=4,
                       help="subscribers run as if on another host, in a network namespace "
-                      "of their own behind an emulated link that is cut once (needs root; "
-                      "skipped, saying why, otherwise; 0: none)")
+                      "of their own behind an emulated link that is cut once (needs root, "
+                      "ip and iptables, and is off with --postgres-url; without them the "
+                      "run says why and goes on; 0: none)")
     soak.add_argument("--link-delay-ms", type=float, default=20.0,
                       help="delay each way on the group's link, in milliseconds")
     soak.add_argument("--link-loss", type=float, default=0.01,

@@ -6,7 +6,8 @@ built without ``sch_netem``, while netfilter's queue is nearly always there. Thi
 binds one queue over a raw netlink socket (``NETLINK_NETFILTER``, the ``nfnetlink_queue``
 messages of ``linux/netfilter/nfnetlink_queue.h``), and answers each queued packet with a
 verdict: accept after ``--delay-ms``, drop with probability ``--loss``, and drop every
-packet while partitioned (SIGUSR1 cuts the link, SIGUSR2 heals it). The packets never
+packet that arrives while partitioned (SIGUSR1 cuts the link, SIGUSR2 heals it; packets
+already held when it is cut are still let through). The packets never
 leave the kernel, so checksum and segmentation offloads need no care; a packet is released
 in the order it arrived, so a constant delay reorders nothing.
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import json
+import os
 import random
 import selectors
 import signal
@@ -38,6 +41,8 @@ NFQA_PACKET_HDR, NFQA_VERDICT_HDR = 1, 2
 NF_DROP, NF_ACCEPT = 0, 1
 NLM_F_REQUEST, NLM_F_ACK = 1, 4
 NLMSG_ERROR = 2
+SOL_NETLINK, NETLINK_NO_ENOBUFS = 270, 5
+PR_SET_PDEATHSIG = 1
 #: Packets the kernel holds for us at most (the delay times the packet rate must fit).
 QUEUE_LENGTH = 16384
 
@@ -88,7 +93,10 @@ class LinkEmulator:
         self.held: collections.deque[tuple[float, int]] = collections.deque()
         self.counts = collections.Counter[str]()
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        # A burst the process is too slow for must not end it: overrun messages are lost
+        # (their packets stay queued until the queue's own limit drops new ones).
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 2**20)
+        self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
         self.sock.bind((0, 0))
         self._configure(_attribute(NFQA_CFG_CMD, struct.pack("=BBH", NFQNL_CFG_CMD_BIND, 0,
                                                              socket.htons(socket.AF_INET))))
@@ -174,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.delay_ms < 0 or not 0 <= args.loss < 1:
         parser.error("--delay-ms must be >= 0 and --loss in [0, 1)")
+    # Ends with the process that started it, even one killed without cleaning up.
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        return 0
     try:
         link = LinkEmulator(args.queue, args.delay_ms / 1000, args.loss, args.seed)
     except OSError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -56,32 +57,46 @@ class SplitNetwork:
 
     def __init__(self, delay_ms: float, loss: float, seed: int, log: Path) -> None:
         self.delay_ms, self.loss, self.seed, self.log = delay_ms, loss, seed, log
-        tag = f"ibe{os.getpid()}"
+        # Unique to this instance (a stale pair from an earlier process with this pid is
+        # never taken for, or deleted as, this one's).
+        tag = f"ibe{os.getpid():x}{secrets.randbelow(256):02x}"
         self.core, self.group = f"{tag}-core", f"{tag}-group"
         self._core_link, self._group_link = f"{tag}c", f"{tag}g"
         self._emulator: subprocess.Popen[bytes] | None = None
         self._home: int | None = None
+        self._made: list[str] = []  # the namespaces this instance created
 
     @property
     def group_prefix(self) -> tuple[str, ...]:
         """The command prefix that runs a program in the group namespace."""
         return ("ip", "netns", "exec", self.group)
 
-    def __enter__(self) -> SplitNetwork:
+    def open(self) -> SplitNetwork:
+        """Build the namespaces, the link and its emulator, and enter the core namespace;
+        on a failure (``OSError``: no capability, no ``NFQUEUE`` in the kernel) whatever
+        was built is removed again."""
         try:
             self._build()
         except BaseException:
-            self._tear_down()
+            self.close()
             raise
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def close(self) -> None:
+        """Leave the core namespace, stop the emulator, delete what this instance built."""
         self._tear_down()
 
+    def __enter__(self) -> SplitNetwork:
+        return self.open()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
     def _build(self) -> None:
-        _run("ip", "netns", "add", self.core)
-        _run("ip", "netns", "add", self.group)
+        for space in (self.core, self.group):
+            _run("ip", "netns", "add", space)
+            self._made.append(space)
         _run("ip", "link", "add", self._core_link, "netns", self.core, "type", "veth",
              "peer", "name", self._group_link, "netns", self.group)
         for space, link, address in ((self.core, self._core_link, CORE_ADDRESS),
@@ -125,6 +140,10 @@ class SplitNetwork:
             raise OSError(f"the link emulator is not running (see {self.log})")
         self._emulator.send_signal(number)
 
+    @property
+    def emulator_running(self) -> bool:
+        return self._emulator is not None and self._emulator.poll() is None
+
     def partition(self) -> None:
         """Cut the link: every packet between the namespaces is dropped, silently."""
         self._signal(signal.SIGUSR1)
@@ -146,6 +165,6 @@ class SplitNetwork:
             except subprocess.TimeoutExpired:
                 self._emulator.kill()
                 self._emulator.wait()
-        for space in (self.group, self.core):  # deleting them deletes the link
+        while self._made:  # deleting them deletes the link
             with contextlib.suppress(OSError):
-                _run("ip", "netns", "delete", space)
+                _run("ip", "netns", "delete", self._made.pop())

@@ -52,11 +52,14 @@ from ibe_pubsub.evaluation.launcher import (
 )
 from ibe_pubsub.evaluation.memory import child_pids, open_fds, rss_bytes
 from ibe_pubsub.evaluation.netns import CORE_ADDRESS, GROUP_ADDRESS, SplitNetwork, unavailable
+from ibe_pubsub.evaluation.soak_trees import read_links
 from ibe_pubsub.evaluation.stock_workload import event_values, subscription_text
 from ibe_pubsub.keyserver import KeyServerClient
 
 #: Seconds between samples of every process's memory and descriptors.
 SAMPLE_EVERY = 5.0
+#: When the namespace group's link is cut, as a share of the run.
+PARTITION_AT = 0.15
 #: The publisher whose identity the run revokes.
 REVOKED_PUBLISHER = "pub-revoked"
 FAULT_KINDS = ("subscriber_kill", "subscriber_stop", "root_kill", "keyserver_kill",
@@ -109,6 +112,10 @@ class SoakSettings:
                 and 0 <= self.link_loss < 1):
             raise BenchSettingsError("the group must be 0 to all subscribers, the link's delay "
                                      "at least 0 and its loss in [0, 1)")
+        if self.group and PARTITION_AT * self.seconds + self.kill_every / 2 \
+                + self.partition_seconds >= self.seconds:
+            raise BenchSettingsError("the partition must heal before the run ends: shorten "
+                                     "--partition or lengthen --minutes")
 
     @property
     def seconds(self) -> float:
@@ -141,6 +148,8 @@ class Incarnation:
     returncode: int | None = None
     #: (from, to) wall-clock intervals in which it was SIGSTOPped.
     paused: list[tuple[float, float]] = field(default_factory=list)
+    #: The address it listened at (a peer, once ready).
+    address: str | None = None
 
 
 def schedule(settings: SoakSettings, subscribers: list[str], roots: list[str],
@@ -162,7 +171,7 @@ def schedule(settings: SoakSettings, subscribers: list[str], roots: list[str],
                (0.5, "revocation", REVOKED_PUBLISHER, 0.0),
                (0.65, "keyserver_kill", "keyserver", settings.server_pause)]
     if partition:
-        one_off.append((0.15, "partition", "group", settings.partition_seconds))
+        one_off.append((PARTITION_AT, "partition", "group", settings.partition_seconds))
     for share, kind, target, lasts in one_off:
         start = share * total + settings.kill_every / 2  # between two subscriber kills
         faults.append(Fault(start, kind, target, start + lasts))
@@ -324,7 +333,14 @@ class SoakRun:
         assert self.cluster is not None
         self.cluster.wait_ready(peers, timeout=120)
         for peer in peers:
-            self.live[peer.name].ready = peer.ready_file.stat().st_mtime
+            self._was_ready(peer)
+
+    def _was_ready(self, peer: PeerProcess) -> float:
+        """Record when the peer's current process became ready, and its address."""
+        incarnation = self.live[peer.name]
+        incarnation.ready = peer.ready_file.stat().st_mtime
+        incarnation.address = json.loads(peer.ready_file.read_text())["address"]
+        return incarnation.ready
 
     def start(self) -> None:
         s = self.settings
@@ -450,8 +466,7 @@ class SoakRun:
             if name not in self.live:  # it exited before it was ready
                 del self._awaiting[name]
             elif peer.ready_file.exists():
-                ready = peer.ready_file.stat().st_mtime
-                self.live[name].ready = record["ready"] = ready
+                record["ready"] = self._was_ready(peer)
                 del self._awaiting[name]
 
     def _kill(self, name: str, now: float) -> None:
@@ -613,6 +628,8 @@ class SoakRun:
                 "revoked_epoch": self.revoked_epoch,
                 "audit": self.audit_log, "client_answers": self._client_answers(),
                 "server_errors": self._server_errors(),
+                "links": {name: read_links(self.cluster.workdir / f"{name}.log")
+                          for name in self.subscriptions},
                 "fed": {name: len(feed.values) for name, feed in self.feeds.items()},
                 "revoked_publisher": REVOKED_PUBLISHER, "network": self._network_record()}
 
@@ -623,6 +640,7 @@ class SoakRun:
         return {"group": self.group, "core_address": CORE_ADDRESS,
                 "group_address": GROUP_ADDRESS, "delay_ms_each_way": s.link_delay_ms,
                 "loss": s.link_loss, "partition_seconds": s.partition_seconds,
+                "emulator_running": self.network.emulator_running,
                 "link_log": self.network.log.read_text(errors="replace").splitlines()}
 
 
@@ -647,17 +665,26 @@ def soak_network(settings: SoakSettings, workdir: Path, progress: Callable[[str]
     ``outside``, a reason the run needs the machine's own network (a database elsewhere)."""
     reason = ("no subscriber group asked for" if not settings.group
               else outside or unavailable())
-    if reason is not None:
+    network = None
+    if reason is None:
+        network = SplitNetwork(settings.link_delay_ms, settings.link_loss, settings.seed,
+                               workdir / "link.log")
+        try:
+            network.open()
+        except OSError as exc:  # root without the capabilities, a kernel without NFQUEUE
+            network, reason = None, f"they could not be built: {exc}"
+    if network is None:
         progress(f"soak: no network namespaces: {reason}")
         yield None, reason
         return
-    with SplitNetwork(settings.link_delay_ms, settings.link_loss, settings.seed,
-                      workdir / "link.log") as network:
+    try:
         progress(f"soak: {settings.group} subscribers in the namespace {network.group} "
                  f"({GROUP_ADDRESS}), the rest in {network.core} ({CORE_ADDRESS}); the link "
                  f"between them: {settings.link_delay_ms:g} ms each way, "
                  f"{settings.link_loss:.0%} loss")
         yield network, None
+    finally:
+        network.close()
 
 
 def run_soak(settings: SoakSettings, workdir: Path, progress: Callable[[str], None] = print,

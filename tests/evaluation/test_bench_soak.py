@@ -50,14 +50,17 @@ def test_a_short_soak_loses_nothing_outside_its_fault_windows(soak):
                                        "left_running", "audit_mismatches", "wrong_examples")}
     assert report["passed"], summary
     kinds = {"subscriber_kill", "subscriber_stop", "root_kill", "keyserver_kill", "revocation"}
-    assert set(verdict["faults_by_kind"]) == kinds | ({"partition"} if unavailable() is None
-                                                      else set())
+    built = "skipped" not in report["network"]
+    assert built == (unavailable() is None) or "could not be built" in report["network"][
+        "skipped"]
+    assert set(verdict["faults_by_kind"]) == kinds | ({"partition"} if built else set())
     assert verdict["owed"] >= 50 and verdict["delivered"] + sum(
         verdict["missed_in_fault_windows"].values()) == verdict["owed"]
     # Three rollovers at least: every long-lived subscriber enrolled again at each.
     assert max(i["epoch"] or 0 for i in record["audit"]) >= 4
     assert record["revoked_at"] is not None and verdict["revocation_bound"] is not None
-    assert all(len(w) == 4 for w in verdict["fault_windows"])
+    assert all(w["from"] < w["at"] < w["to"] for w in verdict["fault_windows"])
+    assert 0 < verdict["window_coverage"] <= 1
 
 
 def _owed_delivery(record: dict, verdict: dict) -> tuple[str, int]:
@@ -120,10 +123,10 @@ def test_the_group_ran_behind_a_lossy_link_that_was_cut_and_healed(soak):
     """As root: the group's subscriber ran at the namespace's address, its link lost
     packets and dropped everything while cut, and it received events from both sides of
     the cut."""
-    if unavailable() is not None:
-        pytest.skip(f"no network namespaces here: {unavailable()}")
     report, record = soak
     network = report["network"]
+    if "skipped" in network:
+        pytest.skip(f"no network namespaces here: {network['skipped']}")
     assert network["group"] == ["sub-03"]
     ready = Path(report["workdir"]) / "peers" / "sub-03.ready.json"
     assert json.loads(ready.read_text())["address"].startswith(GROUP_ADDRESS + ":")
