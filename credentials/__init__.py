@@ -8,6 +8,10 @@ from ibe_pubsub.credentials.faces import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "backends": ("load_group",),
+    "ceremony": (
+        "BetaState", "BetaStep", "CeremonyError", "beta_step", "check_beta_step",
+        "initial_beta_state", "proof_challenge",
+    ),
     "certificates": (
         "CertificateError", "ED25519_KEY_BYTES", "RootCertificate", "bundle_message", "fingerprint",
         "peer_ca_message", "schema_message", "verify_bundle", "verify_peer_ca", "verify_schema",
@@ -22,6 +26,10 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "decomposition": (
         "covering_credential", "decompose", "enclosing_path", "fine_credentials", "fine_split",
         "root_credential", "virtual_peer_credentials",
+    ),
+    "dkg": (
+        "Complaint", "Dealing", "DkgError", "DkgResult", "Justification", "Participant",
+        "qualified_dealers",
     ),
     "exceptions": ("CredentialsError", "DecompositionError"),
     "faces": ("lazy_exports",),
@@ -51,6 +59,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "keygen_publisher", "keygen_routing_token", "keygen_subscriber", "scheme", "setup",
     ),
     "streams": ("Stream", "StreamWindow", "streams"),
+    "threshold": ("ServerSecrets", "ThresholdError", "ThresholdPublicKey", "threshold"),
     "strings": ("strings",),
     "vectors": ("VECTORS_FILE", "build_vectors", "vectors_json"),
 })

@@ -13,3 +13,7 @@ class BenchSettingsError(EvaluationError, ValueError):
 
 class BenchRunError(EvaluationError, RuntimeError):
     """A process a benchmark started failed, or two runs that must agree did not."""
+
+
+class NetworkLabError(EvaluationError, OSError):
+    """The network namespaces or the link emulator of a benchmark could not be set up."""

@@ -31,6 +31,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+from ibe_pubsub.evaluation.exceptions import NetworkLabError
+
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
 NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG = 0, 1, 2
@@ -112,7 +114,7 @@ class LinkEmulator:
                 if kind == NLMSG_ERROR:
                     (error,) = struct.unpack_from("=i", payload)
                     if error:
-                        raise OSError(-error, f"binding netfilter queue {self.queue}")
+                        raise NetworkLabError(-error, f"binding netfilter queue {self.queue}")
                     return
 
     def _verdict(self, packet_id: int, verdict: int) -> None:

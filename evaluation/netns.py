@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from ibe_pubsub.evaluation.exceptions import NetworkLabError
+
 CORE_ADDRESS, GROUP_ADDRESS = "10.213.0.1", "10.213.0.2"
 _CLONE_NEWNET = 0x40000000
 
@@ -43,13 +45,13 @@ def _setns(fd: int) -> None:
     """Move the calling thread into the network namespace open as ``fd``."""
     if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
         error = ctypes.get_errno()
-        raise OSError(error, f"setns: {os.strerror(error)}")
+        raise NetworkLabError(error, f"setns: {os.strerror(error)}")
 
 
 def _run(*command: str) -> None:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise OSError(f"{' '.join(command)}: {done.stderr.strip() or done.returncode}")
+        raise NetworkLabError(f"{' '.join(command)}: {done.stderr.strip() or done.returncode}")
 
 
 class SplitNetwork:
@@ -73,8 +75,8 @@ class SplitNetwork:
 
     def open(self) -> SplitNetwork:
         """Build the namespaces, the link and its emulator, and enter the core namespace;
-        on a failure (``OSError``: no capability, no ``NFQUEUE`` in the kernel) whatever
-        was built is removed again."""
+        on a failure (:class:`NetworkLabError`: no capability, no ``NFQUEUE`` in the
+        kernel), whatever was built is removed again."""
         try:
             self._build()
         except BaseException:
@@ -132,12 +134,12 @@ class SplitNetwork:
         deadline = time.monotonic() + timeout
         while "link: queue" not in self.log.read_text(errors="replace"):
             if self._emulator.poll() is not None or time.monotonic() > deadline:
-                raise OSError(f"the link emulator did not start: {self.log.read_text()}")
+                raise NetworkLabError(f"the link emulator did not start: {self.log.read_text()}")
             time.sleep(0.05)
 
     def _signal(self, number: int) -> None:
         if self._emulator is None or self._emulator.poll() is not None:
-            raise OSError(f"the link emulator is not running (see {self.log})")
+            raise NetworkLabError(f"the link emulator is not running (see {self.log})")
         self._emulator.send_signal(number)
 
     @property

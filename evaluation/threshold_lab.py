@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import os
 
+from ibe_pubsub.credentials import (
+    G2,
+    DkgResult,
+    PairingGroup,
+    Participant,
+    beta_step,
+    check_beta_step,
+    initial_beta_state,
+)
 from ibe_pubsub.credentials import threshold as T
-from ibe_pubsub.credentials.ceremony import beta_step, check_beta_step, initial_beta_state
-from ibe_pubsub.credentials.dkg import DkgResult, Participant
-from ibe_pubsub.credentials.groups import G2, PairingGroup
 
 
 def _key_generation(group: PairingGroup, t: int, n: int) -> list[DkgResult]:
