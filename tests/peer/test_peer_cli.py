@@ -45,7 +45,7 @@ def test_peer_run_needs_exactly_one_role():
                "--root", "price", token="t")
     assert both.returncode == 2 and "exactly one of" in both.stderr
     unreachable = run("peer", "run", "--server", "http://127.0.0.1:9", "--subscribe", "",
-                      token="t")
+                      "--server-wait", "0", token="t")
     assert unreachable.returncode == 2 and "could not start" in unreachable.stderr
 
 
@@ -57,9 +57,10 @@ def test_peer_run_refuses_a_wildcard_listen_address():
         assert result.stderr.startswith("ibe-pubsub: error: --listen must be an address "
                                         "other peers can dial, not ")
         assert len(result.stderr.splitlines()) == 1
-    # the control: a dialable address passes the check (and the start fails later)
+    # the control: a dialable address passes the check (and the start fails later; no
+    # wait for the key server that is not there)
     dialable = run("peer", "run", "--server", "http://127.0.0.1:9", "--subscribe", "",
-                   "--listen", "127.0.0.1:0", token="t")
+                   "--listen", "127.0.0.1:0", "--server-wait", "0", token="t")
     assert dialable.returncode == 2 and "could not start" in dialable.stderr
 
 
@@ -74,7 +75,7 @@ def test_peer_run_refuses_overlay_options_that_do_not_go_together():
     assert too_many.returncode == 2 and "--demote-after: invalid choice" in too_many.stderr
     # the control: the same options under ohf pass (and the start fails later)
     ohf_push = run(*base, "--routing", "ohf", "--push-backup", "--demote-after", "16",
-                   token="t")
+                   "--server-wait", "0", token="t")
     assert ohf_push.returncode == 2 and "could not start" in ohf_push.stderr
 
 
