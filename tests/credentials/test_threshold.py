@@ -10,7 +10,6 @@ built yet, so the messages a server would send are handed over directly.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import replace
 
 import pytest
@@ -40,6 +39,7 @@ from ibe_pubsub.credentials.groups import G1, G2
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.credentials.shamir import lagrange_at_zero
+from ibe_pubsub.evaluation.threshold_lab import local_deployment
 
 t, n, EPOCH, DEPLOYMENT = 3, 5, 7, b"test-deployment"
 EVENT = S.Event("quote-1", {"symbol": "IBM", "price": 131.5, "volume": 2000}, b"hello")
@@ -81,19 +81,11 @@ def finished(participants):
 
 @pytest.fixture(scope="module")
 def deployment():
-    group, schema = load_group(), default_schema()
-    delta, phi, x = (finished(run_dkg(group)[0]) for _ in "dpx")
-    g2 = T.derive_g2(group, DEPLOYMENT)
-    state = initial_beta_state(g2, group.generator(G2))
-    for server in range(1, n + 1):
-        state = check_beta_step(group, DEPLOYMENT, g2, state,
-                                beta_step(group, DEPLOYMENT, server, state), server)
-    tpk = T.assemble_public_key(group, DEPLOYMENT, t, n, state, delta[0].public_key,
-                                delta[0].public_shares, phi[0].public_key,
-                                phi[0].public_shares, x[0].public_key, x[0].public_shares)
-    secrets = {i: T.ServerSecrets(i, delta[i - 1].share, phi[i - 1].share, x[i - 1].share,
-                                  os.urandom(32)) for i in range(1, n + 1)}
-    pp = S.PublicParams(group, tpk.mpk, schema)
+    """Every server in this process (the key generations and the ceremony handed over
+    directly): the public key, every server's secrets, a publisher's event."""
+    group = load_group()
+    tpk, secrets = local_deployment(group, t, n, DEPLOYMENT)
+    pp = S.PublicParams(group, tpk.mpk, default_schema())
     publisher = [publisher_key(pp, tpk, secrets, c, (1, 2, 3)) for c in credentials(pp, "")]
     return pp, tpk, secrets, S.encrypt_and_sign(pp, publisher, EVENT)
 
