@@ -194,13 +194,16 @@ def _audit_check(record: dict[str, Any]) -> list[dict[str, Any]]:
             server[entry["actor"]][f"{route} {detail.get('status')}"] += int(
                 detail.get("count", 1))
     kills = Counter(i["name"] for i in record["incarnations"] if i["end"] == "killed")
+    # Behind the lossy link an answer can be lost after the server logged it (the client
+    # asks again): there, only answers seen but not logged count.
+    behind_link = set(record.get("network", {}).get("group", ()))
     mismatches = []
     for name, seen in record["client_answers"].items():
         for key in sorted(set(seen) | set(server.get(name, {}))):
             extra = server[name][key] - seen.get(key, 0)
             # A process killed between the server's answer and its own log line leaves one
             # issuance it never saw: at most one per kill of that identity.
-            if extra < 0 or extra > kills[name]:
+            if extra < 0 or (extra > kills[name] and name not in behind_link):
                 mismatches.append({"identity": name, "answer": key,
                                    "seen_by_clients": seen.get(key, 0),
                                    "in_audit_log": server[name][key]})
