@@ -130,7 +130,8 @@ def bench_schema(d: int, bits: int) -> Schema:
         for i in range(d)]})
 
 
-def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random
+def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random,
+                    threshold: tuple[T.ThresholdPublicKey, dict[int, T.ServerSecrets]]
                     ) -> dict[str, Callable[[], object]]:
     """One closure per algorithm on a random event and a subscriber that matches it."""
     epoch = 1
@@ -151,7 +152,7 @@ def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random
     request, _ = S.build_connection_request(pp, server, joiner, epoch, 2 ** 40)
     token = subscriber.credentials[0].token
     event_bytes, request_bytes = codec.encode_event(ct), codec.encode_request(request)
-    tpk, secrets = local_deployment(group, THRESHOLD_T, THRESHOLD_N, b"bench")
+    tpk, secrets = threshold
     tpp = S.PublicParams(group, tpk.mpk, schema)
     shares = [T.keyshare_subscriber(tpp, tpk, secrets[i], "bench", epoch, mine)
               for i in range(1, THRESHOLD_T + 1)]
@@ -192,10 +193,13 @@ def run(group: PairingGroup, dims: list[int], bits_list: list[int], min_seconds:
     }
     results = []
     rng = random.Random(2026)
+    # One deployment for every configuration: its keys do not depend on the schema.
+    threshold = local_deployment(group, THRESHOLD_T, THRESHOLD_N, b"bench")
     for d in dims:
         for bits in bits_list:
             progress(f"algorithms for d={d} bits={bits}")
-            for name, fn in _algorithm_runs(group, bench_schema(d, bits), rng).items():
+            for name, fn in _algorithm_runs(group, bench_schema(d, bits), rng,
+                                              threshold).items():
                 fn()  # warm the per-epoch caches, as a running peer has them
                 group.counts.clear()
                 fn()

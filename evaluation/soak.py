@@ -35,6 +35,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -585,27 +586,13 @@ class SoakRun:
         saw (from their logs: each process logs every request at ``-v``), e.g.
         ``{"sub-03": {"subscriber 200": 5, "transport 200": 5}}``."""
         assert self.cluster is not None
-        out: dict[str, dict[str, int]] = {}
-        for name in self.tokens:
-            log = self.cluster.workdir / f"{name}.log"
-            counts: dict[str, int] = {}
-            if log.exists():
-                for match in ENROL_ANSWER.finditer(log.read_text(errors="replace")):
-                    key = f"{match[1]} {match[2]}"
-                    counts[key] = counts.get(key, 0) + 1
-            out[name] = counts
-        return out
+        return {name: _count_matches(self.cluster.workdir / f"{name}.log", ENROL_ANSWER)
+                for name in self.tokens}
 
     def _server_errors(self) -> dict[str, int]:
         """The key server's answers with a 5xx status, per method, route and status, from
         its access log (e.g. ``{"POST /v1/directory 500": 398}``)."""
-        log = self.workdir / "keyserver.log"
-        counts: dict[str, int] = {}
-        if log.exists():
-            for match in SERVER_ERROR.finditer(log.read_text(errors="replace")):
-                key = f"{match[1]} {match[2]} {match[3]}"
-                counts[key] = counts.get(key, 0) + 1
-        return counts
+        return _count_matches(self.workdir / "keyserver.log", SERVER_ERROR)
 
     def record(self) -> dict[str, Any]:
         """What the oracle needs, as JSON-able data."""
@@ -647,6 +634,15 @@ class SoakRun:
 SERVER_ERROR = re.compile(r'"([A-Z]+) ([^ ?"]+)[^"]* HTTP/[\d.]+" (5\d\d)')
 ENROL_ANSWER = re.compile(
     r'HTTP Request: POST \S+/v1/enrol/(subscriber|publisher|root|transport) "HTTP/[\d.]+ (\d+)')
+
+
+def _count_matches(log: Path, pattern: re.Pattern[str]) -> dict[str, int]:
+    """How often each match of ``pattern`` occurs in ``log``, keyed by its groups joined
+    with spaces (nothing if the log does not exist)."""
+    if not log.exists():
+        return {}
+    return dict(Counter(" ".join(m.groups()) for m in pattern.finditer(
+        log.read_text(errors="replace"))))
 
 
 def _not_zombie(pid: int) -> bool:
