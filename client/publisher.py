@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -77,6 +78,12 @@ class Publisher:
         self._sending = asyncio.Lock()
         self._worker = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="ibe-pubsub-encrypt")
+        #: A token per event handed to the worker and not yet started on: the worker
+        #: prepares a stream's next header only while this is empty (deque operations are
+        #: atomic across threads).
+        self._waiting: deque[None] = deque()
+        #: Whether a preparation is queued or running (touched by the worker only).
+        self._preparing = False
         self._loop = asyncio.get_running_loop()
         self._closed = False
 
@@ -158,7 +165,8 @@ class Publisher:
             self._free_slot()
             raise
         self._encrypting += 1
-        encrypted = self._worker.submit(self.event_publisher.encrypt, event)
+        self._waiting.append(None)
+        encrypted = self._worker.submit(self._encrypt, event)
         encrypted.add_done_callback(self._worker_done)
         try:
             with wrapped(PublishRefused):
@@ -220,6 +228,30 @@ class Publisher:
             if self._closed:
                 raise PublishRefused("the publisher was closed before the event was sent")
             await asyncio.sleep(ROOM_POLL)
+
+    def _encrypt(self, event: Event) -> bytes:
+        """In the worker: ``event`` encrypted; then, if no other event waits, a stream's
+        next header is prepared behind it, so that the window's renewal costs no event its
+        tens of milliseconds."""
+        self._waiting.popleft()
+        try:
+            return self.event_publisher.encrypt(event)
+        finally:
+            if (not self._waiting and not self._preparing
+                    and self.event_publisher.stream is not None):
+                self._preparing = True
+                try:
+                    self._worker.submit(self._prepare)
+                except RuntimeError:  # closed meanwhile
+                    self._preparing = False
+
+    def _prepare(self) -> None:
+        try:
+            self.event_publisher.prepare(lambda: bool(self._waiting))
+        except Exception:
+            log.exception("preparing the stream's next header failed")
+        finally:
+            self._preparing = False
 
     def _worker_done(self, _: concurrent.futures.Future[bytes]) -> None:
         self._loop.call_soon_threadsafe(self._count_encrypted)

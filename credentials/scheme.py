@@ -48,9 +48,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Generator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -300,6 +300,14 @@ def encrypt_attribute(pp: PublicParams, attribute: Attribute, i: int, epoch: int
     """C1_i = ĝ^b_i; per position j of the value's path, K_ij = e(F_ij, h)^b_i,
     R_ij = H4(K_ij), E_ij = ser(F_ij^b_i) XOR KDF(K_ij, "c2" || id || i || j); then random
     tags and masks up to the attribute's number of positions."""
+    return run_steps(encrypt_attribute_steps(pp, attribute, i, epoch, event_id, path, b))
+
+
+def encrypt_attribute_steps(pp: PublicParams, attribute: Attribute, i: int, epoch: int,
+                            event_id: str, path: Sequence[Credential], b: int
+                            ) -> Generator[None, None, AttributeCiphertext]:
+    """:func:`encrypt_attribute`, pausing after each position (two exponentiations, about
+    half a millisecond): a stream prepares its next header this way between events."""
     group = pp.group
     size = group.sizes[G1]
     tags, masked = [], []
@@ -309,6 +317,7 @@ def encrypt_attribute(pp: PublicParams, attribute: Attribute, i: int, epoch: int
         tags.append(H4(K))
         masked.append(_xor(bytes(group.exp_secret(pp.F(identity), b)),
                            KDF(K, _mask_info(event_id, i, j), size)))
+        yield
     for _ in range(len(path), attribute.positions):
         tags.append(group.random_bytes(TAG_BYTES))
         masked.append(group.random_bytes(size))
@@ -316,19 +325,42 @@ def encrypt_attribute(pp: PublicParams, attribute: Attribute, i: int, epoch: int
                                R=tuple(tags))
 
 
+Entries = tuple[list[int], tuple[AttributeCiphertext, ...], Element, Element]
+
+
 def encrypt_entries(pp: PublicParams, epoch: int, mask_id: str,
-                    paths: Sequence[Sequence[Credential]]
-                    ) -> tuple[list[int], tuple[AttributeCiphertext, ...], Element, Element]:
+                    paths: Sequence[Sequence[Credential]]) -> Entries:
     """Per attribute i a fresh b_i and :func:`encrypt_attribute` (masks bound to
     ``mask_id``); s = sum b_i, C0 = hd^s and Y^s: every part of an event that depends on
     the b_i but not on its payload."""
+    return run_steps(encrypt_entries_steps(pp, epoch, mask_id, paths))
+
+
+def encrypt_entries_steps(pp: PublicParams, epoch: int, mask_id: str,
+                          paths: Sequence[Sequence[Credential]]
+                          ) -> Generator[None, None, Entries]:
+    """:func:`encrypt_entries`, pausing after each position (see
+    :func:`encrypt_attribute_steps`)."""
     group = pp.group
     b = [group.random_scalar() for _ in pp.schema.attributes]
-    attributes = tuple(encrypt_attribute(pp, a, i, epoch, mask_id, path, b_i)
-                       for i, (a, path, b_i) in enumerate(zip(pp.schema.attributes, paths, b,
-                                                              strict=True)))
+    attributes = []
+    for i, (a, path, b_i) in enumerate(zip(pp.schema.attributes, paths, b, strict=True)):
+        attributes.append((yield from encrypt_attribute_steps(pp, a, i, epoch, mask_id, path,
+                                                              b_i)))
     s = sum(b) % group.order
-    return b, attributes, group.exp_secret(pp.mpk.hd, s), pp.mpk.Y ** s
+    return b, tuple(attributes), group.exp_secret(pp.mpk.hd, s), pp.mpk.Y ** s
+
+
+T = TypeVar("T")
+
+
+def run_steps(steps: Generator[None, None, T]) -> T:
+    """Run a stepwise computation to its end; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def plan_publication(pp: PublicParams, keys: Sequence[PublisherKey], event: Event

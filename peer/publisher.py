@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -27,6 +28,7 @@ from ibe_pubsub.credentials import (
     Stream,
     StreamWindow,
     parse_predicate,
+    streams,
 )
 from ibe_pubsub.keyserver import KeyServerClient, PublisherBundle, ServerParams
 from ibe_pubsub.overlay import RealCrypto, publication
@@ -152,6 +154,14 @@ class EventPublisher:
                 self.keys.keys if self.stream is None else self.stream, event)
         except NotAuthorized as exc:
             raise PublishRefused(f"event {event.event_id!r}: {exc}") from exc
+
+    def prepare(self, busy: Callable[[], bool]) -> None:
+        """Between events, a stream's next header, a step at a time until it is ready or
+        ``busy()`` says an event waits (:func:`credentials.streams.prepare_next_header`);
+        in the thread that encrypts."""
+        while (self.stream is not None and not busy()
+               and streams.prepare_next_header(self.stream)):
+            pass
 
     def send(self, ciphertext: bytes) -> None:
         """Queue an encrypted event for every root (on the event loop)."""

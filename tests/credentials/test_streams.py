@@ -79,6 +79,86 @@ def test_window_closes_by_count_and_by_duration(world):
     assert c1[2] != T.stream_encrypt_and_sign(s, event(4)).attributes[0].C1
 
 
+def _exponentiations(group):
+    return sum(n for op, n in group.counts.items() if op.startswith("exp_"))
+
+
+def _prepare_all(s):
+    steps = 0
+    while T.prepare_next_header(s):
+        steps += 1
+    return steps
+
+
+def test_a_prepared_header_renews_the_window_at_no_cost_to_the_event(world):
+    pp, msk, _ = world
+    now = [1000.0]
+    s = stream(world, seconds=2.0, clock=lambda: now[0])
+    first = T.stream_encrypt_and_sign(s, event(0))
+    now[0] += 0.9
+    assert not T.prepare_next_header(s) and s.spare is None  # under half the window
+    now[0] += 0.2
+    positions = sum(len(p) for p in s.header.paths)
+    assert _prepare_all(s) == positions  # a step a position
+    spare_c0 = s.spare.entries[2]
+    assert not T.prepare_next_header(s)  # ready: nothing more to do
+    now[0] += 1.0  # the window closed
+    before = _exponentiations(pp.group)
+    renewed = T.stream_encrypt_and_sign(s, event(1))
+    # only the per-event work: no exponentiation (a fresh header costs two a position)
+    assert _exponentiations(pp.group) == before
+    assert renewed.C0 == spare_c0 != first.C0 and s.spare is None
+    assert all(a.C1 != b.C1 for a, b in zip(renewed.attributes, first.attributes, strict=True))
+    key, other = subscriber(pp, msk), subscriber(pp, msk, 'symbol = "MSFT"')
+    caches = T.StreamCaches()
+    assert T.stream_decrypt(pp, key, caches, wire(pp.group, first), now[0]) == event(0)
+    assert T.stream_decrypt(pp, key, caches, wire(pp.group, renewed), now[0]) == event(1)
+    with pytest.raises(S.DecryptionError):
+        T.stream_decrypt(pp, other, T.StreamCaches(), wire(pp.group, renewed), now[0])
+    # control: without a prepared header the renewal pays two exponentiations a position
+    now[0] += 2.1
+    before = _exponentiations(pp.group)
+    T.stream_encrypt_and_sign(s, event(2))
+    assert _exponentiations(pp.group) - before >= 2 * positions
+
+
+@pytest.mark.parametrize("change", ["paths", "session", "window open"])
+def test_a_prepared_header_serves_only_its_paths_and_session(world, change):
+    now = [1000.0]
+    s = stream(world, seconds=2.0, clock=lambda: now[0])
+    T.stream_encrypt_and_sign(s, event(0))
+    now[0] += 1.1
+    _prepare_all(s)
+    spare_c0 = s.spare.entries[2]
+    if change == "paths":  # another cell: the spare was made for the old one
+        now[0] += 1.0
+        ct = T.stream_encrypt_and_sign(s, event(1, (1, 0, 0)))
+    elif change == "session":  # a new certificate binds other masks
+        T.start_session(s, S.plan_publication(s.pp, s.keys, event(1))[2])
+        now[0] += 1.0
+        ct = T.stream_encrypt_and_sign(s, event(1))
+    else:  # the current header is reused while its window is open
+        ct = T.stream_encrypt_and_sign(s, event(1))
+        assert s.spare is not None and s.spare.entries[2] == spare_c0
+        now[0] += 1.0
+        ct = T.stream_encrypt_and_sign(s, event(2))
+        assert spare_c0 == ct.C0  # control: the same spare serves once the window closes
+        return
+    assert spare_c0 != ct.C0 and s.spare is None
+
+
+def test_two_prepared_headers_share_no_randomness(world):
+    now = [1000.0]
+    s = stream(world, seconds=2.0, clock=lambda: now[0])
+    C0s = [T.stream_encrypt_and_sign(s, event(0)).C0]
+    for n in range(1, 4):
+        now[0] += 1.1
+        _prepare_all(s)
+        now[0] += 1.0
+        C0s.append(T.stream_encrypt_and_sign(s, event(n)).C0)
+    assert len({bytes(c) for c in C0s}) == 4
+
+
 def _with_session(world, signing_key, certificate):
     """A stream whose session is ``certificate`` under ``signing_key``."""
     s = stream(world)
