@@ -30,6 +30,7 @@ from ibe_pubsub.evaluation import (
     DROPPER_KINDS,
     EXACTNESS_SCHEMAS,
     EXPERIMENTS,
+    WARMUP_RATE,
     Sizes,
     pyplot,
 )
@@ -573,13 +574,34 @@ def _e2e_modes(text: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
+def _e2e_rates(text: str) -> list[str]:
+    """Comma-separated offered rates: events/s, or ``P%`` of the capacity measured by the
+    phases before it (e.g. ``800,80%``)."""
+    rates = [r.strip() for r in text.split(",") if r.strip()]
+    for k, rate in enumerate(rates):
+        try:
+            value = float(rate[:-1] if rate.endswith("%") else rate)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{rate!r} is neither events/s nor a "
+                                             "percentage such as 80%") from None
+        if not (value > 0 and (value <= 100 or not rate.endswith("%"))):
+            raise argparse.ArgumentTypeError(f"{rate!r}: a rate is above 0, a share of the "
+                                             "capacity at most 100%")
+        if rate.endswith("%") and k == 0:
+            raise argparse.ArgumentTypeError(f"{rate!r}: a share of the capacity needs a "
+                                             "rate before it that saturates the system")
+    if not rates:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates, got {text!r}")
+    return rates
+
+
 def _run_e2e(args: argparse.Namespace) -> int:
     from ibe_pubsub.evaluation import run_e2e_bench
 
     pyplot()
     rates = {"streams": args.rates, "v2": args.v2_rates}
     plot = Path(args.plot or Path(args.json).with_suffix(".png"))
-    report = run_e2e_bench({m: [float(r) for r in rates[m]] for m in args.modes}, args.seconds,
+    report = run_e2e_bench({m: rates[m] for m in args.modes}, args.seconds, args.warmup,
                            args.in_process_seconds, plot)
     print(f"{'mode':7} {'rate':>5} {'side':5} {'delivered':>9} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'CPU ms/event (all processes)':>29}")
@@ -608,10 +630,17 @@ def _register_e2e(bench: argparse._SubParsersAction) -> None:
     e2e.add_argument("--modes", type=_e2e_modes, default=list(E2E_MODES),
                      help="streams (a stream whose values stay in their cells) and/or v2 "
                      "(a fresh event each time), comma-separated (default streams,v2)")
-    e2e.add_argument("--rates", type=positive_int_list, default=[100, 250, 500, 1500],
-                     help="offered events/s of the streams mode (default 100,250,500,1500)")
-    e2e.add_argument("--v2-rates", type=positive_int_list, default=[5, 10, 20],
-                     help="offered events/s of the v2 mode (default 5,10,20)")
+    e2e.add_argument("--rates", type=_e2e_rates, default=["100", "250", "500", "1500"],
+                     help="offered events/s of the streams mode, or P%% of the capacity the "
+                     "phases before it measured (the highest rate the publisher achieved), "
+                     "e.g. 800,80%% (default 100,250,500,1500)")
+    e2e.add_argument("--v2-rates", type=_e2e_rates, default=["5", "10", "20"],
+                     help="offered events/s of the v2 mode, as --rates (default 5,10,20)")
+    e2e.add_argument("--warmup", type=non_negative_float, default=2.0,
+                     help=f"seconds each mode's publishers publish at {WARMUP_RATE:g} "
+                     "events/s before the measured phases, unmeasured: a feed's first "
+                     "events pay its session certificate and cold caches once in its life "
+                     "(0: measure from the first event; default 2)")
     e2e.add_argument("--seconds", type=positive_duration, default=3.0,
                      help="seconds of publishing per rate (default 3)")
     e2e.add_argument("--in-process-seconds", type=non_negative_float, default=1.0,

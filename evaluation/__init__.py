@@ -8,7 +8,7 @@ from ibe_pubsub.credentials import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "bench_bulk": ("run_bulk_bench",),
     "bench_crypto": ("run_crypto_bench",),
-    "bench_e2e": ("run_e2e_bench",),
+    "bench_e2e": ("WARMUP_RATE", "run_e2e_bench"),
     "bench_keyserver": ("BenchSettings", "run_bench"),
     "bench_monitoring": ("plot_monitoring", "run_monitoring_bench"),
     "bench_overlay": ("Bench",),

@@ -1,4 +1,5 @@
-"""`bench e2e` at one low rate for 3 s: real processes, the report's shape, and nothing lost."""
+"""`bench e2e` at a low rate for 3 s, then at half the rate it achieved, after a warm-up: real
+processes, the report's shape, and nothing lost."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ def test_bench_e2e_delivers_every_event_at_a_low_rate(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="ibe-pubsub")
     register(parser.add_subparsers(dest="command"))
     out = tmp_path / "e2e.json"
-    args = parser.parse_args(["bench", "e2e", "--modes", "streams", "--rates", "20",
-                              "--seconds", "3", "--in-process-seconds", "0.2",
+    args = parser.parse_args(["bench", "e2e", "--modes", "streams", "--rates", "20,50%",
+                              "--seconds", "3", "--warmup", "0.5",
+                              "--in-process-seconds", "0.2",
                               "--json", str(out)])
     assert args.handler(args) == 0
 
@@ -22,8 +24,11 @@ def test_bench_e2e_delivers_every_event_at_a_low_rate(tmp_path: Path) -> None:
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(report["in_process"]) == {"streams"}
     assert report["in_process"]["streams"]["publisher_ms_per_event"] > 0
-    [row] = report["modes"]["streams"]
-    assert row["rate"] == 20
+    row, half = report["modes"]["streams"]
+    assert (row["rate"], row["asked"], half["asked"]) == (20, "20", "50%")
+    assert half["rate"] == round(row["ours"]["achieved_rate"] / 2, 1)
+    assert 9 < half["rate"] <= 10.5 and half["ours"]["delivered"] == half["ours"]["expected"]
+    assert report["warmup_seconds"] == 0.5
     for side, processes in (("ours", {"publisher", "root"}), ("nats", {"publisher",
                                                                         "nats-server"})):
         r = row[side]
