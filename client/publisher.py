@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: Events at most between ``publish`` and the send queues.
 MAX_IN_FLIGHT = 64
-#: Frames at most in the transport's send queues (each event is one frame per tree).
+#: Frames at most in the transport's send queues (an event is one frame per root process).
 MAX_QUEUED = 256
 #: Seconds between looks at the send queues while they are full.
 ROOM_POLL = 0.005
@@ -66,7 +66,7 @@ class Publisher:
         self.max_in_flight = max_in_flight
         #: Events taken by ``publish`` and not yet queued (at most ``max_in_flight``).
         self.in_flight = 0
-        frames = len(publisher.roots)
+        frames = publisher.frames_per_event
         self.max_queued = min(max(max_queued, frames), publisher.transport.queue_limit)
         self._slots = asyncio.Semaphore(max_in_flight)
         #: Events handed to the worker and not yet encrypted.
@@ -223,7 +223,7 @@ class Publisher:
 
     async def _room(self) -> None:
         """Until one more event's frames fit within ``max_queued``."""
-        frames = len(self.event_publisher.roots)
+        frames = self.event_publisher.frames_per_event
         while self.queued + frames > self.max_queued:
             if self._closed:
                 raise PublishRefused("the publisher was closed before the event was sent")

@@ -3,7 +3,7 @@
 from ibe_pubsub.credentials import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "actions": ("Action", "Connected", "Deliver", "Log", "Send", "publication"),
+    "actions": ("Action", "Connected", "Deliver", "Log", "Send", "coalesce", "publication"),
     "checks": ("delivery_errors", "rooted_subscribers", "subscribers_below"),
     "config": ("OverlayConfig", "OverlayConfigError", "Routing"),
     "crypto": ("CostMeter", "RootKit", "SubscriberKit"),
@@ -14,6 +14,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "machine": ("PeerMachine",),
     "simulator": ("DropperKind", "LatencyModel", "Mode", "Simulator", "summary"),
     "snapshot": ("tree_status",),
-    "wire": ("MAX_FRAME", "Handover", "Message", "Publish", "SwapHandover", "WireError",
+    "wire": ("MAX_FRAME", "Handover", "Message", "Publish", "Publishes", "SwapHandover",
+             "WireError",
              "decode"),
 })

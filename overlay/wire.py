@@ -23,6 +23,9 @@ from ibe_pubsub.overlay.exceptions import OverlayError
 MAX_FRAME = 4 * 1024 * 1024
 MAX_TEXT = 256
 MAX_TOKENS = 256
+#: Targets of a :class:`Publishes` at most: a peer has a virtual peer per tree, a few per
+#: tree at most, and each target costs the receiver a Publish's work.
+MAX_TARGETS = 64
 
 
 class WireError(OverlayError, ValueError):
@@ -193,6 +196,39 @@ class Publish(Message):
 
 
 @dataclass(frozen=True)
+class Publishes(Message):
+    """One event for several of the receiver's virtual peers at once (the trees two peers
+    share, or a publisher's roots in one process): the event travels once and is taken as
+    a :class:`Publish` per target ``(src_vps[k], dst_vps[k], attributes[k])``, in that
+    order. ``src_vp`` and ``dst_vp`` are empty. At most :data:`MAX_TARGETS` targets."""
+
+    TAG: ClassVar[int] = 18
+    src_vps: tuple[str, ...]
+    dst_vps: tuple[str, ...]
+    attributes: tuple[str, ...]
+    event: bytes
+
+    def __post_init__(self) -> None:
+        if not (0 < len(self.src_vps) == len(self.dst_vps) == len(self.attributes)
+                <= MAX_TARGETS):
+            raise WireError(f"Publishes: 1 to {MAX_TARGETS} targets, each with a sender, a "
+                            "receiver and an attribute")
+
+    def expand(self) -> list[Publish]:
+        return [Publish(src, dst, attribute, self.event) for src, dst, attribute
+                in zip(self.src_vps, self.dst_vps, self.attributes, strict=True)]
+
+
+def coalesced(messages: list[Publish]) -> Publish | Publishes:
+    """The copies of one event for one physical peer as one message (one alone as itself)."""
+    if len(messages) == 1:
+        return messages[0]
+    return Publishes("", "", tuple(m.src_vp for m in messages),
+                     tuple(m.dst_vp for m in messages), tuple(m.attribute for m in messages),
+                     messages[0].event)
+
+
+@dataclass(frozen=True)
 class Watch(Message):
     """Asks a covering ancestor to be the sender's backup: it must open ``request`` (the
     sender's key-server-signed connection request) and prove so with an :class:`Accept`."""
@@ -227,7 +263,7 @@ EVENT_ID_BYTES = 16
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TAG: cls for cls in (Join, JoinMiss, JoinSplit, Recruit, Accept, Detach, SwapOffer,
                              SwapAccept, SwapHandover, Tokens, Ping, Pong, Handover, Publish,
-                             Watch, Digest, Pull)}
+                             Publishes, Watch, Digest, Pull)}
 _HINTS = {tag: [(f.name, typing.get_type_hints(cls)[f.name]) for f in fields(cls)]
           for tag, cls in MESSAGE_TYPES.items()}
 
@@ -245,6 +281,12 @@ def _check(name: str, hint: object, value: object) -> object:
     elif hint is int:
         if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value < 2**32:
             raise WireError(f"field {name!r} must be a small integer")
+    elif hint == tuple[str, ...]:
+        if not isinstance(value, list) or len(value) > MAX_TOKENS or not all(
+                isinstance(v, str) and len(v) <= MAX_TEXT for v in value):
+            raise WireError(f"field {name!r} must be a list of at most {MAX_TOKENS} strings "
+                            f"of at most {MAX_TEXT} characters")
+        return tuple(value)
     else:  # tuple[bytes, ...]
         if not isinstance(value, list) or len(value) > MAX_TOKENS or not all(
                 isinstance(v, bytes) for v in value):

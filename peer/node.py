@@ -31,7 +31,7 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -61,10 +61,12 @@ from ibe_pubsub.overlay import (
     OverlayConfig,
     PeerMachine,
     Publish,
+    Publishes,
     RootKit,
     Send,
     SubscriberKit,
     WireError,
+    coalesce,
     decode,
     tree_status,
 )
@@ -189,8 +191,9 @@ class PeerNode:
         self._timer: asyncio.Task[None] | None = None
         self._refresh_at = 0.0
         self._next_tick = 0.0
-        #: Events waiting for processing: (sender, message, when it arrived).
-        self._events: deque[tuple[str, Publish, float]] = deque()
+        #: Events waiting for processing: (sender, its copies for this peer's virtual peers,
+        #: when it arrived).
+        self._events: deque[tuple[str, list[Publish], float]] = deque()
         #: Senders not read while the events wait too long (back-pressure).
         self._paused: set[str] = set()
         self._drainer: asyncio.Task[None] | None = None
@@ -652,28 +655,35 @@ class PeerNode:
             self.dropped_by["malformed_message"] += 1
             log.warning("dropped a malformed message from %s: %s", sender, exc)
             return
+        copies = (message.expand() if isinstance(message, Publishes)
+                  else [message] if isinstance(message, Publish) else None)
         if self.metrics is not None:
-            self.metrics.received(message)
-        if isinstance(message, Publish):
+            for m in copies or [message]:
+                self.metrics.received(m)
+        if copies is not None:
             if len(self._events) >= MAX_EVENT_BACKLOG:
                 self.dropped_by["backlog_full"] += 1
                 log.warning("event backlog full: dropped an event from %s", sender)
                 return
             now = time.time()
-            self._events.append((sender, message, now))
+            self._events.append((sender, copies, now))
             if now - self._events[0][2] > BACKLOG_DELAY and sender not in self._paused:
                 self._paused.add(sender)
                 self.transport.pause_reading(sender)
             if self._drainer is None or self._drainer.done():
                 self._drainer = asyncio.get_running_loop().create_task(self._drain_events())
             return
-        self._handle(sender, message)
+        self._handle(sender, [message])
 
-    def _handle(self, sender: str, message: Message, arrived: float | None = None) -> None:
-        """Have the machine take ``message`` (an event that ``arrived`` then) and act."""
+    def _handle(self, sender: str, messages: Sequence[Message],
+                arrived: float | None = None) -> None:
+        """Have the machine take ``messages`` (the copies of an event that ``arrived`` then,
+        or one control message) and act on all they caused at once, so that the copies of
+        an event for one neighbour leave as one frame (:func:`overlay.actions.coalesce`)."""
         assert self.machine is not None
         now = time.time()
-        self._perform(self.machine.receive(sender, message, now), arrived)
+        actions = [a for m in messages for a in self.machine.receive(sender, m, now)]
+        self._perform(actions, arrived)
         if now >= self._next_tick:
             self._tick(now)
 
@@ -682,9 +692,9 @@ class PeerNode:
             if self.transport.congested():  # a neighbour reads slowly: wait for it
                 await asyncio.sleep(CONGESTION_RECHECK)
                 continue
-            sender, message, arrived = self._events.popleft()
+            sender, copies, arrived = self._events.popleft()
             try:
-                self._handle(sender, message, arrived)
+                self._handle(sender, copies, arrived)
             except Exception:
                 log.exception("processing an event from %s failed", sender)
             self._resume_reading()
@@ -706,11 +716,13 @@ class PeerNode:
 
     def _perform(self, actions: list[Action], arrived: float | None = None) -> None:
         metrics = self.metrics
-        for action in actions:
+        for action in coalesce(actions):
             if isinstance(action, Send):
                 self.transport.send(action.to, action.message.to_bytes())
                 if metrics is not None:
-                    metrics.sent(action.message)
+                    message = action.message
+                    for m in message.expand() if isinstance(message, Publishes) else [message]:
+                        metrics.sent(m)
             elif isinstance(action, Deliver):
                 self._deliver(action)
                 if metrics is not None:

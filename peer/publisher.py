@@ -31,7 +31,7 @@ from ibe_pubsub.credentials import (
     streams,
 )
 from ibe_pubsub.keyserver import KeyServerClient, PublisherBundle, ServerParams
-from ibe_pubsub.overlay import RealCrypto, publication
+from ibe_pubsub.overlay import RealCrypto, coalesce, publication
 from ibe_pubsub.peer import bundle_file, enrolment
 from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.known_servers import KnownServers
@@ -155,6 +155,12 @@ class EventPublisher:
         except NotAuthorized as exc:
             raise PublishRefused(f"event {event.event_id!r}: {exc}") from exc
 
+    @property
+    def frames_per_event(self) -> int:
+        """Frames an event costs the send queues: one per root process (the copies for the
+        trees one process roots travel as one frame)."""
+        return len(set(self.roots.values()))
+
     def prepare(self, busy: Callable[[], bool]) -> None:
         """Between events, a stream's next header, a step at a time until it is ready or
         ``busy()`` says an event waits (:func:`credentials.streams.prepare_next_header`);
@@ -165,7 +171,7 @@ class EventPublisher:
 
     def send(self, ciphertext: bytes) -> None:
         """Queue an encrypted event for every root (on the event loop)."""
-        for send in publication(ciphertext, self.roots):
+        for send in coalesce(publication(ciphertext, self.roots)):
             self.transport.send(send.to, send.message.to_bytes())
         self.sent += 1
 

@@ -16,6 +16,7 @@ from ibe_pubsub.overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Publishes,
     Pull,
     Recruit,
     SwapAccept,
@@ -42,6 +43,7 @@ SAMPLES: list[Message] = [
     Pong("a", "b", False, -1, "h:5", "g"),
     Handover("a", "b", "h:3", "q"),
     Publish("", "", "symbol", b"event"),
+    Publishes("", "", ("a", "b"), ("c", ""), ("symbol", "price"), b"event"),
     Watch("a", "b", b"j" * 16, b"req"),
     Digest("a", "b", (b"i" * 16, b"k" * 16), (b"e1", b"e2")),
     Pull("a", "b", (b"i" * 16,)),
@@ -69,6 +71,12 @@ def test_every_message_type_round_trips():
     [1, "a", "b", "price", "not-bytes", "o", "v", 1, b"r", False, -1],
     [7, "a", "b", [b"ok", "str"]],        # token list with a string
     [8, "a" * 300, "b"],                  # oversize text
+    [18, "", "", [], [], [], b"e"],       # an event for no one
+    [18, "", "", ["a"], ["b", "c"], ["p"], b"e"],  # targets that do not line up
+    [18, "", "", ["a"] * 65, ["b"] * 65, ["p"] * 65, b"e"],  # too many targets
+    [18, "", "", ["a"], [b"b"], ["p"], b"e"],  # bytes for a virtual peer
+    [18, "", "", ["a"], ["b" * 300], ["p"], b"e"],  # oversize text in a list
+    [18, "", "", ["a"], ["b"], ["p"], "not-bytes"],
     {"t": 1},                             # not a tagged array
     [],
     [True, "a", "b"],
@@ -83,3 +91,27 @@ def test_garbage_and_oversize_frames_are_rejected():
                  b"\x00" * (5 * 1024 * 1024)):
         with pytest.raises(WireError):
             decode(data)
+
+
+def test_the_copies_of_an_event_for_one_peer_travel_once_and_in_order():
+    from ibe_pubsub.overlay.actions import Log, Send, coalesce
+
+    event, other = b"e" * 100, b"f" * 100
+    actions = [Send("x", Publish("r1", "s1", "symbol", event)),
+               Send("y", Publish("r1", "t1", "symbol", event)),
+               Log("info", "between"),
+               Send("x", Publish("r2", "s2", "price", event)),
+               Send("x", Publish("r2", "s2", "price", other)),
+               Send("y", Ping("r2", "t2")),  # closes y's group: the next copy comes after it
+               Send("y", Publish("r3", "t3", "volume", event))]
+    out = coalesce(actions)
+    assert out == [Send("x", Publishes("", "", ("r1", "r2"), ("s1", "s2"), ("symbol", "price"),
+                                       event)),
+                   Send("y", Publish("r1", "t1", "symbol", event)),
+                   Log("info", "between"),
+                   Send("x", Publish("r2", "s2", "price", other)),
+                   Send("y", Ping("r2", "t2")),
+                   Send("y", Publish("r3", "t3", "volume", event))]
+    assert out[0].message.expand() == [actions[0].message, actions[3].message]
+    assert decode(out[0].message.to_bytes()).expand() == out[0].message.expand()
+    assert coalesce(actions[:3]) == actions[:3]  # nothing to merge: left as it was
