@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -584,7 +585,7 @@ def _e2e_rates(text: str) -> list[str]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{rate!r} is neither events/s nor a "
                                              "percentage such as 80%") from None
-        if not (value > 0 and (value <= 100 or not rate.endswith("%"))):
+        if not (0 < value < math.inf and (value <= 100 or not rate.endswith("%"))):
             raise argparse.ArgumentTypeError(f"{rate!r}: a rate is above 0, a share of the "
                                              "capacity at most 100%")
         if rate.endswith("%") and k == 0:

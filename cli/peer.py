@@ -138,6 +138,7 @@ async def _run_started(args: argparse.Namespace, node: PeerNode, stop: asyncio.E
         # What start-up made (modules, parameters, keys: most of a peer's objects) is never
         # garbage; out of the collector's sight, a full collection no longer pauses a peer
         # for tens of milliseconds with the events behind it waiting.
+        gc.collect()
         gc.freeze()
         if args.ready_file:
             monitor = node.monitor.url if node.monitor is not None else None

@@ -253,7 +253,9 @@ class Publisher:
         finally:
             self._preparing = False
 
-    def _worker_done(self, _: concurrent.futures.Future[bytes]) -> None:
+    def _worker_done(self, job: concurrent.futures.Future[bytes]) -> None:
+        if job.cancelled():  # never started: its token is still waiting
+            self._waiting.popleft()
         self._loop.call_soon_threadsafe(self._count_encrypted)
 
     def _count_encrypted(self) -> None:

@@ -159,13 +159,15 @@ class _Header:
 @dataclass
 class _Spare:
     """A fresh header for ``paths`` (epoch, session's mask id) prepared ahead, a position at a
-    time: ``steps`` until done, then ``entries``."""
+    time: ``steps`` (which hold the b_i) until done, then ``entries`` (the header's
+    ``C1_i, E_i, R_i``, ``C0`` and ``Y^s``; the b_i are dropped)."""
 
     paths: tuple[tuple[Credential, ...], ...]
     epoch: int
     mask_id: str
-    steps: Generator[None, None, Entries]
-    entries: Entries | None = None
+    steps: Generator[None, None, Entries] = field(repr=False)
+    entries: tuple[tuple[AttributeCiphertext, ...], Element, Element] | None = field(
+        default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -246,13 +248,14 @@ def prepare_next_header(stream: Stream) -> bool:
     try:
         next(spare.steps)
     except StopIteration as done:
-        spare.entries = done.value
+        spare.entries = done.value[1:]
         return False
     return True
 
 
 def _take_spare(stream: Stream, epoch: int, mask_id: str,
-                paths: tuple[tuple[Credential, ...], ...]) -> Entries | None:
+                paths: tuple[tuple[Credential, ...], ...]
+                ) -> tuple[tuple[AttributeCiphertext, ...], Element, Element] | None:
     """The prepared header if it is done and made for these paths, epoch and session; it is
     used once."""
     spare, stream.spare = stream.spare, None
@@ -292,8 +295,8 @@ def stream_encrypt_and_sign(stream: Stream, event: Event) -> StreamEvent:
     if header is None:
         mask_id = entry_mask_id(session.certificate_hash)
         entries = (_take_spare(stream, epoch, mask_id, tuple(paths))
-                   or encrypt_entries(pp, epoch, mask_id, paths))
-        header = stream.header = _Header(tuple(paths), *entries[1:], now)
+                   or encrypt_entries(pp, epoch, mask_id, paths)[1:])
+        header = stream.header = _Header(tuple(paths), *entries, now)
     else:
         header.uses += 1
     event_header = EventHeader(schema_id=pp.schema.id, epoch=epoch, event_id=event.event_id,

@@ -81,4 +81,5 @@ def coalesce(actions: list[Action]) -> list[Action]:
             for key in [k for k in groups if k[0] == action.to]:
                 del groups[key]
         out.append(action)
-    return [Send(a[0], coalesced(a[1])) if isinstance(a, tuple) else a for a in out]
+    return [merged for a in out for merged in (
+        [Send(a[0], m) for m in coalesced(a[1])] if isinstance(a, tuple) else [a])]

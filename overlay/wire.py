@@ -215,17 +215,18 @@ class Publishes(Message):
                             "receiver and an attribute")
 
     def expand(self) -> list[Publish]:
-        return [Publish(src, dst, attribute, self.event) for src, dst, attribute
-                in zip(self.src_vps, self.dst_vps, self.attributes, strict=True)]
+        """A Publish per target, each target once (a repeated one would only cost work)."""
+        targets = dict.fromkeys(zip(self.src_vps, self.dst_vps, self.attributes, strict=True))
+        return [Publish(src, dst, attribute, self.event) for src, dst, attribute in targets]
 
 
-def coalesced(messages: list[Publish]) -> Publish | Publishes:
-    """The copies of one event for one physical peer as one message (one alone as itself)."""
-    if len(messages) == 1:
-        return messages[0]
-    return Publishes("", "", tuple(m.src_vp for m in messages),
-                     tuple(m.dst_vp for m in messages), tuple(m.attribute for m in messages),
-                     messages[0].event)
+def coalesced(messages: list[Publish]) -> list[Publish | Publishes]:
+    """The copies of one event for one physical peer as one message, or several of at most
+    :data:`MAX_TARGETS` targets (a copy alone goes as itself)."""
+    chunks = (messages[k:k + MAX_TARGETS] for k in range(0, len(messages), MAX_TARGETS))
+    return [chunk[0] if len(chunk) == 1 else Publishes(
+        "", "", tuple(m.src_vp for m in chunk), tuple(m.dst_vp for m in chunk),
+        tuple(m.attribute for m in chunk), chunk[0].event) for chunk in chunks]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ import msgpack
 
 from ibe_pubsub.peer.exceptions import PeerError
 
-PROTOCOL_VERSION = 1
+#: 2: overlay messages may be a ``Publishes`` (one event for several virtual peers), which
+#: a peer of version 1 would drop; peers of different versions refuse each other at HELLO.
+PROTOCOL_VERSION = 2
 HELLO = 0
 DATA = 1
 END = 2

@@ -682,7 +682,13 @@ class PeerNode:
         an event for one neighbour leave as one frame (:func:`overlay.actions.coalesce`)."""
         assert self.machine is not None
         now = time.time()
-        actions = [a for m in messages for a in self.machine.receive(sender, m, now)]
+        actions: list[Action] = []
+        for message in messages:
+            try:
+                actions += self.machine.receive(sender, message, now)
+            except Exception:  # the other copies' work stands
+                log.exception("processing a %s from %s failed", type(message).__name__,
+                              sender)
         self._perform(actions, arrived)
         if now >= self._next_tick:
             self._tick(now)

@@ -406,7 +406,8 @@ class Transport:
             del queue[link.writing]
             dropped += 1
         self._slow(link)
-        self._count_drop(link, "queue_delay", dropped)
+        if dropped:
+            self._count_drop(link, "queue_delay", dropped)
 
     @staticmethod
     def _caught_up(link: _Link) -> None:

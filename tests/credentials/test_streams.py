@@ -100,7 +100,7 @@ def test_a_prepared_header_renews_the_window_at_no_cost_to_the_event(world):
     now[0] += 0.2
     positions = sum(len(p) for p in s.header.paths)
     assert _prepare_all(s) == positions  # a step a position
-    spare_c0 = s.spare.entries[2]
+    spare_c0 = s.spare.entries[1]
     assert not T.prepare_next_header(s)  # ready: nothing more to do
     now[0] += 1.0  # the window closed
     before = _exponentiations(pp.group)
@@ -129,7 +129,7 @@ def test_a_prepared_header_serves_only_its_paths_and_session(world, change):
     T.stream_encrypt_and_sign(s, event(0))
     now[0] += 1.1
     _prepare_all(s)
-    spare_c0 = s.spare.entries[2]
+    spare_c0 = s.spare.entries[1]
     if change == "paths":  # another cell: the spare was made for the old one
         now[0] += 1.0
         ct = T.stream_encrypt_and_sign(s, event(1, (1, 0, 0)))
@@ -139,7 +139,7 @@ def test_a_prepared_header_serves_only_its_paths_and_session(world, change):
         ct = T.stream_encrypt_and_sign(s, event(1))
     else:  # the current header is reused while its window is open
         ct = T.stream_encrypt_and_sign(s, event(1))
-        assert s.spare is not None and s.spare.entries[2] == spare_c0
+        assert s.spare is not None and s.spare.entries[1] == spare_c0
         now[0] += 1.0
         ct = T.stream_encrypt_and_sign(s, event(2))
         assert spare_c0 == ct.C0  # control: the same spare serves once the window closes

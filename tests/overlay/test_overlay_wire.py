@@ -115,3 +115,16 @@ def test_the_copies_of_an_event_for_one_peer_travel_once_and_in_order():
     assert out[0].message.expand() == [actions[0].message, actions[3].message]
     assert decode(out[0].message.to_bytes()).expand() == out[0].message.expand()
     assert coalesce(actions[:3]) == actions[:3]  # nothing to merge: left as it was
+
+
+def test_more_copies_than_a_message_takes_go_as_several_and_repeats_are_taken_once():
+    from ibe_pubsub.overlay.actions import Send, coalesce
+    from ibe_pubsub.overlay.wire import MAX_TARGETS
+
+    copies = [Publish(f"r{k}", f"s{k}", "symbol", b"event") for k in range(MAX_TARGETS * 2 + 1)]
+    out = coalesce([Send("x", m) for m in copies])
+    assert [len(s.message.src_vps) for s in out[:2]] == [MAX_TARGETS, MAX_TARGETS]
+    assert out[2] == Send("x", copies[-1])
+    assert [m for s in out[:2] for m in s.message.expand()] + [out[2].message] == copies
+    repeated = Publishes("", "", ("a", "a", "b"), ("c", "c", "c"), ("p", "p", "p"), b"e")
+    assert repeated.expand() == [Publish("a", "c", "p", b"e"), Publish("b", "c", "p", b"e")]

@@ -29,12 +29,14 @@ def test_frame_roundtrip_and_rejections():
     assert frames.decode_body(frames.encode(frames.hello("h:1"))[4:]).payload == "h:1"
     assert frames.decode_body(frames.encode(frames.end())[4:]) == frames.Frame(frames.END, b"")
     assert frames.decode_body(frames.encode(frames.gap(7))[4:]) == frames.Frame(frames.GAP, 7)
-    bad = [b"\xc1", msgpack.packb([2, 1, b"x"]), msgpack.packb([1, 9, b"x"]),
-           msgpack.packb([1, 3, 0]), msgpack.packb([1, 3, -1]), msgpack.packb([1, 3, True]),
-           msgpack.packb([1, 3, 1 << 32]), msgpack.packb([1, 3, b"x"]),
-           msgpack.packb([1, 1, "text"]), msgpack.packb([1, 0, b"bytes"]),
-           msgpack.packb([1, 1]), msgpack.packb({"a": 1}), msgpack.packb([True, 1, b""]),
-           msgpack.packb([1, 2, b"x"]), msgpack.packb([1, 2, ""])]
+    v = frames.PROTOCOL_VERSION
+    bad = [b"\xc1", msgpack.packb([v + 1, 1, b"x"]), msgpack.packb([v - 1, 1, b"x"]),
+           msgpack.packb([v, 9, b"x"]),
+           msgpack.packb([v, 3, 0]), msgpack.packb([v, 3, -1]), msgpack.packb([v, 3, True]),
+           msgpack.packb([v, 3, 1 << 32]), msgpack.packb([v, 3, b"x"]),
+           msgpack.packb([v, 1, "text"]), msgpack.packb([v, 0, b"bytes"]),
+           msgpack.packb([v, 1]), msgpack.packb({"a": 1}), msgpack.packb([True, 1, b""]),
+           msgpack.packb([v, 2, b"x"]), msgpack.packb([v, 2, ""])]
     for body in bad:
         with pytest.raises(frames.FrameError):
             frames.decode_body(body)
@@ -254,7 +256,9 @@ def test_bad_and_oversized_frames_are_dropped_and_the_link_survives(caplog):
         writer.close()
         # A client that speaks another protocol version is refused at hello.
         reader, writer = await asyncio.open_connection(host, port, ssl=client.client_context)
-        writer.write(frames.encode(frames.hello("")).replace(b"\x93\x01", b"\x93\x07", 1))
+        hello = frames.encode(frames.hello(""))
+        version = bytes([0x93, frames.PROTOCOL_VERSION])
+        writer.write(hello.replace(version, b"\x93\x07", 1))
         with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
             await frames.read_frame(reader)
         assert b.refused == {"bad_hello": 1}
