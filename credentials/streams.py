@@ -169,6 +169,10 @@ class _Spare:
     entries: tuple[tuple[AttributeCiphertext, ...], Element, Element] | None = field(
         default=None, repr=False)
 
+    def serves(self, paths: tuple[tuple[Credential, ...], ...], epoch: int, mask_id: str
+               ) -> bool:
+        return (self.paths, self.epoch, self.mask_id) == (paths, epoch, mask_id)
+
 
 @dataclass(frozen=True)
 class Session:
@@ -237,8 +241,7 @@ def prepare_next_header(stream: Stream) -> bool:
                  or (w.max_events is not None and 2 * header.uses >= w.max_events))
     epoch, mask_id = session.certificate.epoch, entry_mask_id(session.certificate_hash)
     spare = stream.spare
-    if spare is None or (spare.paths, spare.epoch, spare.mask_id) != (header.paths, epoch,
-                                                                       mask_id):
+    if spare is None or not spare.serves(header.paths, epoch, mask_id):
         if not half_used:
             return False
         spare = stream.spare = _Spare(header.paths, epoch, mask_id, encrypt_entries_steps(
@@ -259,8 +262,7 @@ def _take_spare(stream: Stream, epoch: int, mask_id: str,
     """The prepared header if it is done and made for these paths, epoch and session; it is
     used once."""
     spare, stream.spare = stream.spare, None
-    if spare is None or spare.entries is None or (spare.paths, spare.epoch,
-                                                  spare.mask_id) != (paths, epoch, mask_id):
+    if spare is None or spare.entries is None or not spare.serves(paths, epoch, mask_id):
         return None
     return spare.entries
 

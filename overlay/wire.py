@@ -282,16 +282,13 @@ def _check(name: str, hint: object, value: object) -> object:
     elif hint is int:
         if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value < 2**32:
             raise WireError(f"field {name!r} must be a small integer")
-    elif hint == tuple[str, ...]:
+    else:  # tuple[str, ...] or tuple[bytes, ...]
+        item = typing.get_args(hint)[0]
         if not isinstance(value, list) or len(value) > MAX_TOKENS or not all(
-                isinstance(v, str) and len(v) <= MAX_TEXT for v in value):
-            raise WireError(f"field {name!r} must be a list of at most {MAX_TOKENS} strings "
-                            f"of at most {MAX_TEXT} characters")
-        return tuple(value)
-    else:  # tuple[bytes, ...]
-        if not isinstance(value, list) or len(value) > MAX_TOKENS or not all(
-                isinstance(v, bytes) for v in value):
-            raise WireError(f"field {name!r} must be a list of at most {MAX_TOKENS} byte strings")
+                isinstance(v, item) and (item is bytes or len(v) <= MAX_TEXT) for v in value):
+            what = ("byte strings" if item is bytes
+                    else f"strings of at most {MAX_TEXT} characters")
+            raise WireError(f"field {name!r} must be a list of at most {MAX_TOKENS} {what}")
         if name == "ids" and any(len(v) != EVENT_ID_BYTES for v in value):
             raise WireError(f"field 'ids' must hold {EVENT_ID_BYTES}-byte event ids")
         return tuple(value)

@@ -722,13 +722,13 @@ class PeerNode:
 
     def _perform(self, actions: list[Action], arrived: float | None = None) -> None:
         metrics = self.metrics
+        if metrics is not None:  # each copy, before they are merged
+            for action in actions:
+                if isinstance(action, Send):
+                    metrics.sent(action.message)
         for action in coalesce(actions):
             if isinstance(action, Send):
                 self.transport.send(action.to, action.message.to_bytes())
-                if metrics is not None:
-                    message = action.message
-                    for m in message.expand() if isinstance(message, Publishes) else [message]:
-                        metrics.sent(m)
             elif isinstance(action, Deliver):
                 self._deliver(action)
                 if metrics is not None:
