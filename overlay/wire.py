@@ -209,10 +209,11 @@ class Publishes(Message):
     event: bytes
 
     def __post_init__(self) -> None:
-        if not (0 < len(self.src_vps) == len(self.dst_vps) == len(self.attributes)
+        if self.src_vp or self.dst_vp or not (
+                0 < len(self.src_vps) == len(self.dst_vps) == len(self.attributes)
                 <= MAX_TARGETS):
-            raise WireError(f"Publishes: 1 to {MAX_TARGETS} targets, each with a sender, a "
-                            "receiver and an attribute")
+            raise WireError(f"Publishes: no virtual peers of its own, 1 to {MAX_TARGETS} "
+                            "targets, each with a sender, a receiver and an attribute")
 
     def expand(self) -> list[Publish]:
         """A Publish per target, each target once (a repeated one would only cost work)."""

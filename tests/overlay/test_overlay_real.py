@@ -32,6 +32,7 @@ from ibe_pubsub.overlay.wire import (
     Ping,
     Pong,
     Publish,
+    Publishes,
     Pull,
     Recruit,
     SwapAccept,
@@ -39,6 +40,7 @@ from ibe_pubsub.overlay.wire import (
     SwapOffer,
     Tokens,
     Watch,
+    decode,
 )
 
 SCHEMA = default_schema()
@@ -146,6 +148,7 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         (stranger, Handover(stranger[1], vp.vp, "x:1", "y")),
         (stranger, Publish(stranger[1], vp.vp, vp.attribute, event)),        # not a parent
         (parent, Publish(parent[1], vp.vp, vp.attribute, b"garbage")),
+        (stranger, Publishes("", "", (stranger[1],), (vp.vp,), (vp.attribute,), event)),
         (stranger, Watch(stranger[1], vp.vp, b"w" * 16, tamper(request))),  # bad signature
         (stranger, Watch(stranger[1], vp.vp, b"w" * 16, other)),            # wrong epoch
         (stranger, Digest(stranger[1], vp.vp, (b"i" * 16,), (b"e",))),       # not a backup
@@ -157,6 +160,16 @@ def test_forged_and_malformed_messages_change_nothing_but_the_log(real_sim):
         actions = machine.receive(sender[0], payload, now)
         assert actions and all(isinstance(a, Log) for a in actions), (message, actions)
         assert fingerprint(machine) == before, message
+    # The copies a peer takes out of a stranger's Publishes (or a parent's, of garbage)
+    # are refused one by one, as the Publish each of them is.
+    for sender, data in ((stranger, event), (parent, b"garbage")):
+        copies = Publishes("", "", (sender[1],) * 3, (vp.vp, vp.vp, ""),
+                           (vp.attribute, elsewhere, vp.attribute), data)
+        before = fingerprint(machine)
+        for copy in decode(copies.to_bytes()).expand():
+            actions = machine.receive(sender[0], copy, now)
+            assert actions and all(isinstance(a, Log) for a in actions), (copy, actions)
+        assert fingerprint(machine) == before
     # A stranger's heartbeat is answered "not your parent" and changes nothing, also to a
     # virtual peer this peer does not have (a child from before a restart rejoins on it):
     # one answer to the sender itself, as small as the heartbeat.

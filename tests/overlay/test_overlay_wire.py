@@ -77,6 +77,7 @@ def test_every_message_type_round_trips():
     [18, "", "", ["a"], [b"b"], ["p"], b"e"],  # bytes for a virtual peer
     [18, "", "", ["a"], ["b" * 300], ["p"], b"e"],  # oversize text in a list
     [18, "", "", ["a"], ["b"], ["p"], "not-bytes"],
+    [18, "", "vp", ["a"], ["b"], ["p"], b"e"],  # names a virtual peer of its own
     {"t": 1},                             # not a tagged array
     [],
     [True, "a", "b"],
