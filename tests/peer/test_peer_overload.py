@@ -16,13 +16,14 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from keyserver_fixtures import rooted_cluster
 
 from ibe_pubsub.client import Publisher
 from ibe_pubsub.evaluation.cluster import Cluster, PeerProcess
-from ibe_pubsub.peer.transport import HOLD_LIMIT
+from ibe_pubsub.peer.transport import HOLD_LIMIT, MAX_QUEUE_DELAY
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.serial]
 
@@ -111,11 +112,22 @@ def test_a_publisher_faster_than_the_tree_is_slowed_and_nothing_waits_long(tree)
         assert p99 < 4.0, (peer.name, p99, delays[-1])
 
 
+def _socket_buffers() -> int:
+    """The most a stopped reader's connection can absorb: the kernel's largest send and
+    receive buffers (loopback autotunes to them; 10 MB on one host, 36 MB on another)."""
+    return sum(int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
+               for name in ("tcp_wmem", "tcp_rmem"))
+
+
 def test_a_stalled_subscriber_does_not_stall_the_tree_and_learns_what_it_missed(tree):
+    # 10 s at 300 events/s, with bodies large enough that the socket buffers are full
+    # within 3 s: the frames after them wait in the root's queue for MAX_QUEUE_DELAY and more.
+    rate, seconds, fill = 300.0, 10.0, 3.0
+    assert seconds - fill > MAX_QUEUE_DELAY + 2.0
+    body = b"x" * max(len(BODY), _socket_buffers() // int(rate * fill))
     tree.stalled.process.send_signal(signal.SIGSTOP)
     try:
-        # 12 MB in all: more than the kernel's socket buffers hold for a stopped reader
-        sent = _publish(tree, "paced", 1500, rate=300.0, body=BODY)
+        sent = _publish(tree, "paced", int(rate * seconds), rate=rate, body=body)
     finally:
         tree.stalled.process.send_signal(signal.SIGCONT)
     # The steady subscriber got everything; the tree waited for the stalled one once, for
