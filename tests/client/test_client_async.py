@@ -10,6 +10,7 @@ import asyncio
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -129,6 +130,48 @@ def test_a_delivery_says_its_epoch_and_whether_it_came_as_a_stream(overlay):
     got, epochs = asyncio.run(run())
     assert got["flags-v2"].stream is False and got["flags-stream"].stream is True
     assert got["flags-v2"].epoch == epochs["v2"] and got["flags-stream"].epoch == epochs["stream"]
+
+
+def test_a_publish_cancelled_before_encrypting_lets_the_next_header_be_prepared(overlay):
+    """A stream's next header is prepared between events, only while no event waits for
+    the encrypting worker. A publish cancelled while its event still waited for the worker
+    must stop counting as waiting; if it did not, no header would ever be prepared again
+    and every window's renewal would cost an event tens of milliseconds."""
+    token = overlay.cluster.identity("canceller", "publisher")
+    values = {"symbol": "CNCL", "price": 1.0, "volume": 1}
+
+    async def run() -> tuple[bool, bool]:
+        async with await Publisher.connect(overlay.server, token, "",
+                                           known_servers=overlay.known_servers,
+                                           stream_window=2.0) as pub:
+            await pub.publish(values)  # the window's header
+            stream = pub.event_publisher.stream
+            gate = threading.Event()
+            pub._worker.submit(gate.wait)  # the worker is busy: the next event waits
+            waiting = asyncio.create_task(pub.publish(values))
+            await asyncio.sleep(0.2)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            gate.set()
+            await asyncio.sleep(max(0.0, stream.header.opened_at + 1.1 - stream.clock()))
+            await pub.publish(values)  # past half the window: the worker prepares after it
+            deadline = time.monotonic() + 5.0
+            while (stream.spare is None or stream.spare.entries is None) and (
+                    time.monotonic() < deadline):
+                await asyncio.sleep(0.05)
+            prepared = stream.spare is not None and stream.spare.entries is not None
+            # Control: an event that waits (a token nobody takes) stops the preparation.
+            stream.spare = None
+            pub._waiting.append(None)
+            await asyncio.sleep(0.3)
+            pub._worker.submit(pub._prepare).result()
+            blocked = stream.spare is None or stream.spare.entries is None
+            pub._waiting.popleft()
+        return prepared, blocked
+
+    prepared, blocked = asyncio.run(run())
+    assert prepared and blocked
 
 
 def test_an_event_outside_the_advertisement_is_refused_and_nothing_is_sent(overlay):
