@@ -33,7 +33,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -92,6 +92,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[Deliver], None]
+T = TypeVar("T")
 #: Events waiting for processing beyond this are dropped (the peer is overloaded); reading
 #: from their senders pauses long before (BACKLOG_DELAY), so only frames already read count.
 MAX_EVENT_BACKLOG = 10_000
@@ -319,6 +320,27 @@ class PeerNode:
                 announcer.tick()
                 await asyncio.sleep(0.5)
 
+    async def _through_restarts(self, step: Callable[[], T]) -> T:
+        """``step`` (a start-up call to the key server) in a thread. A key server that goes
+        down between its first answer and this call (it restarts) is waited for again,
+        within ``server_wait``, and the step is taken again; a peer restarted beside it
+        exited at once before."""
+        deadline = time.monotonic() + self.options.server_wait
+        while True:
+            try:
+                return await WaitAnnouncer(self._keys_awaited).wait(in_daemon_thread(step))
+            except KeyServerRequestError as exc:
+                if not exc.down or time.monotonic() > deadline:
+                    raise
+                log.warning("the key server went down while this peer enrolled (%s); "
+                            "waiting for it to ask again", exc)
+            await self._wait_for_server()
+
+    def _enrol_and_certify(self) -> TransportCertificate:
+        """Keys, then the certificate of the link key (in a thread)."""
+        self._enrol()
+        return self._certify(False)
+
     @property
     def _keys_awaited(self) -> str:
         return f"keys from the key server at {self.client.base_url}"
@@ -329,8 +351,8 @@ class PeerNode:
         await self._wait_for_server()
         host, port = split_address(self.options.listen)
         if port == 0:
-            for held in await WaitAnnouncer(self._keys_awaited).wait(
-                    in_daemon_thread(functools.partial(self._held_ports, host))):
+            for held in await self._through_restarts(
+                    functools.partial(self._held_ports, host)):
                 with contextlib.suppress(TransportError):  # in use: try the next one
                     await self.transport.listen(host, held)
                     break
@@ -351,9 +373,8 @@ class PeerNode:
                 raise NodeError(f"--http: {exc}") from exc
             log.info("serving /healthz, /metrics and /status at %s", self.monitor.url)
         try:
-            await WaitAnnouncer(self._keys_awaited).wait(in_daemon_thread(self._enrol))
-            self._install_link_certificate(await in_daemon_thread(
-                functools.partial(self._certify, False)))
+            self._install_link_certificate(await self._through_restarts(
+                self._enrol_and_certify))
         except Exception:
             await self.transport.close(0)
             self.client.close()

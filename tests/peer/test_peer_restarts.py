@@ -4,7 +4,10 @@ a dead address of their own in the directory to slow the next join."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 
 import httpx
@@ -107,3 +110,72 @@ def test_a_peer_started_while_its_key_server_restarts_waits_for_it(keyserver_fac
         assert "waiting for keys from the key server at" in root.log_tail(50)
     finally:
         cluster.stop_all()
+
+
+class _BlinkingRelay:
+    """A TCP relay to the key server that forwards its first connection (a peer's first
+    question: is the server up?), then refuses connections for ``dark`` seconds, as a key
+    server does while it restarts, then forwards again."""
+
+    def __init__(self, target: str, dark: float) -> None:
+        host, port = target.removeprefix("http://").rsplit(":", 1)
+        self.target, self.dark = (host, int(port)), dark
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        port = self.listener.getsockname()[1]
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed at the end
+                return
+            self.accepted += 1
+            upstream = socket.create_connection(self.target)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            if self.accepted == 1:
+                self.listener.close()
+                time.sleep(self.dark)
+                self.listener = socket.create_server(("127.0.0.1", port))
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_key_server_going_down_while_a_peer_enrols_is_waited_for(keyserver_factory,
+                                                                    tmp_path):
+    """Found by the 2-minute soak: a subscriber restarted just before the key server was
+    killed found it up, then had its enrolment refused ("connection refused") and exited
+    2. The wait covered the first answer only; now the enrolment starts over once the
+    server is back, within ``--server-wait``. Control: with ``--server-wait 0`` the same
+    start fails."""
+    server = keyserver_factory.start()
+    token = Cluster(server.base_url, server.admin_token, tmp_path).identity("enrolling",
+                                                                             "root")
+    for wait, expected in (("0", 2), ("30", None)):
+        relay = _BlinkingRelay(server.base_url, dark=4.0)
+        cluster = Cluster(relay.url, server.admin_token, tmp_path / f"wait-{wait}")
+        try:
+            root = cluster.start_root("enrolling", ["symbol"], token=token,
+                                      extra=("--server-wait", wait))
+            if expected is not None:
+                assert root.process.wait(30) == expected
+                assert "connection refused" in root.log_tail()
+            else:
+                cluster.wait_ready([root], timeout=30)
+                assert "the key server went down while this peer enrolled" in root.log_tail(80)
+                assert relay.accepted >= 2  # it asked again once the relay was back
+        finally:
+            cluster.stop_all()
+            relay.close()
