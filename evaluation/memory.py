@@ -28,12 +28,40 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def open_fds(pid: int) -> int:
-    """Open file descriptors of a process (0 if it is gone)."""
+#: The state column of /proc/net/tcp for an established connection.
+_ESTABLISHED = "01"
+
+
+def descriptors(pid: int) -> tuple[int, int]:
+    """Open file descriptors of a process, and how many of them are established TCP
+    connections (0, 0 if it is gone).
+
+    A peer's connections come and go with the trees' shape (a child attaches, a watcher
+    leaves), so a leak shows in the rest: files, pipes, listening sockets, and sockets
+    whose other end has closed but this process has not (CLOSE_WAIT)."""
+    fd_dir = PROC / str(pid) / "fd"
     try:
-        return len(os.listdir(PROC / str(pid) / "fd"))
+        names = os.listdir(fd_dir)
     except OSError:
-        return 0
+        return 0, 0
+    links = []
+    for name in names:
+        try:
+            links.append(os.readlink(fd_dir / name))
+        except OSError:  # closed since the listing
+            continue
+    sockets = {link[8:-1] for link in links if link.startswith("socket:[")}
+    established = set()
+    for table in ("tcp", "tcp6"):  # the process's own network namespace
+        try:
+            rows = (PROC / str(pid) / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == _ESTABLISHED and fields[9] in sockets:
+                established.add(fields[9])
+    return len(links), len(established)
 
 
 def _cpu_seconds(pid: int) -> float:

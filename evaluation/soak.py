@@ -51,14 +51,15 @@ from ibe_pubsub.evaluation.launcher import (
     stop,
     wait_ready,
 )
-from ibe_pubsub.evaluation.memory import child_pids, open_fds, rss_bytes
+from ibe_pubsub.evaluation.memory import child_pids, descriptors, rss_bytes
 from ibe_pubsub.evaluation.netns import CORE_ADDRESS, GROUP_ADDRESS, SplitNetwork, unavailable
 from ibe_pubsub.evaluation.soak_trees import read_links
 from ibe_pubsub.evaluation.stock_workload import event_values, subscription_text
 from ibe_pubsub.keyserver import KeyServerClient
 
-#: Seconds between samples of every process's memory and descriptors.
-SAMPLE_EVERY = 5.0
+#: Seconds between samples of every process's memory and descriptors, and the fewest
+#: samples a run takes (a short run samples more often).
+SAMPLE_EVERY, MIN_SAMPLES = 5.0, 60
 #: When the namespace group's link is cut, as a share of the run.
 PARTITION_AT = 0.15
 #: The publisher whose identity the run revokes.
@@ -399,7 +400,7 @@ class SoakRun:
                 actions.pop(0)[2]()
             if elapsed >= next_sample:
                 self._sample()
-                next_sample += SAMPLE_EVERY
+                next_sample += min(SAMPLE_EVERY, s.seconds / MIN_SAMPLES)
             self._notice_exits()
             self._notice_ready()
             if elapsed >= s.seconds:
@@ -499,12 +500,14 @@ class SoakRun:
                               f"{process.returncode}")
 
     def _sample(self) -> None:
-        sample: dict[str, Any] = {"t": time.time() - self.started, "rss_mib": {}, "fds": {}}
+        sample: dict[str, Any] = {"t": time.time() - self.started, "rss_mib": {}, "fds": {},
+                                  "connections": {}}
         for name, incarnation in self.live.items():
             rss = rss_bytes(incarnation.pid)
             if rss:
                 sample["rss_mib"][name] = round(rss / 2**20, 2)
-                sample["fds"][name] = open_fds(incarnation.pid)
+                fds, connections = descriptors(incarnation.pid)
+                sample["fds"][name], sample["connections"][name] = fds, connections
             todo = child_pids(incarnation.pid)
             while todo:
                 pid = todo.pop()

@@ -151,10 +151,18 @@ def _revocation_bound(record: dict[str, Any]) -> float | None:
     return last_end + grace
 
 
-def _flatness(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Growth of resident memory and descriptors of every process that ran through the
-    run's last two thirds without a restart: the median of the last fifth of its samples
-    against the median of the first fifth after warm-up."""
+def _held(sample: dict[str, Any], name: str) -> int:
+    """Descriptors a process holds besides its established connections (a record from
+    before connections were sampled counts them all)."""
+    return sample["fds"][name] - sample.get("connections", {}).get(name, 0)
+
+
+def flatness(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Growth of resident memory and of held descriptors (all but the established
+    connections, whose number follows the trees' shape) of every process that ran through
+    the run's last two thirds without a restart: the median of the last fifth of its
+    samples against the median of the first fifth after warm-up. Total descriptors are
+    reported beside them."""
     started, total = record["started"], record["settings"]["minutes"] * 60
     warm = total * WARM_UP_SHARE
     out = []
@@ -164,19 +172,21 @@ def _flatness(record: dict[str, Any]) -> list[dict[str, Any]]:
         end = (inc["ended"] - started) if inc["ended"] else total
         if inc["started"] - started > warm or end < total - 1:
             continue
-        series = [(s["rss_mib"][inc["name"]], s["fds"][inc["name"]])
+        name = inc["name"]
+        series = [(s["rss_mib"][name], _held(s, name), s["fds"][name])
                   for s in record["samples"]
-                  if begin <= s["t"] <= end and inc["name"] in s["rss_mib"]]
+                  if begin <= s["t"] <= end and name in s["rss_mib"]]
         if len(series) < 10:
             continue
         fifth = max(2, len(series) // 5)
-        row: dict[str, Any] = {"name": inc["name"], "role": inc["role"]}
-        for k, key in enumerate(("rss", "fds")):
+        row: dict[str, Any] = {"name": name, "role": inc["role"]}
+        for k, key in enumerate(("rss", "held_fds", "fds")):
             first = statistics.median(v[k] for v in series[:fifth])
             last = statistics.median(v[k] for v in series[-fifth:])
             row[f"{key}_first"], row[f"{key}_last"] = first, last
             row[f"{key}_growth"] = round(last / first - 1, 4) if first else 0.0
-        row["flat"] = row["rss_growth"] < FLAT_GROWTH and row["fds_growth"] < FLAT_GROWTH
+        row["flat"] = (row["rss_growth"] < FLAT_GROWTH
+                       and row["held_fds_growth"] < FLAT_GROWTH)
         out.append(row)
     return out
 
@@ -193,7 +203,12 @@ def _audit_check(record: dict[str, Any]) -> list[dict[str, Any]]:
             route = detail["route"].rsplit("/", 1)[-1]
             server[entry["actor"]][f"{route} {detail.get('status')}"] += int(
                 detail.get("count", 1))
-    kills = Counter(i["name"] for i in record["incarnations"] if i["end"] == "killed")
+    # Each end of a process (killed, or stopped at the end of the run) and each kill of the
+    # key server can cut off one enrolment in flight: issued and logged by the server, its
+    # answer never seen (a process enrols one request at a time).
+    ends = Counter(i["name"] for i in record["incarnations"] if i["end"] in ("killed",
+                                                                             "stopped"))
+    server_kills = sum(1 for f in record["faults"] if f["kind"] == "keyserver_kill")
     # Behind the lossy link an answer can be lost after the server logged it (the client
     # asks again): there, only answers seen but not logged count.
     behind_link = set(record.get("network", {}).get("group", ()))
@@ -201,9 +216,7 @@ def _audit_check(record: dict[str, Any]) -> list[dict[str, Any]]:
     for name, seen in record["client_answers"].items():
         for key in sorted(set(seen) | set(server.get(name, {}))):
             extra = server[name][key] - seen.get(key, 0)
-            # A process killed between the server's answer and its own log line leaves one
-            # issuance it never saw: at most one per kill of that identity.
-            if extra < 0 or (extra > kills[name] and name not in behind_link):
+            if extra < 0 or (extra > ends[name] + server_kills and name not in behind_link):
                 mismatches.append({"identity": name, "answer": key,
                                    "seen_by_clients": seen.get(key, 0),
                                    "in_audit_log": server[name][key]})
@@ -301,7 +314,7 @@ def analyse(record: dict[str, Any], leftovers: Iterable[int] = ()) -> dict[str, 
     crashed = [{"name": i["name"], "returncode": i["returncode"], "ended_s":
                 round(i["ended"] - started, 3)}
                for i in record["incarnations"] if _crashed(i, record)]
-    flat = _flatness(record)
+    flat = flatness(record)
     audit = _audit_check(record)
     per_minute = []
     for m, counts in enumerate(timeline):
@@ -310,6 +323,8 @@ def analyse(record: dict[str, Any], leftovers: Iterable[int] = ()) -> dict[str, 
             "published", "owed", "delivered", "missed", "duplicates")},
             "rss_mib": samples[-1]["rss_mib"] if samples else {},
             "fds": samples[-1]["fds"] if samples else {},
+            "held_fds": {name: _held(samples[-1], name) for name in samples[-1]["fds"]}
+            if samples else {},
             "faults": [w["kind"] for w in windows if m * 60 <= w["from"] < (m + 1) * 60]})
     end = started + record["settings"]["minutes"] * 60
     publishers = {name: {"fed": fed,
@@ -363,7 +378,8 @@ def plot_soak(report: dict[str, Any], path: Any) -> None:
     followed = [r["name"] for r in verdict["flatness"]] or sorted(
         {n for r in rows for n in r["rss_mib"]})[:8]
     panels = [("events per minute (by minute sent)", "events"),
-              ("resident memory (MiB)", "rss"), ("open file descriptors", "fds")]
+              ("resident memory (MiB)", "rss"),
+              ("descriptors held (besides established connections)", "fds")]
     title = (f"Soak: {report['settings']['minutes']:g} min, "
              f"{report['settings']['subscribers']} subscribers, seed "
              f"{report['settings']['seed']}: {verdict['lost']} lost, "
@@ -382,7 +398,7 @@ def plot_soak(report: dict[str, Any], path: Any) -> None:
                            linewidth=0.6, alpha=0.6, label=None if kind in shown else kind)
             shown.add(kind)
         for name in followed:
-            points = [(r["minute"], r["rss_mib"][name], r["fds"][name]) for r in rows
+            points = [(r["minute"], r["rss_mib"][name], r["held_fds"][name]) for r in rows
                       if name in r["rss_mib"]]
             rss.plot([p[0] for p in points], [p[1] for p in points], label=name)
             fds.plot([p[0] for p in points], [p[2] for p in points], label=name)
