@@ -298,7 +298,8 @@ def register(subparsers: Any) -> None:
                      help="seconds between heartbeats to each parent")
     run.add_argument("--server-wait", type=non_negative_duration, default=30.0,
                      metavar="DURATION",
-                     help="at start, wait this long for a key server that refuses "
+                     help="at each step of the start (first answer, keys, link "
+                     "certificate), wait this long for a key server that refuses "
                      "connections or answers 502/503/504 (starting, or restarting), saying "
                      "so every few seconds; other errors end the start at once (default 30s; "
                      "0: do not wait)")
