@@ -298,11 +298,11 @@ def register(subparsers: Any) -> None:
                      help="seconds between heartbeats to each parent")
     run.add_argument("--server-wait", type=non_negative_duration, default=30.0,
                      metavar="DURATION",
-                     help="at each step of the start (first answer, keys, link "
-                     "certificate), wait this long for a key server that refuses "
-                     "connections or answers 502/503/504 (starting, or restarting), saying "
-                     "so every few seconds; other errors end the start at once (default 30s; "
-                     "0: do not wait)")
+                     help="at start, wait up to this long in all for a key server that "
+                     "refuses connections or answers 502/503/504 (starting, or restarting), "
+                     "at each of its steps (first answer, keys, link certificate, directory), "
+                     "saying so every few seconds; other errors end the start at once "
+                     "(default 30s; 0: do not wait)")
     run.add_argument("--failure-timeout", type=non_negative_float, default=10.0,
                      help="a neighbour silent this long is taken for failed")
     run.add_argument("--recruit-rounds", type=non_negative_int, default=3,

@@ -301,12 +301,11 @@ class PeerNode:
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    async def _wait_for_server(self) -> None:
-        """Until the key server answers, for at most ``server_wait`` seconds, while it
-        refuses connections or says it is unavailable: peers started with their key server,
-        or while it restarts, join once it is up. Any other failure (a wrong host name, a
+    async def _wait_for_server(self, deadline: float) -> None:
+        """Until the key server answers, up to ``deadline`` (monotonic), while it refuses
+        connections or says it is unavailable: peers started with their key server, or
+        while it restarts, join once it is up. Any other failure (a wrong host name, a
         certificate) ends the wait at once."""
-        deadline = time.monotonic() + self.options.server_wait
         announcer = WaitAnnouncer(self._keys_awaited)
         with KeyServerClient(self.options.server, retries=0,
                              verify=self.options.ca_file or True) as probe:
@@ -320,26 +319,20 @@ class PeerNode:
                 announcer.tick()
                 await asyncio.sleep(0.5)
 
-    async def _through_restarts(self, step: Callable[[], T]) -> T:
-        """``step`` (a start-up call to the key server) in a thread. A key server that goes
-        down between its first answer and this call (it restarts) is waited for again,
-        within ``server_wait``, and the step is taken again; a peer restarted beside it
+    async def _through_restarts(self, what: str, step: Callable[[], T], deadline: float) -> T:
+        """``step``, a start-up call to the key server for ``what``, in a thread. A key
+        server that goes down after its first answer (it restarts) is waited for again, up
+        to ``deadline``, and the step alone is taken again: a peer restarted beside it
         exited at once before."""
-        deadline = time.monotonic() + self.options.server_wait
         while True:
             try:
                 return await WaitAnnouncer(self._keys_awaited).wait(in_daemon_thread(step))
             except KeyServerRequestError as exc:
                 if not exc.down or time.monotonic() > deadline:
                     raise
-                log.warning("the key server went down while this peer enrolled (%s); "
-                            "waiting for it to ask again", exc)
-            await self._wait_for_server()
-
-    def _enrol_and_certify(self) -> TransportCertificate:
-        """Keys, then the certificate of the link key (in a thread)."""
-        self._enrol()
-        return self._certify(False)
+                log.warning("the key server went down while this peer asked for %s (%s); "
+                            "waiting for it to answer again", what, exc)
+            await self._wait_for_server(deadline)
 
     @property
     def _keys_awaited(self) -> str:
@@ -348,11 +341,13 @@ class PeerNode:
     async def start(self) -> None:
         """Listen, enrol, register, join; returns once joining has begun (see ``ready``)."""
         limit_accept_errors(asyncio.get_running_loop(), RateLimit())
-        await self._wait_for_server()
+        # --server-wait bounds all the start's waiting for its key server together.
+        deadline = time.monotonic() + self.options.server_wait
+        await self._wait_for_server(deadline)
         host, port = split_address(self.options.listen)
         if port == 0:
             for held in await self._through_restarts(
-                    functools.partial(self._held_ports, host)):
+                    "its held address", functools.partial(self._held_ports, host), deadline):
                 with contextlib.suppress(TransportError):  # in use: try the next one
                     await self.transport.listen(host, held)
                     break
@@ -373,8 +368,9 @@ class PeerNode:
                 raise NodeError(f"--http: {exc}") from exc
             log.info("serving /healthz, /metrics and /status at %s", self.monitor.url)
         try:
+            await self._through_restarts("its keys", self._enrol, deadline)
             self._install_link_certificate(await self._through_restarts(
-                self._enrol_and_certify))
+                "its link certificate", functools.partial(self._certify, False), deadline))
         except Exception:
             await self.transport.close(0)
             self.client.close()
@@ -383,11 +379,11 @@ class PeerNode:
             raise
         assert self.machine is not None
         if self.options.roots:
-            await in_daemon_thread(self._register)
+            await self._through_restarts("its directory entry", self._register, deadline)
             self.join_seconds = 0.0
             self.ready.set()
         else:
-            contacts = await self._wait_for_contacts()
+            contacts = await self._wait_for_contacts(deadline)
             self._join_started = time.monotonic()
             self._perform(self.machine.join(contacts, time.time()))
         self._timer = asyncio.get_running_loop().create_task(self._timers())
@@ -530,11 +526,13 @@ class PeerNode:
             contacts[attribute] = vouched or [e["address"] for e in members]
         return contacts
 
-    async def _wait_for_contacts(self, timeout: float = 30.0) -> dict[str, list[str]]:
-        """Contacts for every tree this peer joins; waits for the roots to register."""
+    async def _wait_for_contacts(self, deadline: float, timeout: float = 30.0
+                                 ) -> dict[str, list[str]]:
+        """Contacts for every tree this peer joins; waits for the roots to register (and,
+        up to ``deadline``, for a key server that restarts)."""
         announcer = WaitAnnouncer("peers in the directory", limit=timeout)
         while True:
-            contacts = await in_daemon_thread(self._lookup)
+            contacts = await self._through_restarts("contacts", self._lookup, deadline)
             missing = ", ".join(a for a, cs in contacts.items() if not cs)
             if not missing:
                 return contacts

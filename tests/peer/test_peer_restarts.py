@@ -11,6 +11,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from keyserver_fixtures import PASSPHRASE
 
 from ibe_pubsub.evaluation.cluster import Cluster
@@ -153,28 +154,39 @@ class _BlinkingRelay:
         self.listener.close()
 
 
-def test_a_key_server_going_down_while_a_peer_enrols_is_waited_for(keyserver_factory,
-                                                                    tmp_path):
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("listen_port, step", [(0, "its held address"), (None, "its keys")])
+def test_a_key_server_going_down_while_a_peer_starts_is_waited_for(keyserver_factory,
+                                                                   tmp_path, listen_port,
+                                                                   step):
     """Found by the 2-minute soak: a subscriber restarted just before the key server was
-    killed found it up, then had its enrolment refused ("connection refused") and exited
-    2. The wait covered the first answer only; now the enrolment starts over once the
-    server is back, within ``--server-wait``. Control: with ``--server-wait 0`` the same
-    start fails."""
+    killed found it up, then had its next call refused ("connection refused") and exited
+    2: the wait covered the first answer only. Now each call of the start waits through
+    the restart and is made again. On the default ``--listen 127.0.0.1:0`` the refused
+    call asks for the identity's held address; on a fixed port, for its keys. Control:
+    with ``--server-wait 0`` the same start fails."""
     server = keyserver_factory.start()
-    token = Cluster(server.base_url, server.admin_token, tmp_path).identity("enrolling",
+    token = Cluster(server.base_url, server.admin_token, tmp_path).identity("starting",
                                                                              "root")
+    port = listen_port if listen_port is not None else _free_port()
     for wait, expected in (("0", 2), ("30", None)):
         relay = _BlinkingRelay(server.base_url, dark=4.0)
         cluster = Cluster(relay.url, server.admin_token, tmp_path / f"wait-{wait}")
         try:
-            root = cluster.start_root("enrolling", ["symbol"], token=token,
+            root = cluster.start_root("starting", ["symbol"], token=token,
+                                      listen=f"127.0.0.1:{port}",
                                       extra=("--server-wait", wait))
             if expected is not None:
                 assert root.process.wait(30) == expected
                 assert "connection refused" in root.log_tail()
             else:
                 cluster.wait_ready([root], timeout=30)
-                assert "the key server went down while this peer enrolled" in root.log_tail(80)
+                assert (f"the key server went down while this peer asked for {step}"
+                        in root.log_tail(80))
                 assert relay.accepted >= 2  # it asked again once the relay was back
         finally:
             cluster.stop_all()
