@@ -726,14 +726,15 @@ def _register_soak(bench: argparse._SubParsersAction) -> None:
         "check that every event a subscriber's predicate matches, sent while it was "
         "attached and settled, was delivered to it exactly once outside the declared fault "
         "windows; that nothing of the revoked publisher came after its last epoch plus "
-        "grace; that no process crashed or was left running; that memory, and the "
-        "descriptors held besides established connections, stayed flat; that the audit "
-        "log holds every enrolment and refusal the processes saw; and that the key server "
-        "never answered with a 5xx status. A fault window excuses only the misses of the "
+        "grace; that no process crashed or was left running; that the audit log holds "
+        "every enrolment and refusal the processes saw; and that the key server never "
+        "answered with a 5xx status. A fault window excuses only the misses of the "
         "subscribers the fault can reach (its victim and those below it in a tree at the "
         "time; everyone for a root or the key server); window_coverage reports the share "
-        "of the run inside some window. Writes JSON (with a per-minute timeline) and a "
-        "PNG; exits 1 if a check failed; memory growth is reported, not a failure.")
+        "of the run inside some window. Also reports whether resident memory and held "
+        "descriptors (all but established TCP connections) stayed flat, without failing "
+        "the run. Writes JSON (with a per-minute timeline) and a PNG; exits 1 if a check "
+        "failed.")
     soak.add_argument("--minutes", type=float, default=30.0, help="length of the run")
     soak.add_argument("--subscribers", type=positive_int, default=24, help="subscribers")
     soak.add_argument("--steady", type=int, default=6,

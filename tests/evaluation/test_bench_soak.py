@@ -62,11 +62,12 @@ def test_a_short_soak_loses_nothing_outside_its_fault_windows(soak):
     assert all(w["from"] < w["at"] < w["to"] for w in verdict["fault_windows"])
     assert 0 < verdict["window_coverage"] <= 1
     # Through every kill, stop and cut around them, the processes that ran to the end hold
-    # no more descriptors than their live connections explain (a socket left half-closed,
-    # a file never closed, would show here).
+    # no more descriptors than their live connections explain (a socket left half-closed
+    # per kill, a file never closed, would show here). One more is allowed: a kept-alive
+    # connection to the killed key server stays half-closed until it is next used.
     rows = verdict["flatness"]
     assert {"sub-00", "pub-v2"} <= {r["name"] for r in rows}, rows
-    assert all(r["held_fds_growth"] < 0.1 for r in rows), rows
+    assert all(r["held_fds_last"] <= r["held_fds_first"] + 1 for r in rows), rows
 
 
 def _owed_delivery(record: dict, verdict: dict) -> tuple[str, int]:
