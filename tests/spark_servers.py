@@ -150,7 +150,7 @@ def start_standalone(servers: Servers, workers: int = 2) -> Standalone:
     def registered() -> bool:
         try:
             return cluster.state()["aliveworkers"] == workers
-        except OSError:
+        except (OSError, ValueError):  # not up yet; or up, still answering /json/ with HTML
             return False
 
     servers.wait_for(f"{workers} workers to register", registered)
