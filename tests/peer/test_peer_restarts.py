@@ -15,7 +15,7 @@ import pytest
 from keyserver_fixtures import PASSPHRASE
 
 from ibe_pubsub.evaluation.cluster import Cluster
-from ibe_pubsub.evaluation.launcher import start_keyserver, wait_ready
+from ibe_pubsub.evaluation.launcher import free_port, start_keyserver, wait_ready
 from ibe_pubsub.keyserver.client import KeyServerClient
 
 
@@ -154,11 +154,6 @@ class _BlinkingRelay:
         self.listener.close()
 
 
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("listen_port, step", [(0, "its held address"), (None, "its keys")])
 def test_a_key_server_going_down_while_a_peer_starts_is_waited_for(keyserver_factory,
                                                                    tmp_path, listen_port,
@@ -172,7 +167,7 @@ def test_a_key_server_going_down_while_a_peer_starts_is_waited_for(keyserver_fac
     server = keyserver_factory.start()
     token = Cluster(server.base_url, server.admin_token, tmp_path).identity("starting",
                                                                              "root")
-    port = listen_port if listen_port is not None else _free_port()
+    port = listen_port if listen_port is not None else free_port()
     for wait, expected in (("0", 2), ("30", None)):
         relay = _BlinkingRelay(server.base_url, dark=4.0)
         cluster = Cluster(relay.url, server.admin_token, tmp_path / f"wait-{wait}")
