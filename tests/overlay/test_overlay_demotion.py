@@ -151,3 +151,60 @@ def test_a_parent_claiming_to_be_the_top_does_not_spare_it_a_second_parent():
                   if not v.relay and v.keys and any(link.root for link in v.parents.values()))
     assert sim.machines[next(a for a, m in sim.machines.items()
                              if rooted.vp in m.vpeers)].joining.wanted_links(rooted) == 1
+
+
+SEED = 1
+
+
+def test_beside_the_root_one_missed_event_demotes_a_parent_and_elsewhere_it_does_not():
+    """A virtual peer with the root for a parent needs no other, and no rotation replaces
+    that other one: a parent beside the root that misses one event it owed is let go at
+    once. Control: between two parents neither of which is the root, one miss is counted
+    and the parent kept (``demote_after`` = 3 gaps)."""
+    for beside_root in (True, False):
+        sim, workload = _settled("ohf", SEED, rotate_interval=0)  # no rotation: demotion alone
+        address, vp, dropper = next(
+            (a, vp, p) for a in sorted(sim.alive_subscribers())
+            if (vp := _single_vp(sim, a)) is not None and len(vp.parents) == 2
+            and any(link.root for link in vp.parents.values()) == beside_root
+            for p, link in sorted(vp.parents.items())
+            if not link.root and p[0] in sim.predicates)
+        sim.droppers.add(dropper[0])
+        events = _publish_for(sim, workload, address, 1)
+        assert address in sim.metrics.deliveries.get(events[0], {})  # by the other parent
+        machine = sim.machines[address]
+        if beside_root:
+            assert dropper not in vp.parents and dropper[0] in vp.shunned
+            assert machine.stats.demoted == 1
+        else:
+            assert sum(vp.parents[dropper].gaps) == 1 and machine.stats.demoted == 0
+
+
+def test_an_event_that_comes_down_a_second_tree_later_counts_against_that_trees_parents():
+    """A subscriber in two trees decrypts an event at its first arrival, down the faster
+    tree; when it comes down the other tree later, by one parent, the other parent there
+    owed it too. (Down one tree only, it counts against nobody in the other: the test
+    above.)"""
+    sim, workload = _settled("ohf", 1, rotate_interval=0)  # no rotation: demotion alone
+    publisher = sim.add_publisher()
+    candidates = []
+    for address in sorted(sim.alive_subscribers()):
+        vps = [v for v in sim.machines[address].vpeers.values() if not v.relay]
+        if len(vps) != 2 or vps[0].attribute == vps[1].attribute:
+            continue
+        for late, first in (vps, vps[::-1]):
+            if len(late.parents) == 2 and not any(k.root for k in late.parents.values()):
+                candidates += [(address, late, first.attribute, p) for p in sorted(late.parents)
+                               if p[0] in sim.predicates]
+    address, late, first_tree, dropper = candidates[0]
+    sim.droppers.add(dropper[0])
+    values = [v for v in (workload.values() for _ in range(50000))
+              if sim.predicates[address].matches(v)][:4]
+    for i, v in enumerate(values):
+        data = sim.issuer.encrypt(Event(f"two-{i}", v, b""), sim.epoch, publisher, sim.now)
+        for tree in (first_tree, late.attribute):  # the late tree half a second behind
+            sim._apply(publisher, publication(data, {tree: sim.roots[tree]}), sim.now)
+            sim.run_until(sim.now + 0.5)
+    sim.run_until(sim.now + 5.0)
+    assert all(address in sim.metrics.deliveries.get(f"two-{i}", {}) for i in range(4))
+    assert dropper not in late.parents and dropper[0] in late.shunned
