@@ -249,7 +249,10 @@ def _run_overlay(args: argparse.Namespace) -> int:
     for label, row in summary.get("droppers", {}).items():
         print(f"droppers, {label}: honest delivery {row['undefended']:.1%} undefended, "
               f"{row['before']:.1%} with the former defaults, {row['defended']:.1%} with "
-              f"today's, event messages x{row['event_message_ratio']:.2f}")
+              f"today's, event messages x{row['event_message_ratio']:.2f}; dropping parents "
+              f"that owed an event replaced: {row['owed_replaced_share']:.0%}, "
+              + ("90 % not within the run" if row["owed_replaced_90_s"] is None
+                 else f"90 % within {row['owed_replaced_90_s']:.1f} s of the first each owed"))
     if "ours_ops_per_event" in summary:
         print(f"our encryption: {summary['ours_ops_per_event']:.0f} operations per event "
               "whatever the number of subscribers")

@@ -117,7 +117,10 @@ class Bench:
                 "undefended": r["undefended"]["delivery_ratio"],
                 "before": r["before"]["delivery_ratio"],
                 "defended": r["defended"]["delivery_ratio"],
-                "event_message_ratio": r["event_message_ratio"]} for r in report["rows"]}
+                "event_message_ratio": r["event_message_ratio"],
+                "owed_replaced_share": r["defended"]["owed_replaced_share"],
+                "owed_replaced_90_s": r["defended"]["owed_replaced_90_s"]}
+                for r in report["rows"]}
         if "encryption" in self.experiments:
             report = encryption.run(load_group(), s.subscribers, s.encryption_events,
                                                self.seed, self.min_seconds, self.progress)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ibe_pubsub.credentials import default_schema
+from ibe_pubsub.credentials import Credential, default_schema, enclosing_path
 from ibe_pubsub.evaluation.delays import Runner
 from ibe_pubsub.evaluation.plots import figure
 from ibe_pubsub.evaluation.random_workload import Workload
@@ -69,13 +69,16 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
     # Dropping starts to matter with the first event: from then on, when does each link
     # from an honest virtual peer to a dropping parent go?
     dropping = set(_dropper_links(sim))
-    replaced: list[float] = []
+    credentials = {link: sim.machines[link[0]].vpeers[link[1]].credential for link in dropping}
+    gone_at: dict[tuple[str, str, str, str], float] = {}
     end = start + EVENT_SPACING * events + DRAIN
     while sim.now < end:
         sim.run_until(min(end, sim.now + REPLACEMENT_STEP))
         gone = dropping - set(_dropper_links(sim))
-        replaced += [sim.now - start] * len(gone)
+        gone_at.update(dict.fromkeys(gone, sim.now - start))
         dropping -= gone
+    replaced = sorted(gone_at.values())
+    owed = first_owed(schema, credentials, list(published.values()), gone_at)
     honest = set(sim.alive_subscribers()) - sim.droppers
     expected = sum(len(sim.expected_receivers(v) & honest) for v in published.values())
     got = {e: {a: t for a, t in sim.metrics.deliveries.get(e, {}).items() if a in honest}
@@ -99,17 +102,45 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
             "delays": [t - sim.metrics.published[e] for e, subs in got.items()
                        for t in subs.values()],
             "dropping_links": len(replaced) + len(dropping), "replaced_s": replaced,
+            "owing_links": len(owed),
+            "replaced_after_owed_s": sorted(gone_at[link] - t for link, t in owed.items()
+                                            if link in gone_at),
             "demoted": sum(m.stats.demoted for m in sim.machines.values()),
             "cpu_s": time.process_time() - started}
 
 
-def _dropper_links(sim: Simulator) -> list[tuple[str, str, str, str]]:
+#: (peer, virtual peer, parent's peer, parent's virtual peer)
+Link = tuple[str, str, str, str]
+
+
+def _dropper_links(sim: Simulator) -> list[Link]:
     """(peer, virtual peer, parent's peer, parent's virtual peer) of every link from an
     honest subscriber's virtual peer to a dropper."""
     return [(address, vp.vp, *parent)
             for address in set(sim.alive_subscribers()) - sim.droppers
             for vp in sim.machines[address].vpeers.values() for parent in vp.parents
             if parent[0] in sim.droppers]
+
+
+def first_owed(schema: Any, credentials: Mapping[Link, Credential],
+                values: Sequence[Mapping[str, Any]], gone_at: Mapping[Link, float]
+                ) -> dict[Link, float]:
+    """For each link that was owed an event while it lasted (one whose value the child's
+    credential encloses, sent before the link went), when the first such event was sent
+    (seconds after the first event). A link never owed anything drops nothing its child
+    can miss, and nothing local can tell its parent from an honest one."""
+    out: dict[Link, float] = {}
+    for link, credential in credentials.items():
+        for i, v in enumerate(values):
+            t = EVENT_SPACING * i
+            if t >= gone_at.get(link, math.inf):
+                break
+            value = v.get(credential.attribute)
+            if value is not None and credential.covers(
+                    enclosing_path(schema, credential.attribute, value)[-1]):
+                out[link] = t
+                break
+    return out
 
 
 def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -138,11 +169,13 @@ DEFENCES: dict[str, dict[Routing, dict[str, Any]]] = {
 }
 
 
-def replaced_within(runs: list[dict[str, Any]], share: float = 0.9) -> float | None:
+def replaced_within(runs: list[dict[str, Any]], share: float = 0.9, owed: bool = False
+                    ) -> float | None:
     """Seconds from the first event until ``share`` of the links from honest virtual peers
-    to dropping parents were gone (None: never within the run)."""
-    total = sum(r["dropping_links"] for r in runs)
-    times = sorted(t for r in runs for t in r["replaced_s"])
+    to dropping parents were gone (None: never within the run); with ``owed``, of the
+    links that were owed an event, from the first one each was owed."""
+    total = sum(r["owing_links" if owed else "dropping_links"] for r in runs)
+    times = sorted(t for r in runs for t in r["replaced_after_owed_s" if owed else "replaced_s"])
     need = math.ceil(share * total)
     return None if not total or len(times) < need else times[need - 1] if need else 0.0
 
@@ -174,6 +207,12 @@ def run(fractions: Sequence[float], subscribers: int, events: int, seeds: Sequen
                 on["dropping_links"] = sum(r["dropping_links"] for r in on_runs)
                 on["replaced_share"] = (sum(len(r["replaced_s"]) for r in on_runs)
                                         / max(1, on["dropping_links"]))
+                on["owing_links"] = sum(r["owing_links"] for r in on_runs)
+                on["owed_replaced_50_s"] = replaced_within(on_runs, 0.5, owed=True)
+                on["owed_replaced_90_s"] = replaced_within(on_runs, owed=True)
+                on["owed_replaced_share"] = (
+                    sum(len(r["replaced_after_owed_s"]) for r in on_runs)
+                    / max(1, on["owing_links"]))
                 on["demoted"] = sum(r["demoted"] for r in on_runs)
                 repair_msgs = sum(on["repair_messages"].values())
                 rows.append({

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from ibe_pubsub.cli.bench import register
+from ibe_pubsub.credentials import Credential, enclosing_path
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.credentials.scheme import Event
+from ibe_pubsub.evaluation.droppers import EVENT_SPACING, first_owed, replaced_within
 from ibe_pubsub.evaluation.random_workload import Workload
 from ibe_pubsub.overlay.actions import Action, Log, Send
 from ibe_pubsub.overlay.checks import late_timers
@@ -228,7 +230,30 @@ def test_bench_droppers_writes_both_modes_undefended_before_and_defended(tmp_pat
             assert row["undefended"]["droppers"] == row[defence]["droppers"] > 0
             assert row[defence]["expected"] == row["undefended"]["expected"] > 0
             assert set(row[defence]["repair_messages"]) == {"Watch", "Digest", "Pull"}
-        assert row["defended"]["dropping_links"] >= 0
+        on = row["defended"]
+        assert 0 <= on["owing_links"] <= on["dropping_links"]
+        assert 0 <= on["owed_replaced_share"] <= 1
+
+
+def test_replacement_counts_only_what_a_link_was_owed_before_it_went():
+    """A link to a dropper is timed from the first event its child's credential encloses,
+    sent while it lasted; a link owed nothing is left out; 90 % of the owed links must be
+    gone for the 90th percentile to exist."""
+    schema = default_schema()
+    low, high = ({"price": 10.0}, {"price": 900.0})
+    leaf = enclosing_path(schema, "price", 10.0)[-1]
+    half = Credential("price", leaf.kind, leaf.path[:1])
+    assert half.covers(leaf) and not half.covers(enclosing_path(schema, "price", 900.0)[-1])
+    links = {n: ("sub", f"vp{n}", "dropper", "x") for n in range(3)}
+    owed = first_owed(schema, dict.fromkeys(links.values(), half), [high, high, low, low],
+                       {links[1]: 0.3, links[2]: 0.5})
+    # link 0 lasted: first owed at event 2; link 1 went at 0.3 s, before it; link 2 at 0.5 s.
+    assert owed == {links[0]: 2 * EVENT_SPACING, links[2]: 2 * EVENT_SPACING}
+    runs = [{"owing_links": 4, "replaced_after_owed_s": [1.0, 2.0, 3.0],
+             "dropping_links": 9, "replaced_s": [5.0]}]
+    assert replaced_within(runs, 0.5, owed=True) == 2.0
+    assert replaced_within(runs, owed=True) is None  # 3 of 4 gone: no 90th percentile
+    assert replaced_within(runs, 0.1) == 5.0
 
 
 @pytest.mark.parametrize("value", ["1", "-0.1", "x", "nan"])
