@@ -324,8 +324,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--demote-after", type=int, choices=range(17), metavar="0-16", default=3,
                      help="replace a parent that missed this many of the last 16 events it "
                      "owed (events that came by another path, inside the virtual peer's "
-                     "credential, that the parent had not sent 2 s later; beside a parent "
-                     "that proved itself the root, one is enough); 0 turns it off")
+                     "credential, that the parent had not sent 2 s later); 0 turns it off")
     run.add_argument("--rotate-interval", type=non_negative_float, default=10.0,
                      help="with --push-backup, seconds (jittered) between rotations: look for "
                      "a third parent, then let go of the old one with the least proof of "

@@ -98,8 +98,7 @@ class OverlayConfig:
     #: it owed this virtual peer (events this physical peer got by another path, whose value
     #: lies in the virtual peer's credential, and that the parent had not sent
     #: ``gap_wait`` seconds after) is detached and replaced; its peer's acceptances are
-    #: refused for ``shun_period`` seconds (beside a parent that proved itself the root, one
-    #: gap is enough). ``demote_after = 0`` turns demotion off.
+    #: refused for ``shun_period`` seconds. ``demote_after = 0`` turns demotion off.
     demote_after: int = 3
     demote_window: int = 16
     gap_wait: float = 2.0

@@ -7,9 +7,7 @@ tree encloses them: every parent of that virtual peer owed it the event (under M
 parent dealt the fine token that routes it). A parent that has not sent it ``gap_wait``
 seconds after this peer first had it has a *gap*; after ``demote_after`` gaps among the
 last ``demote_window`` events it owed, the virtual peer detaches from it, joins anew, and
-refuses that peer's acceptances for ``shun_period`` seconds. Beside a parent that proved
-itself the tree's root, which sends every event, one gap is enough: no rotation ever
-replaces a second parent there, and the root makes it unneeded. A backup (the pull repair)
+refuses that peer's acceptances for ``shun_period`` seconds. A backup (the pull repair)
 owed a digest entry for each such event: one that keeps listing none is dropped.
 
 Only evidence that holds counts: an event counts against a parent only once its
@@ -80,9 +78,9 @@ class Demotion:
         self._backup_checks: deque[_Check] = deque(maxlen=config.dedup_capacity)
 
     def owed(self, tree: str, digest: bytes, event: Any, plain: Event, now: float) -> None:
-        """An event decrypted here, at its first arrival down ``tree`` (its first at all,
-        or a later one down another tree): note a check, ``gap_wait`` from now, for the
-        attached subscriber virtual peers of that tree whose credential encloses it."""
+        """An event decrypted here at its first arrival, down ``tree``: note a check,
+        ``gap_wait`` from now, for the attached subscriber virtual peers of that tree whose
+        credential encloses it."""
         if not self.config.demote_after or tree not in plain.values or self.leaving():
             return
         leaf = enclosing_path(self.crypto.schema, tree, plain.values[tree])[-1]
@@ -153,11 +151,10 @@ class Demotion:
                 not self.dissemination.verified(check.digest, check.event):
             return []  # forged: evidence of nothing (verified only when it matters)
         out: list[Action] = []
-        limit = 1 if any(link.root for link in vp.parents.values()) else self.config.demote_after
         for parent in owing:
             link = vp.parents[parent]
             link.gaps.append(parent in missed)
-            if sum(link.gaps) >= limit:
+            if sum(link.gaps) >= self.config.demote_after:
                 out += self._demote(vp, parent, now)
         if not self.dissemination.has_seen(vp, check.digest):
             out += self.dissemination.take_held(vp, check.digest, now) or []

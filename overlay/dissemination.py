@@ -62,9 +62,6 @@ class Dissemination:
         self.raw: Bounded[bytes, bytes] = Bounded(config.repair_memory)
         #: (virtual peer, event id) -> the parents' physical peers that sent it.
         self.sources: Bounded[tuple[str, bytes], set[str]] = Bounded(cap)
-        #: Recent events decrypted here, and the trees each came down: an event that comes
-        #: down one more tree goes to the gap bookkeeping of that tree's parents too.
-        self._opened: Bounded[bytes, tuple[Event, set[str]]] = Bounded(config.repair_memory)
 
     def has_seen(self, vp: VirtualPeer, digest: bytes) -> bool:
         """Has ``vp`` taken the event of id ``digest`` already?"""
@@ -193,10 +190,6 @@ class Dissemination:
         OHF, costs no verification."""
         if digest in self._processed:
             self.stats.duplicates += 1
-            opened = self._opened.get(digest)
-            if opened is not None and tree not in opened[1]:
-                opened[1].add(tree)
-                self.opened(tree, digest, event, opened[0], now)
             return []
         epoch = self.crypto.event_epoch(event)
         kit = self.kits.get(epoch)
@@ -206,7 +199,6 @@ class Dissemination:
         self.stats.received += 1
         plain = self.crypto.decrypt(kit.decrypt_key, event)
         if plain is not None:
-            self._opened.put(digest, (plain, {tree}))
             self.opened(tree, digest, event, plain, now)
         if plain is None or not kit.predicate.matches(plain.values):
             self.stats.false_positives += 1
