@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ibe_pubsub.credentials import Credential, default_schema, enclosing_path
+from ibe_pubsub.credentials import Credential, Schema, default_schema, enclosing_path
 from ibe_pubsub.evaluation.delays import Runner
 from ibe_pubsub.evaluation.plots import figure
 from ibe_pubsub.evaluation.random_workload import Workload
@@ -70,7 +70,7 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
     # from an honest virtual peer to a dropping parent go?
     dropping = set(_dropper_links(sim))
     credentials = {link: sim.machines[link[0]].vpeers[link[1]].credential for link in dropping}
-    gone_at: dict[tuple[str, str, str, str], float] = {}
+    gone_at: dict[Link, float] = {}
     end = start + EVENT_SPACING * events + DRAIN
     while sim.now < end:
         sim.run_until(min(end, sim.now + REPLACEMENT_STEP))
@@ -122,13 +122,14 @@ def _dropper_links(sim: Simulator) -> list[Link]:
             if parent[0] in sim.droppers]
 
 
-def first_owed(schema: Any, credentials: Mapping[Link, Credential],
+def first_owed(schema: Schema, credentials: Mapping[Link, Credential],
                 values: Sequence[Mapping[str, Any]], gone_at: Mapping[Link, float]
                 ) -> dict[Link, float]:
     """For each link that was owed an event while it lasted (one whose value the child's
     credential encloses, sent before the link went), when the first such event was sent
     (seconds after the first event). A link never owed anything drops nothing its child
-    can miss, and nothing local can tell its parent from an honest one."""
+    can miss, and nothing local can tell its parent from an honest one. Under MCR this
+    is an upper bound: a parent owed only what the fine tokens dealt to it route."""
     out: dict[Link, float] = {}
     for link, credential in credentials.items():
         for i, v in enumerate(values):
