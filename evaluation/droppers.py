@@ -101,7 +101,7 @@ def dropper_run(latency: LatencyModel, seed: int, subscribers: int, events: int,
             "route_tests": sim.crypto.meter.calls["route"] - routes,
             "delays": [t - sim.metrics.published[e] for e, subs in got.items()
                        for t in subs.values()],
-            "dropping_links": len(replaced) + len(dropping), "replaced_s": replaced,
+            "dropping_links": len(credentials), "replaced_s": replaced,
             "owing_links": len(owed),
             "replaced_after_owed_s": sorted(gone_at[link] - t for link, t in owed.items()
                                             if link in gone_at),
@@ -123,22 +123,22 @@ def _dropper_links(sim: Simulator) -> list[Link]:
 
 
 def first_owed(schema: Schema, credentials: Mapping[Link, Credential],
-                values: Sequence[Mapping[str, Any]], gone_at: Mapping[Link, float]
-                ) -> dict[Link, float]:
+               values: Sequence[Mapping[str, Any]], gone_at: Mapping[Link, float]
+               ) -> dict[Link, float]:
     """For each link that was owed an event while it lasted (one whose value the child's
     credential encloses, sent before the link went), when the first such event was sent
     (seconds after the first event). A link never owed anything drops nothing its child
     can miss, and nothing local can tell its parent from an honest one. Under MCR this
     is an upper bound: a parent owed only what the fine tokens dealt to it route."""
+    leaves = [{a: enclosing_path(schema, a, x)[-1] for a, x in v.items() if a in schema.names}
+              for v in values]  # each event's leaf per attribute, once for every link
     out: dict[Link, float] = {}
     for link, credential in credentials.items():
-        for i, v in enumerate(values):
+        for i, leaf in enumerate(leaves):
             t = EVENT_SPACING * i
             if t >= gone_at.get(link, math.inf):
                 break
-            value = v.get(credential.attribute)
-            if value is not None and credential.covers(
-                    enclosing_path(schema, credential.attribute, value)[-1]):
+            if credential.attribute in leaf and credential.covers(leaf[credential.attribute]):
                 out[link] = t
                 break
     return out
