@@ -301,12 +301,12 @@ class PeerNode:
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    async def _wait_for_server(self, deadline: float) -> None:
+    async def _wait_for_server(self, deadline: float, what: str = "keys") -> None:
         """Until the key server answers, up to ``deadline`` (monotonic), while it refuses
         connections or says it is unavailable: peers started with their key server, or
         while it restarts, join once it is up. Any other failure (a wrong host name, a
-        certificate) ends the wait at once."""
-        announcer = WaitAnnouncer(self._keys_awaited)
+        certificate) ends the wait at once. Announced as waiting for ``what``."""
+        announcer = WaitAnnouncer(self._awaited(what))
         with KeyServerClient(self.options.server, retries=0,
                              verify=self.options.ca_file or True) as probe:
             while True:
@@ -326,17 +326,16 @@ class PeerNode:
         exited at once before."""
         while True:
             try:
-                return await WaitAnnouncer(self._keys_awaited).wait(in_daemon_thread(step))
+                return await WaitAnnouncer(self._awaited(what)).wait(in_daemon_thread(step))
             except KeyServerRequestError as exc:
                 if not exc.down or time.monotonic() > deadline:
                     raise
                 log.warning("the key server went down while this peer asked for %s (%s); "
                             "waiting for it to answer again", what, exc)
-            await self._wait_for_server(deadline)
+            await self._wait_for_server(deadline, what)
 
-    @property
-    def _keys_awaited(self) -> str:
-        return f"keys from the key server at {self.client.base_url}"
+    def _awaited(self, what: str) -> str:
+        return f"{what} from the key server at {self.client.base_url}"
 
     async def start(self) -> None:
         """Listen, enrol, register, join; returns once joining has begun (see ``ready``)."""
