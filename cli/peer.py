@@ -74,18 +74,16 @@ async def _start_unless_stopped(node: PeerNode, stop: asyncio.Event) -> bool:
 # -- peer run ------------------------------------------------------------------------------
 
 async def _run_peer(args: argparse.Namespace) -> int:
-    from ibe_pubsub.overlay import OverlayConfig, OverlayConfigError
+    from ibe_pubsub.overlay import OverlayConfig
     from ibe_pubsub.peer import NodeError, NodeOptions, PeerNode
 
-    try:
-        overlay = OverlayConfig(
-            routing=args.routing, max_children=args.max_children,
-            heartbeat_interval=args.heartbeat, failure_timeout=args.failure_timeout,
-            recruit_rounds=args.recruit_rounds, repair=args.repair,
-            push_backup=args.push_backup, demote_after=args.demote_after,
-            rotate_interval=args.rotate_interval)
-    except OverlayConfigError as exc:
-        raise CommandError(str(exc)) from exc
+    # (every value is checked by its argparse type: no OverlayConfigError is left to catch)
+    overlay = OverlayConfig(
+        routing=args.routing, max_children=args.max_children,
+        heartbeat_interval=args.heartbeat, failure_timeout=args.failure_timeout,
+        recruit_rounds=args.recruit_rounds, repair=args.repair,
+        push_backup=args.push_backup, demote_after=args.demote_after,
+        rotate_interval=args.rotate_interval)
     options = NodeOptions(
         server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
         roots=tuple(args.root or ()), bundle=args.bundle,
@@ -317,17 +315,20 @@ def register(subparsers: Any) -> None:
     repair.add_argument("--no-repair", dest="repair", action="store_false", default=None,
                         help="do not (see --repair)")
     run.add_argument("--push-backup", action=argparse.BooleanOptionalAction, default=None,
-                     help="keep a second parent on another peer, found by this peer's own "
-                     "search, that forwards by the same rule as the first: every event "
-                     "comes down two paths, and the second parent learns what any parent "
-                     "learns (default: on under ohf; mcr relies on --repair)")
+                     help="keep a second path from parents on other peers, found by this "
+                     "peer's own searches: under ohf a second parent that forwards by the "
+                     "same rule as the first and learns what any parent learns; under mcr "
+                     "each fine token dealt to two parents, so that with few parents one "
+                     "may hold every token (the whole credential; see the scheme's known "
+                     "limits) (default: on)")
     run.add_argument("--demote-after", type=int, choices=range(17), metavar="0-16", default=3,
                      help="replace a parent that missed this many of the last 16 events it "
                      "owed (events that came by another path, inside the virtual peer's "
                      "credential, that the parent had not sent 2 s later); 0 turns it off")
     run.add_argument("--rotate-interval", type=non_negative_float, default=10.0,
-                     help="with --push-backup, seconds (jittered) between rotations: look for "
-                     "a third parent, then let go of the old one with the least proof of "
+                     help="with --push-backup, seconds (jittered) between rotations of a "
+                     "virtual peer with two parents (under mcr: with one fine token): look "
+                     "for a third, then let go of the old one with the least proof of "
                      "delivery, so that two dropping parents cannot hide for ever; 0: never")
     run.add_argument("--http", type=http_address, metavar="[HOST:]PORT",
                      help="serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP "

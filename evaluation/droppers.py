@@ -165,7 +165,7 @@ DEFENCES: dict[str, dict[Routing, dict[str, Any]]] = {
     "undefended": {r: {"repair": False, "push_backup": False, "demote_after": 0}
                    for r in ("ohf", "mcr")},
     "before": {"ohf": {"repair": False, "push_backup": False, "demote_after": 0},
-               "mcr": {"demote_after": 0, "backup_searches": False}},
+               "mcr": {"push_backup": False, "demote_after": 0, "backup_searches": False}},
     "defended": {"ohf": {}, "mcr": {}},
 }
 

@@ -5,10 +5,11 @@ Every peer logs each link its virtual peers make (``price tree: virtual peer 5c7
 linked to 10.213.0.1:41505 (link 1) in 0.094 s``, at ``-v``). A subscriber's ancestors
 in a tree at a moment are found by following, from its virtual peers in that tree, the
 parents they had linked to by then, to the processes listening at those addresses, and
-on up. A virtual peer's last two links count as its parents (a second parent under OHF,
-or the one just replaced): generous, so that a fault never gets blamed on a subscriber it
+on up. A virtual peer's last two links count as its parents (its two parents, or one and
+the one just replaced): generous, so that a fault never gets blamed on a subscriber it
 could have reached; a miss by a subscriber none of whose ancestors the fault touched is
-a loss.
+a loss. (Under MCR a virtual peer with ``k`` fine tokens wants up to ``2k`` parents;
+where it has more than two, counting the last two is stricter, not more generous.)
 """
 
 from __future__ import annotations

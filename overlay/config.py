@@ -32,8 +32,10 @@ class OverlayConfig:
     #: A contact whose join got no answer at all is passed over for this long when others
     #: remain: a dead address from the directory costs one join timeout, not one per try.
     silent_contact_period: float = 30.0
-    #: Attempts to find each further distinct parent: MCR then shares one, OHF (a second
-    #: parent, see ``push_backup``) tries again once every ``silent_contact_period``.
+    #: Attempts to find each further distinct parent. Then MCR without push backups shares
+    #: one; with push backups (see ``push_backup``) a virtual peer with one parent, not
+    #: on the root's peer, tries again every ``rotate_interval / 2`` seconds (or
+    #: ``silent_contact_period``), and one with two stops searching.
     mcr_link_attempts: int = 3
     #: Check the publisher's signature before forwarding (costs one verify per hop).
     verify_before_forward: bool = False
@@ -82,17 +84,22 @@ class OverlayConfig:
     #: Most events one digest lists (the newest), and so most route tests it costs the
     #: receiver; at most 256.
     digest_entries: int = 128
-    #: OHF: every subscriber virtual peer keeps a *second parent* on another physical peer,
-    #: found by its own join search from a directory contact (never named by the first
-    #: parent), which forwards by the same OHF rule: each event comes down two paths, and
-    #: what the second parent learns is what any OHF parent learns (containment). None:
-    #: on under OHF (see :attr:`pushes_backup`); MCR keeps one parent per fine token and
-    #: relies on the pull repair.
+    #: Every subscriber virtual peer keeps a *second path* for what it should get, from
+    #: parents on other physical peers, found by its own join searches from directory
+    #: contacts (a parent names none, except where a leaving one hands its child over).
+    #: Under OHF a second parent, which forwards by the same OHF rule: each event comes
+    #: down two paths, and what the second parent learns is what any OHF parent learns
+    #: (containment). Under MCR each fine token is dealt to two parents (see
+    #: :mod:`overlay.deals`): with ``2k`` parents for ``k`` fine tokens each holds one;
+    #: with two parents, each holds all ``k`` (the whole credential, see docs/scheme.md's
+    #: known limits). None: on under both routings (see :attr:`pushes_backup`).
     push_backup: bool | None = None
-    #: With push backups, a virtual peer whose two parents both drop sees no gap (nothing
-    #: reaches it), so every ``rotate_interval`` seconds (jittered, by the clock alone, never
-    #: by what arrived) it searches a third parent and then lets go of the old one with
-    #: the least proof of delivery. 0: never.
+    #: With push backups, a virtual peer whose two parents both drop (under MCR: both
+    #: holders of a token) sees no gap (nothing reaches it), so every ``rotate_interval``
+    #: seconds (jittered, by the clock alone, never by what arrived) a virtual peer that
+    #: wants two parents and has them (under MCR: one with a single fine token) searches
+    #: a third and then lets go of the old one with the least proof of delivery (never
+    #: the root). 0: never.
     rotate_interval: float = 10.0
     #: Demotion: a parent that missed ``demote_after`` of the last ``demote_window`` events
     #: it owed this virtual peer (events this physical peer got by another path, whose value
@@ -124,9 +131,6 @@ class OverlayConfig:
             raise OverlayConfigError("leave_linger must be >= 0")
         if self.max_watchers_per_peer < 1:
             raise OverlayConfigError("max_watchers_per_peer must be >= 1")
-        if self.push_backup and self.routing == "mcr":
-            raise OverlayConfigError("push_backup is a second OHF parent; MCR deals each fine "
-                                     "token to one parent and relies on the pull repair")
         if (not 0 <= self.demote_after <= self.demote_window or self.gap_wait <= 0
                 or self.shun_period < 0 or self.rotate_interval < 0):
             raise OverlayConfigError("demote_after must be in [0, demote_window], gap_wait > 0, "
@@ -142,6 +146,11 @@ class OverlayConfig:
 
     @property
     def pushes_backup(self) -> bool:
-        """Whether subscriber virtual peers keep a second parent: ``push_backup`` if set,
-        else under OHF."""
-        return self.routing == "ohf" if self.push_backup is None else self.push_backup
+        """Whether subscriber virtual peers keep a second path: ``push_backup`` if set,
+        else on."""
+        return self.push_backup is not False
+
+    @property
+    def token_holders(self) -> int:
+        """MCR: the parents each fine token is dealt to."""
+        return 2 if self.pushes_backup else 1

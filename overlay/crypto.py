@@ -62,8 +62,18 @@ class VirtualKeys:
     sws: tuple[bytes, ...]
     token: bytes
     fine_tokens: tuple[bytes, ...]
+    #: The fine credentials of ``fine_tokens``, in their order.
+    fine: tuple[Credential, ...]
     #: What opens other peers' requests: the routing token of ``credential``.
     opener: Any
+
+    @property
+    def dealt(self) -> tuple[tuple[bytes, Credential], ...]:
+        """What MCR deals to parents, with each token's credential: the fine tokens, or
+        the routing token where the credential has none finer."""
+        if self.fine_tokens:
+            return tuple(zip(self.fine_tokens, self.fine, strict=True))
+        return ((self.token, self.credential),)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,16 @@
 """Demotion: a virtual peer replaces a parent that keeps missing events it owed.
 
 A physical peer often gets an event by more than one path in one tree: from a second
-parent (OHF's push backup), or pulled from a backup. Once it has decrypted an event that
+parent (the push backup), or pulled from a backup. Once it has decrypted an event that
 came down a tree it knows the event's values, and so which of its virtual peers in that
 tree encloses them: every parent of that virtual peer owed it the event (under MCR, the
-parent dealt the fine token that routes it). A parent that has not sent it ``gap_wait``
-seconds after this peer first had it has a *gap*; after ``demote_after`` gaps among the
-last ``demote_window`` events it owed, the virtual peer detaches from it, joins anew, and
-refuses that peer's acceptances for ``shun_period`` seconds. A backup (the pull repair)
-owed a digest entry for each such event: one that keeps listing none is dropped.
+parents dealt the fine token whose credential encloses it: two with push backups, and a
+holder that keeps dropping is charged though the other one delivers). A parent that has
+not sent it ``gap_wait`` seconds after this peer first had it has a *gap*; after
+``demote_after`` gaps among the last ``demote_window`` events it owed, the virtual peer
+detaches from it, joins anew, and refuses that peer's acceptances for ``shun_period``
+seconds. A backup (the pull repair) owed a digest entry for each such event: one that
+keeps listing none is dropped.
 
 Only evidence that holds counts: an event counts against a parent only once its
 publisher's signature verified (anyone can encrypt), only if it came down the same tree
@@ -29,10 +31,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ibe_pubsub.credentials import Event, enclosing_path
+from ibe_pubsub.credentials import Credential, Event, enclosing_path
 from ibe_pubsub.overlay.actions import Action, Log, Send
 from ibe_pubsub.overlay.config import OverlayConfig
-from ibe_pubsub.overlay.crypto import CryptoRejected, CryptoSuite
+from ibe_pubsub.overlay.crypto import CryptoSuite
 from ibe_pubsub.overlay.dissemination import Dissemination
 from ibe_pubsub.overlay.family import Family
 from ibe_pubsub.overlay.stats import Stats
@@ -50,6 +52,8 @@ class _Check:
     digest: bytes
     event: Any
     vp_ids: tuple[str, ...]
+    #: The event's leaf in the tree: which fine tokens route it (MCR).
+    leaf: Credential
     #: Asks the backups (did they list it?) rather than the parents (did they send it?).
     backups: bool = False
     #: MCR: each virtual peer's deal of fine tokens when the event came (a later deal,
@@ -93,11 +97,12 @@ class Demotion:
         if self.config.routing == "mcr":
             deals = {v: dict(self.family.vpeers[v].assignment) for v in owed}
         at = now + self.config.gap_wait
-        self._checks.append(_Check(at, now, digest, event, owed, deals=deals))
+        self._checks.append(_Check(at, now, digest, event, owed, leaf, deals=deals))
         self.due(at)
         if self.config.repairs:  # a digest lists an event a digest interval late
             later = at + 2 * self.config.digest_interval
-            self._backup_checks.append(_Check(later, now, digest, event, owed, backups=True))
+            self._backup_checks.append(_Check(later, now, digest, event, owed, leaf,
+                                              backups=True))
 
     @property
     def pending(self) -> int:
@@ -145,7 +150,7 @@ class Demotion:
         """Count a gap or a delivery for each parent that owed ``vp`` the event; demote a
         parent over its limit; take the event for ``vp`` if it never came."""
         sent = self.dissemination.sources.get((vp.vp, check.digest)) or set()
-        owing = self._owing(vp, check, sent)
+        owing = self._owing(vp, check)
         missed = [p for p in owing if p[0] not in sent]
         if (missed or not self.dissemination.has_seen(vp, check.digest)) and \
                 not self.dissemination.verified(check.digest, check.event):
@@ -160,27 +165,20 @@ class Demotion:
             out += self.dissemination.take_held(vp, check.digest, now) or []
         return out
 
-    def _owing(self, vp: VirtualPeer, check: _Check, sent: set[str]) -> list[Node]:
-        """The remote parents, linked ``gap_wait`` before the event came and not the tree's
-        root, that owed it: all of them under OHF (each covers ``vp``); under MCR the one
-        dealt the routing token then (found by route tests only when no parent sent it)."""
+    def _owing(self, vp: VirtualPeer, check: _Check) -> list[Node]:
+        """The remote parents, linked (under MCR: and dealt their tokens) ``gap_wait``
+        before the event came and not the tree's root, that owed it: all of them under OHF
+        (each covers ``vp``); under MCR those dealt then a token whose fine credential
+        encloses the event's leaf."""
         linked = [p for p, link in vp.parents.items()
                   if p[0] != self.family.address and not link.root
-                  and link.since + self.config.gap_wait <= check.first_at]
+                  and max(link.since, link.dealt) + self.config.gap_wait <= check.first_at]
         if check.deals is None:
             return linked
-        senders = [p for p in linked if p[0] in sent]
+        routing = {raw for keys in vp.keys.values() for raw, fine in keys.dealt
+                   if fine.covers(check.leaf)}
         deal = check.deals.get(vp.vp, {})
-        return senders or [p for p in linked if self._routes(deal.get(p, ()), check.event)]
-
-    def _routes(self, tokens: tuple[bytes, ...], event: Any) -> bool:
-        for raw in tokens:
-            try:
-                if self.crypto.route(self.crypto.decode_token(raw), event):
-                    return True
-            except CryptoRejected:
-                continue
-        return False
+        return [p for p in linked if routing.intersection(deal.get(p, ()))]
 
     def _demote(self, vp: VirtualPeer, parent: Node, now: float) -> list[Action]:
         self.stats.demoted += 1

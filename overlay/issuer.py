@@ -67,7 +67,8 @@ class ModeledIssuer:
             request, sws = c.make_request(cred, epoch, expires_at, self.rng.randbytes(16))
             virtuals.append(VirtualKeys(
                 credential=cred, request=request, sws=sws, token=c.make_token(cred, epoch),
-                fine_tokens=tuple(c.make_token(f, epoch) for f in fines), opener=(cred, epoch)))
+                fine_tokens=tuple(c.make_token(f, epoch) for f in fines), fine=fines,
+                opener=(cred, epoch)))
         key = ModelDecryptKey(epoch, tuple(creds))
         return SubscriberKit(epoch, predicate, key, tuple(virtuals))
 

@@ -56,5 +56,5 @@ def real_kit(schema: Schema, epoch: int, predicate: EventFilter, key: Subscriber
             token=codec.encode_blinded_token(token.blinded()),
             fine_tokens=tuple(codec.encode_blinded_token(fine_tokens[f].blinded())
                               for f in fines),
-            opener=token))
+            fine=fines, opener=token))
     return SubscriberKit(epoch, predicate, key, tuple(virtuals))

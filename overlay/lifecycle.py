@@ -23,8 +23,9 @@ ATTACHED   tick: the last parent silent for                JOINING
 ATTACHED   ``Handover`` to a relay of the same peer;       ATTACHED
            ``SwapAccept`` (the newcomer replaces the
            parent); MCR: further ``Accept``\\ s up to one
-           parent per fine token, and losing a parent
-           while others remain
+           parent per fine token (two with push
+           backups), and losing a parent while others
+           remain
 any        ``leave()``: children handed to a parent,       DETACHED
            links dropped, the machine stopped
 =========  ==============================================  =========

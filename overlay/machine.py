@@ -232,7 +232,7 @@ class PeerMachine:
                 vp.join_started = now
                 out += self.joining.send_join(vp, now)
         for vp in self.vpeers.values():
-            out += self.joining.assign_tokens(vp)
+            out += self.joining.assign_tokens(vp, now)
         self._open_epochs()
         return out
 
@@ -418,7 +418,7 @@ class PeerMachine:
             # A split moved this child to a relay of the same peer (a copy of the parent,
             # already holding the link): take the new parent over, no rejoin, no gap.
             parent = (m.new_parent, m.new_parent_vp)
-            if parent in vp.parents:  # MCR: already linked to that relay too
+            if parent in vp.parents:  # (MCR without push backups: linked to it too)
                 return self.joining.lose_parent(vp, frm, now)
             vp.parents[parent] = vp.parents.pop(frm)
             if frm in vp.assignment:

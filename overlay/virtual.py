@@ -71,6 +71,8 @@ class ParentLink:
     depth: int | None = None
     #: When the link was made: only events that came after it are owed by the parent.
     since: float = 0.0
+    #: MCR: when the tokens dealt to it last changed; it owes nothing from before either.
+    dealt: float = 0.0
     #: The parent proved itself the tree's root (or its relay) with the root certificate:
     #: every event enters there, so it needs no second parent beside it.
     root: bool = False
@@ -228,6 +230,12 @@ class VirtualPeer:
     def is_top(self) -> bool:
         """The root of the tree itself (a root's relay has a parent)."""
         return self.is_root and not self.relay
+
+    @property
+    def beside_root(self) -> bool:
+        """Has a parent on the root's peer (proven by the root's certificate in its
+        acceptance, not by a depth it claims), where every event enters?"""
+        return any(link.root for link in self.parents.values())
 
     @property
     def state(self) -> Lifecycle:

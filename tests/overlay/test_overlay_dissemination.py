@@ -14,8 +14,10 @@ from ibe_pubsub.overlay.simulator import Simulator
 SCHEMA = default_schema()
 
 
-def build(routing: str, n: int = 40, seed: int = 3) -> tuple[Simulator, Workload]:
-    sim = Simulator(SCHEMA, OverlayConfig(routing=routing, max_children=3), seed=seed)
+def build(routing: str, n: int = 40, seed: int = 3, **options: object
+          ) -> tuple[Simulator, Workload]:
+    sim = Simulator(SCHEMA, OverlayConfig(routing=routing, max_children=3, **options),
+                    seed=seed)
     sim.add_roots()
     workload = Workload(SCHEMA, random.Random(seed))
     for i in range(n):
@@ -46,10 +48,13 @@ def test_exactly_once_delivery_and_repair_after_killing_a_fifth(routing):
     assert_exactly_once(sim, publish(sim, workload))
 
 
-def test_mcr_tokens_go_to_distinct_parents_and_cut_false_positives():
+@pytest.mark.parametrize("copies", [2, 1])
+def test_mcr_deals_each_token_to_parents_on_distinct_peers_and_cuts_false_positives(copies):
+    # With push backups (the default) every fine token goes to two parents on different
+    # physical peers, one token each once there are enough parents; without, to one.
     results = {}
     for routing in ("ohf", "mcr"):
-        sim, workload = build(routing)
+        sim, workload = build(routing, push_backup=copies == 2)
         publish(sim, workload, k=25)
         results[routing] = sum(m.stats.false_positives for m in sim.machines.values())
         if routing == "mcr":
@@ -58,10 +63,12 @@ def test_mcr_tokens_go_to_distinct_parents_and_cut_false_positives():
                 for vp in machine.vpeers.values():
                     if vp.relay or vp.is_root or not vp.assignment:
                         continue
-                    given = [t for tokens in vp.assignment.values() for t in tokens]
-                    wanted = vp.keys[sim.epoch].fine_tokens or (vp.keys[sim.epoch].token,)
-                    assert sorted(given) == sorted(wanted)  # every token handed out once
-                    if len(vp.parents) == len(wanted):  # enough parents: one token each
+                    wanted = [t for t, _ in vp.keys[sim.epoch].dealt]
+                    dealt = min(copies, len(vp.parents))
+                    for token in wanted:
+                        holders = [p for p, tokens in vp.assignment.items() if token in tokens]
+                        assert len({p[0] for p in holders}) == len(holders) == dealt
+                    if len(vp.parents) == copies * len(wanted):  # one token each
                         assert all(len(t) == 1 for t in vp.assignment.values())
                         spread += len(wanted) > 1
             assert spread > 0

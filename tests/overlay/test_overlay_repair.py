@@ -51,8 +51,7 @@ class Recording(Simulator):
 
 def run(routing: str, repair: bool) -> tuple[Recording, dict[str, dict]]:
     # The pull repair alone: no second parent, no demotion.
-    config = OverlayConfig(routing=routing, repair=repair, demote_after=0,
-                           push_backup=False if routing == "ohf" else None)
+    config = OverlayConfig(routing=routing, repair=repair, demote_after=0, push_backup=False)
     sim = Recording(SCHEMA, config, mode="plaintext",
                     seed=1, droppers=DROPPERS)
     sim.add_roots()

@@ -31,8 +31,7 @@ Node = tuple[str, str]
 
 def simulate(routing: str, subscribers: int, repair: bool | None) -> Simulator:
     # The pull repair alone: no second parent, no demotion.
-    config = OverlayConfig(routing=routing, repair=repair, demote_after=0,
-                           push_backup=False if routing == "ohf" else None)
+    config = OverlayConfig(routing=routing, repair=repair, demote_after=0, push_backup=False)
     sim = Simulator(SCHEMA, config, mode="plaintext",
                     seed=1)
     sim.add_roots()

@@ -1,6 +1,7 @@
-"""A root child that forwards nothing, with real peer processes on loopback: the
-subscribers below it get every event down their second parent (OHF's push backup), then
-demote it and keep getting everything; a control subscriber below it with the defences
+"""A root child that forwards nothing, with real peer processes on loopback, under both
+routings: the subscribers below it get every event down their second path (the push
+backup: a second parent under OHF, each fine token's second holder under MCR), then demote
+it and keep getting everything; under OHF a control subscriber below it with the defences
 off gets nothing, which shows the dropper really drops."""
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ def _delivered(peer: PeerProcess, events: list[Event]) -> set[str]:
     return {d["id"] for d in peer.delivered() if d["id"] in ids}
 
 
-def test_a_dropping_root_child_is_bypassed_then_replaced(keyserver_factory, tmp_path):
+@pytest.mark.parametrize("routing", ["ohf", "mcr"])
+def test_a_dropping_root_child_is_bypassed_then_replaced(keyserver_factory, tmp_path,
+                                                         routing):
     server = keyserver_factory.start()
-    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers", routing="ohf",
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers", routing=routing,
                       verbose=True, peer_args=("--failure-timeout", "5", "--http", "0",
                                  "--recruit-rounds", "0"))
     rng = random.Random(5)
@@ -75,14 +78,14 @@ def test_a_dropping_root_child_is_bypassed_then_replaced(keyserver_factory, tmp_
         cluster.wait_ready([dropper])
         cluster.wait_ready([cluster.start_subscriber("decoy", "price >= 500")])
         control = cluster.start_subscriber(
-            *CONTROL, extra=("--no-push-backup", "--demote-after", "0"))
+            *CONTROL, extra=("--no-push-backup", "--no-repair", "--demote-after", "0"))
         cluster.wait_ready([control])
         honest = [cluster.start_subscriber(n, s) for n, s in HONEST]
         cluster.wait_ready(honest)
         below = [p for p in (control, *honest)
                  if any(dropper.address in ps for ps in _parents(p))]
         assert [p.name for p in below] == [control.name, *(p.name for p in honest)]
-        # Settled: each honest virtual peer has its second parent, on the root's peer.
+        # Settled: each honest virtual peer has a second parent, on the root's peer.
         root_address = roots[0].address
         _until("every honest subscriber has a second parent", lambda: all(
             root_address in ps for p in honest for ps in _parents(p)))
@@ -97,9 +100,14 @@ def test_a_dropping_root_child_is_bypassed_then_replaced(keyserver_factory, tmp_
             for peer in honest:
                 got = [d["id"] for d in peer.delivered() if d["id"].startswith(f"r{round_}-")]
                 assert sorted(got) == sorted(expected[peer.name]), peer.log_tail()
-            # Control: below the dropper alone, the same events never come.
+            # Control: below the dropper alone, the same events never come. (Under MCR
+            # the control deals its fine tokens over several parents, some of them on the
+            # root's peer, so it is not below the dropper alone: there the demotions
+            # below show that the dropper withheld what it owed and the second holder
+            # delivered it.)
             assert len(expected[control.name]) == 4
-            assert _delivered(control, events) == set()
+            if routing == "ohf":
+                assert _delivered(control, events) == set()
             if round_ == 1:
                 # The honest subscribers saw the dropper's gaps and replaced it.
                 _until("the dropper is demoted everywhere", lambda: not any(
