@@ -105,11 +105,17 @@ def test_a_publisher_faster_than_the_tree_is_slowed_and_nothing_waits_long(tree)
     for peer in (tree.steady, tree.stalled):
         assert _wait_for(peer, set(sent)) == set(sent), peer.log_tail()
         delays = _delays(peer, sent)
-        # Back-pressure bounds the queueing: the publisher waits, the queues stay short.
-        # (Unbounded, 6,000 events at the tree's ~1,150 events/s would wait 5 s and more;
-        # a full suite run on the 2-core machine once measured 3.2 s, alone it is below 2.5.)
+        # Back-pressure bounds the queueing: the publisher waits, the queues stay short, so
+        # an event waits for the queues' worth of events ahead of it, not for the flood.
+        # Unbounded, the publisher is done early and the last events wait for nearly the
+        # whole flood. As a share of the flood (first call to last delivery), the bound
+        # holds on a loaded machine too: alone 0.18-0.24 (p99 1.7-2.5 s of a 10 s flood),
+        # where a fixed 4 s failed once under a full suite and a review's load (4.1 s). With
+        # the peers' reading never paused (BACKLOG_DELAY 1e9) the share was 0.51.
         p99 = delays[int(0.99 * len(delays))]
-        assert p99 < 4.0, (peer.name, p99, delays[-1])
+        last = max(d["delivered_at"] for d in peer.delivered() if d["id"] in sent)
+        flood = last - min(sent.values())
+        assert p99 < 0.4 * flood, (peer.name, p99, flood)
 
 
 def _socket_buffers() -> int:
