@@ -79,3 +79,20 @@ def test_one_copy_deals_each_token_once():
     nodes = _parents(3)
     dealt = deal_tokens([0, 1, 2], nodes, {}, 1)
     assert sorted(g for groups in dealt.values() for g in groups) == [0, 1, 2]
+
+
+def test_a_token_short_of_a_holder_goes_where_no_other_token_needs_room():
+    # Found by review: three tokens short of a second holder, and the greedy fill gave
+    # the first to a parent the other two needed, which left loads 4/4/2 where 4/3/3
+    # keeps every holding.
+    a, b, c = _parents(3)
+    held = {a: {0, 3, 4}, b: {3, 4}, c: {1, 2}}
+    dealt = deal_tokens(list(range(5)), [a, b, c], held, 2)
+    assert sorted(len(g) for g in dealt.values()) == [3, 3, 4]
+    assert all(held[p] <= dealt[p] for p in held)
+    assert all(len(_holders(dealt, g)) == 2 for g in range(5))
+
+
+def test_a_virtual_peer_without_tokens_deals_nothing():
+    # (An expired epoch can leave a virtual peer with no keys while it keeps its parents.)
+    assert deal_tokens([], _parents(2), {}, 2) == {p: set() for p in _parents(2)}
