@@ -15,7 +15,12 @@ keeps listing none is dropped.
 Only evidence that holds counts: an event counts against a parent only once its
 publisher's signature verified (anyone can encrypt), only if it came down the same tree
 (a publisher may skip a root, a root may be down), only if it came after the link was made
-(plus ``gap_wait``), and never against a parent that proved itself the tree's root. What
+(plus ``gap_wait``), never against a parent that proved itself the tree's root, and never
+if the parent's own record of what it sent (``ParentLink.sent``) holds it: this peer's
+duplicate memory is shared by all senders, so a co-parent's junk can make it forget an
+old event, which the co-parent then replays as new; the parent's record is its own.
+Events carry no time, so an event older than the parent's last ``dedup_capacity`` can
+still be replayed against it. What
 this can still reveal is in docs/scheme.md (known limits): the ``Detach`` of a demotion
 depends on which events the virtual peer's credential encloses.
 
@@ -149,9 +154,8 @@ class Demotion:
     def _check(self, vp: VirtualPeer, check: _Check, now: float) -> list[Action]:
         """Count a gap or a delivery for each parent that owed ``vp`` the event; demote a
         parent over its limit; take the event for ``vp`` if it never came."""
-        sent = self.dissemination.sources.get((vp.vp, check.digest)) or set()
         owing = self._owing(vp, check)
-        missed = [p for p in owing if p[0] not in sent]
+        missed = [p for p in owing if check.digest not in vp.parents[p].sent]
         if (missed or not self.dissemination.has_seen(vp, check.digest)) and \
                 not self.dissemination.verified(check.digest, check.event):
             return []  # forged: evidence of nothing (verified only when it matters)

@@ -60,8 +60,6 @@ class Dissemination:
         self._tokens: dict[tuple[str, int], Any] = {}
         #: Ciphertexts of recent events by id: what a backup serves pulls from.
         self.raw: Bounded[bytes, bytes] = Bounded(config.repair_memory)
-        #: (virtual peer, event id) -> the parents' physical peers that sent it.
-        self.sources: Bounded[tuple[str, bytes], set[str]] = Bounded(cap)
 
     def has_seen(self, vp: VirtualPeer, digest: bytes) -> bool:
         """Has ``vp`` taken the event of id ``digest`` already?"""
@@ -89,11 +87,10 @@ class Dissemination:
         out = self.take(vp, frm[0], digest, m.event, now)
         if (self.config.demote_after and not pulled and not vp.is_root
                 and (vp.vp, digest) in self._seen):
-            # (only an event that decoded and was taken: junk cannot push records out)
-            sent = self.sources.get((vp.vp, digest))
-            if sent is None:
-                self.sources.put((vp.vp, digest), sent := set())
-            sent.add(frm[0])
+            # (only an event that decoded and was taken, in each sender's own record)
+            for parent, link in vp.parents.items():
+                if parent[0] == frm[0]:
+                    link.sent.put(digest, None)
         return out
 
     def take_held(self, vp: VirtualPeer, digest: bytes, now: float) -> list[Action] | None:

@@ -512,7 +512,8 @@ class Joining:
     def _add_parent(self, vp: VirtualPeer, parent: Node, now: float, root: bool = False
                     ) -> list[Action]:
         vp.parents[parent] = ParentLink(now, since=now, root=root,
-                                        gaps=deque(maxlen=self.config.demote_window))
+                                        gaps=deque(maxlen=self.config.demote_window),
+                                        sent=Bounded(self.config.dedup_capacity))
         vp.shunned = {a: t for a, t in vp.shunned.items() if t > now}
         out: list[Action] = [Send(n[0], Detach(vp.vp, n[1])) for n in vp.handed_over]
         vp.handed_over.clear()

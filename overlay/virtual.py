@@ -78,6 +78,11 @@ class ParentLink:
     root: bool = False
     #: For each of the last events it owed (see :mod:`overlay.demotion`): missed or not.
     gaps: deque[bool] = field(default_factory=lambda: deque(maxlen=16))
+    #: Digests of the last events it sent, its own record: no other sender's traffic (junk
+    #: included) pushes them out, so an old event replayed by another parent after this
+    #: peer's duplicate memory forgot it does not count as one this parent missed. (A
+    #: local link remembers nothing: it is never checked.)
+    sent: Bounded[bytes, None] = field(default_factory=lambda: Bounded(0))
 
 
 @dataclass

@@ -155,6 +155,54 @@ def test_forged_events_from_a_co_parent_count_against_nobody():
             assert charged is None or charged >= 3  # demoted, or about to be
 
 
+def test_old_events_replayed_by_a_co_holder_after_junk_charge_nobody():
+    """A hostile co-holder of a fine token floods the child with junk (unsigned events,
+    which fill the duplicate memory before any signature is checked) and then replays
+    old signed events: they come as new, and the honest holder, which sent them long ago,
+    must not be charged. Each parent's own record of what it sent is what junk cannot push
+    out. (Before it, the honest holder was demoted and shunned.) Control: fresh events that
+    the honest holder really withholds do count."""
+    for replayed in (True, False):
+        sim, workload = _settled("mcr", 2, rotate_interval=0)
+        address, vp, hostile, honest = next(
+            (a, vp, q, p) for a in sorted(sim.alive_subscribers())
+            if (vp := _single_vp(sim, a)) is not None
+            for p, link in sorted(vp.parents.items()) if p[0] in sim.predicates
+            and not link.root for q in sorted(vp.parents)
+            if q != p and q[0] in sim.predicates
+            and set(vp.assignment[p]) & set(vp.assignment[q]))
+        predicate, machine = sim.predicates[address], sim.machines[address]
+        values = [v for v in (workload.values() for _ in range(50000))
+                  if predicate.matches(v)][:16]
+        publisher = sim.add_publisher()
+        if not replayed:
+            sim.droppers.add(honest[0])  # it really withholds them
+        old = []
+        for i, v in enumerate(values[:8]):  # published normally
+            data = sim.issuer.encrypt(Event(f"e-{i}", v, b""), sim.epoch, publisher, sim.now)
+            sim._apply(publisher, publication(data, sim.roots), sim.now)
+            old.append(data)
+            sim.run_until(sim.now + 0.2)
+        sim.run_until(sim.now + 5.0)
+        if replayed:
+            sent = sum(not gap for gap in vp.parents[honest].gaps)
+            junk = sim.issuer.encrypt(Event("junk", values[0], b""), sim.epoch, "x", sim.now)
+            for i in range(OverlayConfig().dedup_capacity + 100):
+                forged = junk[:-2] + i.to_bytes(2, "big")  # each a new digest, none signed
+                sim._apply(hostile[0], [Send(address, Publish(hostile[1], vp.vp,
+                                                              vp.attribute, forged))], sim.now)
+            sim.run_until(sim.now + 1.0)
+            for data in old:
+                sim._apply(hostile[0], [Send(address, Publish(hostile[1], vp.vp,
+                                                              vp.attribute, data))], sim.now)
+                sim.run_until(sim.now + 0.3)
+            sim.run_until(sim.now + 5.0)
+            assert honest in vp.parents and machine.stats.demoted == 0
+            assert sum(vp.parents[honest].gaps) == 0 and sent > 0
+        else:
+            assert honest not in vp.parents and honest[0] in vp.shunned
+
+
 def test_a_parent_claiming_to_be_the_top_does_not_spare_it_a_second_parent():
     """Only a parent that proved itself the root (its certificate in the acceptance) lets
     a virtual peer keep one parent; a depth of 0 in a heartbeat answer is a claim."""
