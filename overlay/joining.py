@@ -132,6 +132,9 @@ class Joining:
         searching = vp.link_attempts < cfg.mcr_link_attempts
         # A parent on the root's peer sends all it should (under OHF it is all one wants).
         top = vp.beside_root
+        if top and cfg.routing == "ohf" and len(vp.parents) > 1:
+            rooted = max(link.since for link in vp.parents.values() if link.root)
+            yield rooted, cfg.failure_timeout, False, self._release_beside_root, (vp,)
         if len(vp.parents) >= wanted or (not searching and (top or len(vp.parents) >= 2)):
             # Enough (under MCR: two or one on the root's peer, once searches found no
             # more). Rotation only where two parents are wanted and neither is the root
@@ -149,6 +152,19 @@ class Joining:
             pause = cfg.rotate_interval / 2 or cfg.silent_contact_period
             yield vp.next_join_at, pause, False, self._retry_later, (vp,)
         # (Without push backups MCR shares a parent rather than search on.)
+
+    def _release_beside_root(self, vp: VirtualPeer, now: float) -> list[Action]:
+        """Under OHF the root's peer sends every event, so a virtual peer beside it lets go
+        of its other parents, ``failure_timeout`` after the root's peer took it: make
+        before break, as the events published before that link still come the old way. By
+        the structure alone, so it tells nothing of what arrived; and a dropping parent
+        goes, however few events it owed (demotion needs ``demote_after`` gaps)."""
+        out: list[Action] = []
+        for other in [p for p, link in vp.parents.items() if not link.root]:
+            # Events it sent before the Detach reached it are still taken for a while.
+            vp.former[other[0]] = now + 2 * self.config.failure_timeout
+            out += [Send(other[0], Detach(vp.vp, other[1])), *self.lose_parent(vp, other, now)]
+        return out
 
     def _rotate(self, vp: VirtualPeer, now: float) -> list[Action]:
         """Look for a third parent for a while (see ``OverlayConfig.rotate_interval``)."""

@@ -25,7 +25,9 @@ ATTACHED   ``Handover`` to a relay of the same peer;       ATTACHED
            parent); MCR: further ``Accept``\\ s up to one
            parent per fine token (two with push
            backups), and losing a parent while others
-           remain
+           remain; OHF: tick ``failure_timeout`` after
+           the root's peer accepted it (its other
+           parents are let go)
 any        ``leave()``: children handed to a parent,       DETACHED
            links dropped, the machine stopped
 =========  ==============================================  =========
