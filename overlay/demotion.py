@@ -15,12 +15,14 @@ keeps listing none is dropped.
 Only evidence that holds counts: an event counts against a parent only once its
 publisher's signature verified (anyone can encrypt), only if it came down the same tree
 (a publisher may skip a root, a root may be down), only if it came after the link was made
-(plus ``gap_wait``), never against a parent that proved itself the tree's root, and never
-if the parent's own record of what it sent (``ParentLink.sent``) holds it: this peer's
-duplicate memory is shared by all senders, so a co-parent's junk can make it forget an
-old event, which the co-parent then replays as new; the parent's record is its own.
-Events carry no time, so an event older than the parent's last ``dedup_capacity`` can
-still be replayed against it. What
+(plus ``gap_wait``), never against a parent that proved itself the tree's root. This
+peer's duplicate memory is shared by all senders, and junk enters it before any signature
+is checked, so a co-parent can make it forget an old event and then replay it as new. Two
+memories junk cannot flush stop that: the parent's own record of what it sent (``ParentLink.sent``),
+and the events this peer verified (every checked event is verified, and a verified
+event that comes as new is no evidence). Events carry no time, so an event this peer
+never verified (published before it joined, say) or verified more than
+``dedup_capacity`` verified events ago can still be replayed against a parent. What
 this can still reveal is in docs/scheme.md (known limits): the ``Detach`` of a demotion
 depends on which events the virtual peer's credential encloses.
 
@@ -156,9 +158,8 @@ class Demotion:
         parent over its limit; take the event for ``vp`` if it never came."""
         owing = self._owing(vp, check)
         missed = [p for p in owing if check.digest not in vp.parents[p].sent]
-        if (missed or not self.dissemination.has_seen(vp, check.digest)) and \
-                not self.dissemination.verified(check.digest, check.event):
-            return []  # forged: evidence of nothing (verified only when it matters)
+        if not self.dissemination.verified(check.digest, check.event):
+            return []  # forged: evidence of nothing (and once verified, a replay is known)
         out: list[Action] = []
         for parent in owing:
             link = vp.parents[parent]

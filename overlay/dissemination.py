@@ -113,6 +113,9 @@ class Dissemination:
                 self.stats.drop("undecodable")
                 return [Log("warning", f"{vp.vp}: event from {source} dropped: {exc}")]
             self._events.put(digest, event)
+        # Verified before this arrival (a memory only signed events enter, which junk cannot
+        # flush): if it comes as new, this peer forgot it, and it is no evidence of a gap.
+        replayed = digest in self._verified
         if self.config.verify_before_forward and not self.verified(digest, event):
             self.stats.drop("unverified")
             return [Log("warning", f"{vp.vp}: event from {source} fails verification")]
@@ -124,7 +127,7 @@ class Dissemination:
         self.stats.forwarded += len(out)
         self.listed(vp, digest, event, now)
         if not vp.is_root:
-            out += self._consume(vp.attribute, digest, event, now)
+            out += self._consume(vp.attribute, digest, event, now, replayed)
         return out
 
     def _route(self, vp: VirtualPeer, digest: bytes, event: Any, now: float
@@ -180,7 +183,8 @@ class Dissemination:
         self._verified.put(digest, None)
         return True
 
-    def _consume(self, tree: str, digest: bytes, event: Any, now: float) -> list[Action]:
+    def _consume(self, tree: str, digest: bytes, event: Any, now: float,
+                 replayed: bool = False) -> list[Action]:
         """Local delivery: once per ciphertext; decrypt, check the exact predicate, and
         verify only what would be delivered. Decryption is public-key (anyone can encrypt),
         so nothing is delivered unverified; but a false positive, the common case under
@@ -195,7 +199,7 @@ class Dissemination:
         self._processed.put(digest, None)
         self.stats.received += 1
         plain = self.crypto.decrypt(kit.decrypt_key, event)
-        if plain is not None:
+        if plain is not None and not replayed:
             self.opened(tree, digest, event, plain, now)
         if plain is None or not kit.predicate.matches(plain.values):
             self.stats.false_positives += 1

@@ -133,8 +133,10 @@ class Joining:
         # A parent on the root's peer sends all it should (under OHF it is all one wants).
         top = vp.beside_root
         if top and cfg.routing == "ohf" and len(vp.parents) > 1:
-            rooted = max(link.since for link in vp.parents.values() if link.root)
-            yield rooted, cfg.failure_timeout, False, self._release_beside_root, (vp,)
+            root = max((link for link in vp.parents.values() if link.root),
+                       key=lambda link: link.since)
+            if root.last_heard > root.since:  # (alive: it answered a ping)
+                yield root.since, cfg.failure_timeout, False, self._release_beside_root, (vp,)
         if len(vp.parents) >= wanted or (not searching and (top or len(vp.parents) >= 2)):
             # Enough (under MCR: two or one on the root's peer, once searches found no
             # more). Rotation only where two parents are wanted and neither is the root

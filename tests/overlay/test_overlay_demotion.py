@@ -11,7 +11,7 @@ from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.evaluation.random_workload import Workload
 from ibe_pubsub.overlay import OverlayConfig, Simulator
 from ibe_pubsub.overlay.actions import Send, publication
-from ibe_pubsub.overlay.virtual import VirtualPeer
+from ibe_pubsub.overlay.virtual import Bounded, VirtualPeer
 from ibe_pubsub.overlay.wire import Pong, Publish
 
 SCHEMA = default_schema()
@@ -190,9 +190,12 @@ def test_old_events_replayed_by_a_co_holder_after_junk_charge_nobody():
     which fill the duplicate memory before any signature is checked) and then replays
     old signed events: they come as new, and the honest holder, which sent them long ago,
     must not be charged. Each parent's own record of what it sent is what junk cannot push
-    out. (Before it, the honest holder was demoted and shunned.) Control: fresh events that
-    the honest holder really withholds do count."""
-    for replayed in (True, False):
+    out (before it, the honest holder was demoted and shunned); and against a parent with
+    no record of them, its link newer than the events (a rotation makes one every 10 s),
+    the memory of verified events, which junk cannot enter (a review demoted such a parent
+    without it). Control: fresh events that the honest holder really withholds count."""
+    for case in ("replayed", "replayed to a newer link", "withheld"):
+        replayed = case != "withheld"
         sim, workload = _settled("mcr", 2, rotate_interval=0)
         address, vp, hostile, honest = next(
             (a, vp, q, p) for a in sorted(sim.alive_subscribers())
@@ -222,13 +225,15 @@ def test_old_events_replayed_by_a_co_holder_after_junk_charge_nobody():
                 sim._apply(hostile[0], [Send(address, Publish(hostile[1], vp.vp,
                                                               vp.attribute, forged))], sim.now)
             sim.run_until(sim.now + 1.0)
+            if case == "replayed to a newer link":
+                vp.parents[honest].sent = Bounded(OverlayConfig().dedup_capacity)
             for data in old:
                 sim._apply(hostile[0], [Send(address, Publish(hostile[1], vp.vp,
                                                               vp.attribute, data))], sim.now)
                 sim.run_until(sim.now + 0.3)
             sim.run_until(sim.now + 5.0)
-            assert honest in vp.parents and machine.stats.demoted == 0
-            assert sum(vp.parents[honest].gaps) == 0 and sent > 0
+            assert honest in vp.parents and machine.stats.demoted == 0, case
+            assert sum(vp.parents[honest].gaps) == 0 and sent > 0, case
         else:
             assert honest not in vp.parents and honest[0] in vp.shunned
 
