@@ -196,7 +196,8 @@ def test_old_events_replayed_by_a_co_holder_after_junk_charge_nobody():
     without it). Control: fresh events that the honest holder really withholds count."""
     for case in ("replayed", "replayed to a newer link", "withheld"):
         replayed = case != "withheld"
-        sim, workload = _settled("mcr", 2, rotate_interval=0)
+        # (A small duplicate memory, so that little junk fills it.)
+        sim, workload = _settled("mcr", 2, rotate_interval=0, dedup_capacity=64)
         address, vp, hostile, honest = next(
             (a, vp, q, p) for a in sorted(sim.alive_subscribers())
             if (vp := _single_vp(sim, a)) is not None
@@ -220,13 +221,13 @@ def test_old_events_replayed_by_a_co_holder_after_junk_charge_nobody():
         if replayed:
             sent = sum(not gap for gap in vp.parents[honest].gaps)
             junk = sim.issuer.encrypt(Event("junk", values[0], b""), sim.epoch, "x", sim.now)
-            for i in range(OverlayConfig().dedup_capacity + 100):
+            for i in range(64 + 100):
                 forged = junk[:-2] + i.to_bytes(2, "big")  # each a new digest, none signed
                 sim._apply(hostile[0], [Send(address, Publish(hostile[1], vp.vp,
                                                               vp.attribute, forged))], sim.now)
             sim.run_until(sim.now + 1.0)
             if case == "replayed to a newer link":
-                vp.parents[honest].sent = Bounded(OverlayConfig().dedup_capacity)
+                vp.parents[honest].sent = Bounded(64)
             for data in old:
                 sim._apply(hostile[0], [Send(address, Publish(hostile[1], vp.vp,
                                                               vp.attribute, data))], sim.now)
