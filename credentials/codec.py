@@ -198,6 +198,8 @@ TAG_CERTIFICATE, TAG_CERTIFICATE_BODY, TAG_STREAM_EVENT, TAG_STREAM_HEADER = 13,
 VK_BYTES, SIGNATURE_BYTES, HASH_BYTES = 32, 64, 32
 #: What a backup lists for a watcher (overlay repair).
 TAG_ROUTE_ENTRY = 17
+#: The public key of a threshold deployment (scheme version 3, credentials.threshold).
+TAG_THRESHOLD_PUBLIC_KEY = 18
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:

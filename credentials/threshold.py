@@ -34,6 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ibe_pubsub.credentials.ceremony import BetaState
+from ibe_pubsub.credentials.codec import (
+    TAG_THRESHOLD_PUBLIC_KEY,
+    CodecError,
+    Reader,
+    Writer,
+    decode_mpk,
+    encode_mpk,
+)
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.groups import G1, G2, GT, Element, PairingGroup
@@ -104,6 +112,41 @@ def assemble_public_key(group: PairingGroup, deployment: bytes, t: int, n: int,
                           Y=group.pair(beta.W, delta_key))
     return ThresholdPublicKey(deployment, t, n, mpk, beta.W, beta.G, x_key,
                               dict(delta_shares), dict(phi_shares), dict(x_shares))
+
+
+def encode_public_key(tpk: ThresholdPublicKey) -> bytes:
+    """Tag 18 (docs/wire-format.md): the deployment, ``t``, ``n``, the MPK, ``W``, ``G``,
+    ``X``, then each server's ``ĝ^delta_i``, ``ĝ^phi_i``, ``ĝ^x_i`` in server order."""
+    w = (Writer(TAG_THRESHOLD_PUBLIC_KEY).blob(tpk.deployment).u8(tpk.t).u8(tpk.n)
+         .blob(encode_mpk(tpk.mpk)).element(tpk.W).element(tpk.G).element(tpk.X))
+    for i in range(1, tpk.n + 1):
+        w.element(tpk.delta_shares[i]).element(tpk.phi_shares[i]).element(tpk.x_shares[i])
+    return w.done()
+
+
+def decode_public_key(group: PairingGroup, data: bytes) -> ThresholdPublicKey:
+    """The inverse of :func:`encode_public_key`, refusing public shares that do not lie on
+    one polynomial through their key and an ``Y`` other than ``e(W, ĝ^delta)``."""
+    r = Reader(group, data, TAG_THRESHOLD_PUBLIC_KEY, "threshold public key")
+    deployment, t, n = r.blob(), r.u8(), r.u8()
+    mpk = decode_mpk(group, r.blob())
+    W, G, X = r.element(G1), r.element(G1), r.element(G2)
+    shares = [(r.element(G2), r.element(G2), r.element(G2)) for _ in range(n)]
+    r.end()
+    delta, phi, x = ({i: s[k] for i, s in enumerate(shares, start=1)} for k in range(3))
+    try:
+        for name, key, public in (("phi", mpk.h, phi), ("x", X, x)):
+            check_public_shares(group, t, n, key, public, name)
+        weights = lagrange_at_zero(range(1, t + 1), group.order)
+        delta_key = group.multi_exp([delta[i] for i in weights], list(weights.values()))
+        check_public_shares(group, t, n, delta_key, delta, "delta")
+    except ThresholdError as exc:
+        raise CodecError(f"threshold public key: {exc}") from exc
+    if (group.pair(W, delta_key) != mpk.Y or mpk.g2 != derive_g2(group, deployment)
+            or not _holds(group, (W, mpk.g_hat), (~mpk.g2, mpk.hd))
+            or not _holds(group, (G, mpk.hd), (~mpk.g2, mpk.g_hat))):
+        raise CodecError("threshold public key: Y, g2, W or G does not match the deployment")
+    return ThresholdPublicKey(deployment, t, n, mpk, W, G, X, delta, phi, x)
 
 
 def check_public_shares(group: PairingGroup, t: int, n: int, key: Element,

@@ -497,3 +497,23 @@ def test_public_shares_off_one_polynomial_are_refused(deployment):
                         (delta.public_key, {i: delta.public_shares[i] for i in (1, 2, 3, 4)})):
         with pytest.raises(T.ThresholdError):
             assemble(key, shares)
+
+
+def test_the_encoded_public_key_decodes_to_itself_and_tampering_is_refused(deployment):
+    """Tag 18: what clients read from a deployment's threshold.json. Every public share,
+    ``W`` and ``G``, and the label (which fixes ``g2``) are checked when decoding."""
+    pp, tpk, _, _ = deployment
+    group, g_hat = pp.group, pp.group.generator(G2)
+    assert T.decode_public_key(group, T.encode_public_key(tpk)) == tpk  # control
+    for tampered in (replace(tpk, phi_shares={**tpk.phi_shares, 5: tpk.phi_shares[5] * g_hat}),
+                     replace(tpk, delta_shares={**tpk.delta_shares,
+                                                2: tpk.delta_shares[2] * g_hat}),
+                     replace(tpk, x_shares={**tpk.x_shares, 4: tpk.x_shares[4] * g_hat}),
+                     replace(tpk, X=tpk.X * g_hat),
+                     replace(tpk, W=tpk.W * tpk.mpk.g),
+                     replace(tpk, G=tpk.G * tpk.mpk.g),
+                     replace(tpk, deployment=b"another deployment")):
+        with pytest.raises(T.CodecError):
+            T.decode_public_key(group, T.encode_public_key(tampered))
+    with pytest.raises(T.CodecError, match="trailing"):
+        T.decode_public_key(group, T.encode_public_key(tpk) + b"\0")
