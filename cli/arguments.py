@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import errno
 import json
 import os
+import socket
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -309,3 +311,21 @@ def spark_extra() -> Iterator[None]:
     except ImportError as exc:
         package = (exc.name or "a module").split(".")[0]
         raise CommandError(f"{package} is missing; install the 'spark' extra") from exc
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` as uvicorn will (``SO_REUSEADDR``), before the slow unsealing: a
+    port another process listens on is a one-line error here, not uvicorn's log line and
+    exit 3 once everything else has started. (A process binding it in between still meets
+    uvicorn's.)"""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family) as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host.strip("[]"), port))
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        hint = " (another process serves there: stop it, or choose another --port)" \
+            if exc.errno == errno.EADDRINUSE else ""
+        raise CommandError(f"cannot listen on {host}:{port}: "
+                           f"{reason[:1].lower()}{reason[1:]}{hint}") from exc

@@ -1,24 +1,25 @@
 """``ibe-pubsub keyserver``: create, serve and administer the key server's store
-(``init``, ``serve``, ``rotate-admin-token``, ``backup``, ``restore``)."""
+(``init``, ``serve``, ``rotate-admin-token``, ``backup``, ``restore``; a threshold
+deployment's ``member-key`` and ``threshold-setup`` are in :mod:`cli.threshold_setup`)."""
 
 from __future__ import annotations
 
 import argparse
 import base64
-import errno
 import json
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ibe_pubsub.cli import threshold_setup
 from ibe_pubsub.cli.arguments import (
     CommandError,
     add_log_format,
     add_schema,
+    check_port_free,
     non_negative_float,
     non_negative_int,
     positive_int,
@@ -115,7 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.tls_cert:
             check_tls_files(args.tls_cert, args.tls_key)
         check_listen_address(args.host, bool(args.tls_cert), args.insecure)
-        _check_port_free(args.host, args.port)
+        check_port_free(args.host, args.port)
         limits = ConnectionLimits(args.header_timeout, args.max_connections,
                                   args.max_connections_per_address)
     except ValueError as exc:
@@ -141,24 +142,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "debug" if args.verbose > 1 else "info" if args.verbose else "warning", announce,
               limits)
     return 0
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """Bind ``host:port`` as uvicorn will (``SO_REUSEADDR``), before the slow unsealing: a
-    port another process listens on is a one-line error here, not uvicorn's log line and
-    exit 3 once everything else has started. (A process binding it in between still meets
-    uvicorn's.)"""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family) as listener:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host.strip("[]"), port))
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        hint = " (another process serves there: stop it, or choose another --port)" \
-            if exc.errno == errno.EADDRINUSE else ""
-        raise CommandError(f"cannot listen on {host}:{port}: "
-                           f"{reason[:1].lower()}{reason[1:]}{hint}") from exc
 
 
 def register(subparsers: Any) -> None:
@@ -286,3 +269,5 @@ def register(subparsers: Any) -> None:
                          help="PostgreSQL backups only: the new, empty database to restore "
                          "into")
     restore.set_defaults(handler=cmd_restore)
+
+    threshold_setup.register(sub)
