@@ -18,7 +18,21 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "epochs": ("check_lengths", "default_grace"),
     "exceptions": ("KeyServerError", "ServerSettingsError"),
     "issuer": ("IssuerPool", "issue_subscriber"),
-    "keystore": ("KeyStoreError", "PUBLIC_FILE", "create_keystore", "rotate_admin_token"),
+    "keystore": (
+        "KeyStoreError", "PUBLIC_FILE", "create_keystore", "passphrase_from_env",
+        "rotate_admin_token",
+    ),
+    "sealing": ("UnsealError",),
     "server": ("check_listen_address", "check_tls_files", "serve"),
+    "setup_http": ("run_setup",),
+    "setup_protocol": (
+        "Member", "RefusedMessage", "SetupError", "SetupMember", "SetupPlan", "SetupResult",
+        "public_key_fingerprint",
+    ),
     "state": ("ServerConfig",),
+    "threshold_store": (
+        "MEMBER_KEY_FILE", "SHARES_FILE", "THRESHOLD_PUBLIC_FILE", "ThresholdStoreError",
+        "create_member_key", "load_member_key", "load_shares", "member_key_text",
+        "parse_members", "read_public_document", "save_setup",
+    ),
 })

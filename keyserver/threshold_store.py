@@ -1,0 +1,150 @@
+"""A threshold key server's files (docs/operations.md, "A threshold deployment").
+
+* ``member.sealed`` (0600): the server's Ed25519 member key, which signs its set-up
+  messages; its public half is what the other operators pin.
+* ``threshold.sealed`` (0600): this server's shares ``delta_i``, ``phi_i``, ``x_i`` and its
+  PRF key, written once the set-up finished.
+* ``threshold.json``: the public outcome, the same at every member: the plan (deployment,
+  threshold, members) and the threshold public key. Clients need this file and nothing
+  else from the set-up.
+
+Both sealed files use the passphrase of ``$IBE_PUBSUB_PASSPHRASE`` (keyserver.sealing).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+from ibe_pubsub.credentials import CodecError, PairingGroup
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.keyserver.exceptions import KeyServerError
+from ibe_pubsub.keyserver.sealing import seal_secret, unseal_secret
+from ibe_pubsub.keyserver.setup_protocol import (
+    Member,
+    SetupError,
+    SetupPlan,
+    SetupResult,
+    public_key_fingerprint,
+    raw_public_key,
+)
+
+MEMBER_KEY_FILE, SHARES_FILE = "member.sealed", "threshold.sealed"
+THRESHOLD_PUBLIC_FILE = "threshold.json"
+PUBLIC_FORMAT = "ibe-pubsub-threshold-v1"
+
+
+class ThresholdStoreError(KeyServerError):
+    """A threshold server's file is missing, exists already, or does not hold what it
+    should."""
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise ThresholdStoreError(f"{path} exists already: a data directory holds one "
+                                  "member key and one set-up") from exc
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _unsealed_map(path: Path, passphrase: str, kind: str) -> dict[str, Any]:
+    try:
+        document = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise ThresholdStoreError(f"{path} does not exist") from exc
+    content = msgpack.unpackb(unseal_secret(document, passphrase), raw=False)
+    if not isinstance(content, dict) or content.get("kind") != kind:
+        raise ThresholdStoreError(f"{path} does not hold a {kind}")
+    return content
+
+
+def member_key_text(key: bytes) -> str:
+    """How operators exchange a member key: base64 of the raw 32 bytes."""
+    return base64.b64encode(key).decode()
+
+
+def create_member_key(data_dir: Path, passphrase: str) -> bytes:
+    """Make ``data_dir`` (0700) and a new member key sealed in it; its public half."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    raw = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    _write_private(data_dir / MEMBER_KEY_FILE, seal_secret(
+        msgpack.packb({"kind": "member key", "ed25519": raw}), passphrase))
+    return raw_public_key(key)
+
+
+def load_member_key(data_dir: Path, passphrase: str) -> Ed25519PrivateKey:
+    content = _unsealed_map(data_dir / MEMBER_KEY_FILE, passphrase, "member key")
+    return Ed25519PrivateKey.from_private_bytes(content["ed25519"])
+
+
+def parse_members(text: str) -> tuple[Member, ...]:
+    """``KEY@URL,KEY@URL,...`` (member 1 first), each KEY the base64 member key its
+    operator printed."""
+    members = []
+    for number, item in enumerate((p.strip() for p in text.split(",") if p.strip()), start=1):
+        key_text, at, url = item.partition("@")
+        if not at or not url.startswith(("http://", "https://")):
+            raise SetupError(f"member {number}: expected KEY@http(s)://HOST:PORT, got {item!r}")
+        try:
+            key = base64.b64decode(key_text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise SetupError(f"member {number}: the key is not base64") from exc
+        members.append(Member(url.rstrip("/"), key))
+    return tuple(members)
+
+
+def public_document(plan: SetupPlan, public_key: T.ThresholdPublicKey) -> dict[str, Any]:
+    return {"format": PUBLIC_FORMAT, "deployment": plan.deployment, "t": plan.t,
+            "members": [{"url": m.url, "key": member_key_text(m.key)} for m in plan.members],
+            "public_key": base64.b64encode(T.encode_public_key(public_key)).decode(),
+            "fingerprint": public_key_fingerprint(public_key)}
+
+
+def save_setup(data_dir: Path, passphrase: str, plan: SetupPlan, result: SetupResult) -> None:
+    """Write this member's shares (sealed) and the public outcome."""
+    secrets, size = result.secrets, 32
+    _write_private(data_dir / SHARES_FILE, seal_secret(msgpack.packb({
+        "kind": "threshold shares", "index": secrets.index,
+        "delta": secrets.delta.to_bytes(size, "big"), "phi": secrets.phi.to_bytes(size, "big"),
+        "x": secrets.x.to_bytes(size, "big"), "prf_key": secrets.prf_key}), passphrase))
+    public = data_dir / THRESHOLD_PUBLIC_FILE
+    public.write_text(json.dumps(public_document(plan, result.public_key), indent=1) + "\n")
+
+
+def read_public_document(path: Path, group: PairingGroup
+                         ) -> tuple[SetupPlan, T.ThresholdPublicKey]:
+    """The plan and the checked public key of a ``threshold.json``."""
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != PUBLIC_FORMAT:
+            raise ThresholdStoreError(f"{path} is not a {PUBLIC_FORMAT} document")
+        plan = SetupPlan(doc["deployment"], doc["t"], tuple(
+            Member(m["url"], base64.b64decode(m["key"], validate=True))
+            for m in doc["members"]))
+        public_key = T.decode_public_key(group, base64.b64decode(doc["public_key"],
+                                                                 validate=True))
+    except (OSError, ValueError, KeyError, TypeError, binascii.Error, CodecError) as exc:
+        raise ThresholdStoreError(f"{path}: {exc}") from exc
+    if (public_key.deployment, public_key.t, public_key.n) != (
+            plan.deployment.encode(), plan.t, plan.n):
+        raise ThresholdStoreError(f"{path}: the public key is not the plan's deployment")
+    return plan, public_key
+
+
+def load_shares(data_dir: Path, passphrase: str) -> T.ServerSecrets:
+    """This member's sealed shares."""
+    content = _unsealed_map(data_dir / SHARES_FILE, passphrase, "threshold shares")
+    return T.ServerSecrets(content["index"], *(int.from_bytes(content[name], "big")
+                                               for name in ("delta", "phi", "x")),
+                           content["prf_key"])
