@@ -126,9 +126,10 @@ def register(sub: Any) -> None:
                        help="the deployment's label, the same at every member")
     setup.add_argument("--threshold", type=positive_int, required=True, metavar="T",
                        help="how many servers must answer for a key (n >= 2T - 1)")
-    setup.add_argument("--members", required=True, metavar="KEY@URL,...",
+    setup.add_argument("--members", required=True, metavar="KEY@URL,...", type=str,
                        help="every member in order, this one included: its member key "
-                       "and the http(s) address where it serves its set-up messages")
+                       "and the http(s) address where it serves its set-up messages (in a "
+                       "TOML file, a list of KEY@URL strings)")
     setup.add_argument("--listen", metavar="HOST:PORT",
                        help="where to serve (default: this member's address in --members)")
     setup.add_argument("--timeout", type=non_negative_float, default=600.0,

@@ -30,6 +30,7 @@ from ibe_pubsub.keyserver.setup_protocol import (
 
 log = logging.getLogger("ibe_pubsub.keyserver.setup")
 POLL_SECONDS = 0.1
+#: For one whole answer, however slowly its bytes come: a sweep never takes longer.
 FETCH_TIMEOUT = 5.0
 #: After every member said ``done``: time for the last ones to fetch this member's.
 DONE_GRACE_SECONDS = 1.0
@@ -78,17 +79,18 @@ class _Fetcher:
     """One sweep over what the member misses; remembers why each member was unreachable,
     for the time-out's message, and logs each refused message once."""
 
-    def __init__(self, member: SetupMember, client: httpx.AsyncClient) -> None:
-        self.member, self.client = member, client
+    def __init__(self, member: SetupMember, client: httpx.AsyncClient,
+                 fetch_timeout: float = FETCH_TIMEOUT) -> None:
+        self.member, self.client, self.fetch_timeout = member, client, fetch_timeout
         self.trouble: dict[int, str] = {}
         self._logged: set[tuple[int, str]] = set()
 
     async def _one(self, sender: int, round_name: str) -> bytes | None:
         url = f"{self.member.plan.members[sender - 1].url}/v3/setup/{round_name}"
-        try:
-            data = await _fetch(self.client, url)
-        except (httpx.HTTPError, RefusedMessage) as exc:
-            self.trouble[sender] = f"{url}: {exc or type(exc).__name__}"
+        try:  # the whole answer within the bound: a server that drips bytes is cut off
+            data = await asyncio.wait_for(_fetch(self.client, url), self.fetch_timeout)
+        except (httpx.HTTPError, RefusedMessage, TimeoutError) as exc:
+            self.trouble[sender] = f"{url}: {str(exc) or type(exc).__name__}"
             return None
         self.trouble.pop(sender, None)
         return data
@@ -119,7 +121,8 @@ def _waiting_for(member: SetupMember, trouble: dict[int, str]) -> str:
 
 
 async def run_setup(member: SetupMember, host: str, port: int, timeout: float, linger: float,
-                    report: Callable[[str], None]) -> SetupResult:
+                    report: Callable[[str], None], fetch_timeout: float = FETCH_TIMEOUT
+                    ) -> SetupResult:
     """Serve this member's messages on ``host:port`` and fetch the others' until the
     set-up finishes; :class:`SetupError` if it does not within ``timeout`` seconds."""
     server = uvicorn.Server(uvicorn.Config(setup_app(member), host=host, port=port,
@@ -135,7 +138,7 @@ async def run_setup(member: SetupMember, host: str, port: int, timeout: float, l
         report(f"member {member.index} of {member.plan.n}: serving on {host}:{port}")
         deadline, finished_at, reached = loop.time() + timeout, None, ""
         async with httpx.AsyncClient(timeout=FETCH_TIMEOUT) as client:
-            fetcher = _Fetcher(member, client)
+            fetcher = _Fetcher(member, client, fetch_timeout)
             while True:
                 await fetcher.sweep()
                 now = loop.time()

@@ -63,12 +63,10 @@ from ibe_pubsub.credentials import (
     G2,
     BetaState,
     BetaStep,
-    CeremonyError,
     Complaint,
     Dealing,
     DkgError,
     DkgResult,
-    GroupError,
     Justification,
     PairingGroup,
     Participant,
@@ -81,6 +79,9 @@ from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 SECRETS = ("delta", "phi", "x")
 ROUNDS = ("hello", "deal", "complain", "answer", "beta", "confirm", "done")
+#: Signed before the session exists: ``hello`` makes it, and a ``beta`` step is checked
+#: against the chain alone (replaying one of an earlier run gains nothing).
+SESSION_FREE = frozenset({"hello", "beta"})
 #: No honest message comes near this; the transport refuses longer ones unread.
 MAX_MESSAGE_BYTES = 1 << 20
 SIGNATURE_LABEL = b"IBE-PUBSUB-V3-SETUP"
@@ -163,20 +164,24 @@ def raw_public_key(key: Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-def _signed_part(plan_digest: bytes, sender: int, round_name: str, body: bytes) -> bytes:
-    return b"".join((SIGNATURE_LABEL, plan_digest, sender.to_bytes(4, "big"),
-                     round_name.encode(), b"\0", body))
+def _signed_part(plan_digest: bytes, session: bytes, sender: int, round_name: str,
+                 body: bytes) -> bytes:
+    """What a member signs: the plan, the session (empty for ``hello`` and ``beta``), the
+    author, the round and the body. Transcripts and duplicate checks use these bytes too,
+    so re-encoding a message on the way changes nothing."""
+    return b"".join((SIGNATURE_LABEL, plan_digest, len(session).to_bytes(1, "big"), session,
+                     sender.to_bytes(4, "big"), round_name.encode(), b"\0", body))
 
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
-def _transcript(envelopes: Mapping[int, bytes]) -> bytes:
-    """A digest of one round's messages, in member order."""
+def _transcript(signed: Mapping[int, bytes]) -> bytes:
+    """A digest of one round's signed messages, in member order."""
     digest = hashlib.sha256()
-    for sender in sorted(envelopes):
-        digest.update(hashlib.sha256(envelopes[sender]).digest())
+    for sender in sorted(signed):
+        digest.update(hashlib.sha256(signed[sender]).digest())
     return digest.digest()
 
 
@@ -196,6 +201,9 @@ class SetupMember:
         self._prf_key = random_bytes(32)
         self._dkg = {name: Participant(group, self.index, plan.t, plan.n) for name in SECRETS}
         self._exchange_keys: dict[int, X25519PublicKey] = {}
+        self._session: bytes | None = None
+        self._complained: set[tuple[str, int, int]] = set()
+        # Per round, each member's signed bytes (_signed_part) and its body.
         self._received: dict[str, dict[int, bytes]] = {r: {} for r in ROUNDS}
         self._bodies: dict[str, dict[int, bytes]] = {r: {} for r in ROUNDS}
         self._published: dict[str, bytes] = {}
@@ -230,16 +238,22 @@ class SetupMember:
 
     # -- messages -------------------------------------------------------------------------
 
+    def _session_of(self, round_name: str) -> bytes:
+        if round_name in SESSION_FREE:
+            return b""
+        assert self._session is not None
+        return self._session
+
     def _envelope(self, round_name: str, body: bytes) -> bytes:
         """``body`` as this member's signed message of ``round_name``."""
-        signature = self._signing_key.sign(
-            _signed_part(self._plan_digest, self.index, round_name, body))
+        signature = self._signing_key.sign(_signed_part(
+            self._plan_digest, self._session_of(round_name), self.index, round_name, body))
         return msgpack.packb([self._plan_digest, self.index, round_name, body, signature])
 
     def _publish(self, round_name: str, body: bytes) -> None:
-        envelope = self._envelope(round_name, body)
-        self._published[round_name] = envelope
-        self._received[round_name][self.index] = envelope
+        self._published[round_name] = self._envelope(round_name, body)
+        self._received[round_name][self.index] = _signed_part(
+            self._plan_digest, self._session_of(round_name), self.index, round_name, body)
         self._bodies[round_name][self.index] = body
 
     def receive(self, data: bytes) -> None:
@@ -257,23 +271,31 @@ class SetupMember:
                 raise RefusedMessage("not a set-up message")
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise RefusedMessage(f"not a set-up message: {exc}") from exc
+        if round_name not in SESSION_FREE and self._session is None:
+            raise RefusedMessage(f"member {sender}'s {round_name} message came before this "
+                                 "member had every hello")
+        signed = _signed_part(plan_digest, self._session_of(round_name), sender, round_name,
+                              body)
         try:
             Ed25519PublicKey.from_public_bytes(self.plan.members[sender - 1].key).verify(
-                signature, _signed_part(plan_digest, sender, round_name, body))
+                signature, signed)
         except InvalidSignature as exc:
-            raise RefusedMessage(f"a message in member {sender}'s name that its key did "
-                                 "not sign") from exc
+            raise RefusedMessage(
+                f"a {round_name} message in member {sender}'s name that its key did not sign"
+                + ("" if round_name in SESSION_FREE else " for this session (another run of "
+                   "the plan, or members that took other hellos)")) from exc
         if plan_digest != self._plan_digest:
             raise SetupError(f"member {sender} runs a different plan (deployment, threshold "
                              f"or members): its plan digest is {plan_digest.hex()[:16]}, "
                              f"this member's {self._plan_digest.hex()[:16]}")
         known = self._received[round_name].get(sender)
         if known is not None:
-            if known != data:
-                raise SetupError(f"member {sender} signed two different {round_name} "
-                                 "messages")
+            if known != signed:
+                raise SetupError(f"two different {round_name} messages signed by member "
+                                 f"{sender} (a member that runs twice, or a replay of an "
+                                 "earlier run)")
             return
-        self._received[round_name][sender] = data
+        self._received[round_name][sender] = signed
         self._bodies[round_name][sender] = body
         self._advance()
 
@@ -314,11 +336,19 @@ class SetupMember:
         return True
 
     def _take_hellos(self) -> None:
+        """The members' X25519 keys (each tried once), and the session: a digest of every
+        hello, which every later message is signed under. Members that took different
+        hellos (a replay of an earlier run, say) then refuse each other's messages, and no
+        share is ever encrypted to, or revealed for, a key its member did not send."""
         for sender, body in sorted(self._bodies["hello"].items()):
             try:
-                self._exchange_keys[sender] = X25519PublicKey.from_public_bytes(body)
+                key = X25519PublicKey.from_public_bytes(body)
+                self._exchange_key.exchange(key)
             except ValueError as exc:
-                raise SetupError(f"member {sender}'s hello holds no X25519 key") from exc
+                raise SetupError(f"member {sender}'s hello holds no usable X25519 key") from exc
+            self._exchange_keys[sender] = key
+        self._session = hashlib.sha256(self._plan_digest
+                                       + _transcript(self._received["hello"])).digest()
 
     def _share_cipher(self, dealer: int, recipient: int, name: str) -> tuple[ChaCha20Poly1305,
                                                                                bytes]:
@@ -349,27 +379,37 @@ class SetupMember:
         it opens; one that does not parse counts as no dealing (its dealer is then not
         qualified), and a share that does not open draws a complaint."""
         for dealer, data in sorted(self._bodies["deal"].items()):
-            try:
-                body = _unpack(data)
-            except (ValueError, msgpack.UnpackException):
-                body = {}
             for name, participant in self._dkg.items():
-                try:
-                    commitments, sealed = body[name]
-                    dealing = Dealing(dealer, tuple(self.group.deserialize(G2, c)
-                                                    for c in commitments))
-                except (KeyError, TypeError, ValueError, GroupError):
+                parsed = self._dealing(dealer, data, name)
+                if parsed is None:
                     continue
+                dealing, sealed = parsed
                 participant.receive(dealer, dealing)
                 share = self._open_share(dealer, name, sealed)
                 if share is not None:
                     participant.receive_share(dealer, share)
 
+    def _dealing(self, dealer: int, data: bytes, name: str) -> tuple[Dealing, Any] | None:
+        """Dealer ``dealer``'s dealing of ``name`` and its sealed shares, if they are
+        exactly ``t`` commitments, each a G2 element, and a map; None otherwise (no
+        dealing)."""
+        size = self.group.sizes[G2]
+        try:  # hostile bytes: whatever fails to parse is no dealing, never a crash
+            commitments, sealed = _unpack(data)[name]
+            if (not isinstance(sealed, dict) or not isinstance(commitments, list)
+                    or len(commitments) != self.plan.t
+                    or not all(isinstance(c, bytes) and len(c) == size for c in commitments)):
+                return None
+            return Dealing(dealer, tuple(self.group.deserialize(G2, c)
+                                         for c in commitments)), sealed
+        except Exception:  # any parse failure means "no dealing"
+            return None
+
     def _open_share(self, dealer: int, name: str, sealed: Any) -> int | None:
         try:
             cipher, context = self._share_cipher(dealer, self.index, name)
             plain = cipher.decrypt(bytes(12), sealed[self.index], context)
-        except (KeyError, TypeError, ValueError, InvalidTag):
+        except (KeyError, TypeError, ValueError, InvalidTag):  # a complaint follows
             return None
         value = int.from_bytes(plain, "big")
         return value if len(plain) == self.group.scalar_size and value < self.group.order \
@@ -390,7 +430,7 @@ class SetupMember:
     def _member_body(self, round_name: str, sender: int) -> dict[str, Any]:
         try:
             body = _unpack(self._bodies[round_name][sender])
-        except (ValueError, msgpack.UnpackException) as exc:
+        except Exception as exc:  # hostile bytes
             raise SetupError(f"member {sender}'s {round_name} message does not parse") from exc
         if not isinstance(body, dict):
             raise SetupError(f"member {sender}'s {round_name} message does not parse")
@@ -404,10 +444,13 @@ class SetupMember:
             try:
                 for name, participant in self._dkg.items():
                     for dealer in body["complaints"][name]:
+                        if type(dealer) is not int:
+                            raise TypeError(f"complaint against {dealer!r}")
                         answer = participant.receive(accuser, Complaint(accuser, dealer))
+                        self._complained.add((name, accuser, dealer))
                         if answer is not None:
                             self._answers[name].append(answer)
-            except (KeyError, TypeError, DkgError) as exc:
+            except Exception as exc:  # hostile content ends the set-up
                 raise SetupError(f"member {accuser}'s complaints break the protocol: "
                                  f"{exc}") from exc
         size = self.group.scalar_size
@@ -426,9 +469,10 @@ class SetupMember:
                         if type(accuser) is not int or not isinstance(share, bytes) or len(
                                 share) != self.group.scalar_size:
                             raise TypeError("an answer is not [member, share]")
-                        participant.receive(dealer, Justification(
-                            dealer, accuser, int.from_bytes(share, "big")))
-            except (KeyError, TypeError, ValueError, DkgError) as exc:
+                        if (name, accuser, dealer) in self._complained:  # others: ignored
+                            participant.receive(dealer, Justification(
+                                dealer, accuser, int.from_bytes(share, "big")))
+            except Exception as exc:  # hostile content ends the set-up
                 raise SetupError(f"member {dealer}'s answers break the protocol: "
                                  f"{exc}") from exc
         self._answers_taken = True
@@ -444,14 +488,15 @@ class SetupMember:
         while (server := len(self._beta)) in self._bodies["beta"]:
             try:
                 W, G, hd, R, z = _unpack(self._bodies["beta"][server])
+                if not all(isinstance(b, bytes) for b in (W, G, hd, R, z)):
+                    raise TypeError("a beta step is five byte strings")
                 step = BetaStep(server, BetaState(self.group.deserialize(G1, W),
                                                   self.group.deserialize(G1, G),
                                                   self.group.deserialize(G2, hd)),
                                 self.group.deserialize(G2, R), int.from_bytes(z, "big"))
                 self._beta.append(check_beta_step(self.group, self._deployment, self._g2,
                                                   self._beta[-1], step, server))
-            except (ValueError, TypeError, GroupError, CeremonyError,
-                    msgpack.UnpackException) as exc:
+            except Exception as exc:  # hostile content ends the set-up
                 raise SetupError(f"member {server}'s beta step is refused: {exc}") from exc
             checked = True
         return checked

@@ -7,7 +7,9 @@ signatures from their sealed shares (only this test reads them all)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -262,6 +264,77 @@ def test_plans_that_give_one_server_the_keys_are_refused(keys):
         SetupMember(GROUP, plan_of(keys), Ed25519PrivateKey.generate())
 
 
+def test_hellos_of_an_earlier_run_replayed_reveal_no_share(keys):
+    """A network attacker records the hellos of a run it then blocks, and shows them to the
+    members when the operators run the same plan again. Were the shares sealed to keys of
+    the old run, every member would complain about every dealer, and the answers would
+    reveal ``n - 1 >= t`` points of every polynomial: the secrets. Signed under the session
+    (a digest of the hellos each member took), the deals are refused instead and nothing is
+    revealed. The control: the replay of a hello that is the current one changes nothing."""
+    plan = plan_of(keys)
+    old = {m.index: m.published("hello") for m in members_of(plan, keys)}
+    members = members_of(plan, keys)
+    with pytest.raises(RefusedMessage, match="for this session"):
+        drive(members, lambda recipient, sender, round_name, data:
+              old[sender] if round_name == "hello" and recipient == 1 else data)
+    assert all(m.published("answer") is None for m in members)
+    control = members_of(plan, keys)
+    current = {m.index: m.published("hello") for m in control}
+    drive(control, lambda recipient, sender, round_name, data:
+          current[sender] if round_name == "hello" else data)
+    assert all(m.result is not None for m in control)
+
+
+def test_a_message_encoded_otherwise_on_the_way_blames_nobody(keys):
+    """Re-encoding keeps a signature valid (a 32-byte string as bin16 instead of bin8): it
+    must not read as a member that signed two messages or showed different deals."""
+
+    def reencode(recipient, sender, round_name, data):
+        if recipient != 5:
+            return data
+        fields = msgpack.unpackb(data)
+        return b"\x95" + b"".join(
+            b"\xc5" + len(f).to_bytes(2, "big") + f if isinstance(f, bytes)
+            else msgpack.packb(f) for f in fields)
+
+    members = members_of(plan_of(keys), keys)
+    drive(members, reencode)
+    assert len({T.encode_public_key(m.result.public_key) for m in members}) == 1
+
+
+def hostile(round_name, change):
+    """A member that publishes ``change(body)`` instead of its ``round_name`` body."""
+
+    class Hostile(SetupMember):
+        def _publish(self, name, body):
+            super()._publish(name, change(body) if name == round_name else body)
+
+    return Hostile
+
+
+def test_malformed_messages_disqualify_or_stop_by_name_and_never_crash(keys):
+    """Each malformed message from member 1: a deal that does not parse is no dealing (its
+    dealer is not qualified, the others finish); a hello, complaint or beta step that does
+    not parse stops the set-up with an error naming member 1 (never another exception)."""
+    def deal_with(value):
+        def change(body):
+            parsed = msgpack.unpackb(body, strict_map_key=False)
+            parsed["x"][0] = value
+            return msgpack.packb(parsed)
+        return change
+
+    for change in (deal_with([]), deal_with([2**64 - 1] * t), deal_with("junk")):
+        members = members_of(plan_of(keys), keys, {1: hostile("deal", change)})
+        drive(members)
+        assert members[1].result.qualified["x"] == {2, 3, 4, 5}
+    for round_name, change in (("hello", lambda body: bytes(32)),
+                               ("complain", lambda body: b"\x81\x91\x01\x01"),
+                               ("beta", lambda body: msgpack.packb([2**64 - 1] * 5))):
+        members = members_of(plan_of(keys), keys, {1: hostile(round_name, change)})
+        with pytest.raises(SetupError, match="member 1"):
+            drive(members)
+
+
 # -- the real command: five processes ------------------------------------------------------------
 
 def free_ports(count):
@@ -299,9 +372,15 @@ def members_flag(keys, ports):
 def test_five_keyserver_processes_run_the_setup_and_agree(member_dirs):
     env, dirs, keys = member_dirs
     members = members_flag(keys, free_ports(n))
-    runs = [cli("keyserver", "threshold-setup", "--data", str(d), "--deployment", "acme",
-                "--threshold", str(t), "--members", members, "--timeout", "120", env=env)
-            for d in dirs]
+    # Member 1's operator keeps the plan in a TOML file instead (the list form).
+    config = dirs[0].parent / "setup.toml"
+    config.write_text('[keyserver.threshold-setup]\ndeployment = "acme"\nthreshold = 3\n'
+                      f"members = {json.dumps(members.split(','))}\n")
+    runs = [cli("keyserver", "threshold-setup", "--data", str(dirs[0]), "--config",
+                str(config), env=env)]
+    runs += [cli("keyserver", "threshold-setup", "--data", str(d), "--deployment", "acme",
+                 "--threshold", str(t), "--members", members, "--timeout", "120", env=env)
+             for d in dirs[1:]]
     outputs = [p.communicate(timeout=180) for p in runs]
     assert all(p.returncode == 0 for p in runs), outputs
     fingerprints = {out.strip() for out, _ in outputs}
@@ -341,8 +420,8 @@ def check_what_member_1_serves(url, key_text):
     assert (sender, round_name) == (1, "hello")
     member_key = Ed25519PublicKey.from_public_bytes(base64.b64decode(key_text))
     plan_digest = bytes.fromhex(status.json()["plan"])
-    member_key.verify(signature, b"IBE-PUBSUB-V3-SETUP" + plan_digest + (1).to_bytes(4, "big")
-                      + b"hello\0" + body)
+    member_key.verify(signature, b"IBE-PUBSUB-V3-SETUP" + plan_digest + b"\0"
+                      + (1).to_bytes(4, "big") + b"hello\0" + body)
     unpublished = httpx.get(f"{url}/v3/setup/deal")
     assert unpublished.status_code == 404 and unpublished.json()["error"] == "not_published"
     assert httpx.get(f"{url}/v3/setup/nothing").status_code == 404
@@ -373,3 +452,38 @@ def test_a_missing_member_is_named_when_the_setup_times_out(tmp_path, member_dir
                 env=env | {"IBE_PUBSUB_PASSPHRASE": "wrong"})
     _, err = wrong.communicate(timeout=60)
     assert wrong.returncode == 2 and "wrong passphrase" in err and "Traceback" not in err
+
+
+def test_a_member_address_that_drips_its_answer_cannot_hold_the_timeout(keys):
+    """An address that answers one byte a second: each fetch is cut at its own bound, so
+    the set-up still ends at --timeout, naming that member."""
+    from ibe_pubsub.keyserver.setup_http import run_setup
+
+    async def drip(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            for _ in range(30):
+                writer.write(b"x")
+                await writer.drain()
+                await asyncio.sleep(1)
+        writer.close()
+
+    async def main():
+        ports = free_ports(3)
+        plan = SetupPlan("drip", 2, tuple(Member(f"http://127.0.0.1:{p}", raw_public_key(k))
+                                          for p, k in zip(ports, keys, strict=False)))
+        server = await asyncio.start_server(drip, "127.0.0.1", ports[1])
+        started = time.monotonic()
+        try:
+            with pytest.raises(SetupError, match="did not finish within 2 s") as failed:
+                await run_setup(SetupMember(GROUP, plan, keys[0]), "127.0.0.1", ports[0],
+                                timeout=2, linger=0, report=lambda line: None,
+                                fetch_timeout=1)
+        finally:
+            server.close()
+        assert time.monotonic() - started < 10
+        assert f"member 2 (http://127.0.0.1:{ports[1]})" in str(failed.value)
+        assert "TimeoutError" in str(failed.value)
+
+    asyncio.run(main())
