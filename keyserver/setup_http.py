@@ -127,7 +127,7 @@ async def run_setup(member: SetupMember, host: str, port: int, timeout: float, l
     set-up finishes; :class:`SetupError` if it does not within ``timeout`` seconds."""
     server = uvicorn.Server(uvicorn.Config(setup_app(member), host=host, port=port,
                                            log_level="warning", lifespan="off",
-                                           access_log=False))
+                                           access_log=False, timeout_graceful_shutdown=1))
     serving = asyncio.create_task(server.serve())
     loop = asyncio.get_running_loop()
     try:

@@ -64,6 +64,7 @@ from ibe_pubsub.credentials import (
     BetaState,
     BetaStep,
     Complaint,
+    CredentialsError,
     Dealing,
     DkgError,
     DkgResult,
@@ -79,9 +80,9 @@ from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 SECRETS = ("delta", "phi", "x")
 ROUNDS = ("hello", "deal", "complain", "answer", "beta", "confirm", "done")
-#: Signed before the session exists: ``hello`` makes it, and a ``beta`` step is checked
-#: against the chain alone (replaying one of an earlier run gains nothing).
-SESSION_FREE = frozenset({"hello", "beta"})
+#: Signed before the session exists: ``hello`` makes it. Every other round, ``beta`` too, is
+#: signed under the session, so no step of an earlier run of the plan can be replayed.
+SESSION_FREE = frozenset({"hello"})
 #: No honest message comes near this; the transport refuses longer ones unread.
 MAX_MESSAGE_BYTES = 1 << 20
 SIGNATURE_LABEL = b"IBE-PUBSUB-V3-SETUP"
@@ -225,7 +226,8 @@ class SetupMember:
     def missing(self) -> list[tuple[int, str]]:
         """The members' messages this member waits for: of every round it has reached,
         and every ``beta`` step (they come one after another)."""
-        return [(sender, r) for r in ROUNDS if r in self._published or r == "beta"
+        return [(sender, r) for r in ROUNDS
+                if r in self._published or (r == "beta" and self._session is not None)
                 for sender in range(1, self.plan.n + 1) if sender not in self._received[r]]
 
     def finished_with_everyone(self) -> bool:
@@ -355,7 +357,8 @@ class SetupMember:
         """The key of the one share ``dealer`` sends ``recipient`` for ``name``, from their
         X25519 keys, and the data it authenticates."""
         peer = recipient if dealer == self.index else dealer
-        context = b"".join((SHARE_LABEL, self._plan_digest, dealer.to_bytes(4, "big"),
+        assert self._session is not None
+        context = b"".join((SHARE_LABEL, self._session, dealer.to_bytes(4, "big"),
                             recipient.to_bytes(4, "big"), name.encode()))
         secret = self._exchange_key.exchange(self._exchange_keys[peer])
         key = HKDF(hashes.SHA256(), 32, salt=self._plan_digest, info=context).derive(secret)
@@ -497,7 +500,9 @@ class SetupMember:
                 self._beta.append(check_beta_step(self.group, self._deployment, self._g2,
                                                   self._beta[-1], step, server))
             except Exception as exc:  # hostile content ends the set-up
-                raise SetupError(f"member {server}'s beta step is refused: {exc}") from exc
+                raise SetupError(f"member {server}'s beta step is refused: {exc} (if member "
+                                 f"{server - 1} showed different steps to different members, "
+                                 "the fault is its own)") from exc
             checked = True
         return checked
 
@@ -508,11 +513,20 @@ class SetupMember:
             results = {name: p.finish() for name, p in self._dkg.items()}
         except DkgError as exc:
             raise SetupError(f"the key generation cannot finish: {exc}") from exc
+        identity = self.group.identity(G2)
+        for name, result in results.items():
+            for member, public_share in sorted(result.public_shares.items()):
+                if public_share == identity:  # only a dealer that saw the others' deals can
+                    raise SetupError(f"member {member}'s share of {name} would be zero: it "
+                                     "chose its polynomial to cancel the others'")
         delta, phi, x = (results[name] for name in SECRETS)
-        public_key = T.assemble_public_key(
-            self.group, self._deployment, self.plan.t, self.plan.n, self._beta[-1],
-            delta.public_key, delta.public_shares, phi.public_key, phi.public_shares,
-            x.public_key, x.public_shares)
+        try:
+            public_key = T.assemble_public_key(
+                self.group, self._deployment, self.plan.t, self.plan.n, self._beta[-1],
+                delta.public_key, delta.public_shares, phi.public_key, phi.public_shares,
+                x.public_key, x.public_shares)
+        except CredentialsError as exc:
+            raise SetupError(f"the public key cannot be assembled: {exc}") from exc
         self._outcome = results, public_key
         self._confirmed = hashlib.sha256(T.encode_public_key(public_key)).digest()
         return self._confirmed
@@ -520,8 +534,9 @@ class SetupMember:
     def _take_confirms(self) -> None:
         for sender, digest in sorted(self._bodies["confirm"].items()):
             if digest != self._confirmed:
-                raise SetupError(f"member {sender} assembled another public key than member "
-                                 f"{self.index}: the set-up stops")
+                raise SetupError(f"members {sender} and {self.index} assembled different public "
+                                 "keys (some member showed different answers or beta steps to "
+                                 "different members): the set-up stops")
         assert self._outcome is not None
         results, public_key = self._outcome
         delta, phi, x = (results[name] for name in SECRETS)

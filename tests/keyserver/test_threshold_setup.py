@@ -34,7 +34,7 @@ from ibe_pubsub.credentials.dkg import Participant
 from ibe_pubsub.credentials.groups import G2
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import default_schema
-from ibe_pubsub.credentials.shamir import lagrange_at_zero
+from ibe_pubsub.credentials.shamir import evaluate, lagrange_at_zero
 from ibe_pubsub.keyserver.setup_protocol import (
     Member,
     RefusedMessage,
@@ -283,6 +283,55 @@ def test_hellos_of_an_earlier_run_replayed_reveal_no_share(keys):
     drive(control, lambda recipient, sender, round_name, data:
           current[sender] if round_name == "hello" else data)
     assert all(m.result is not None for m in control)
+
+
+def test_beta_steps_of_an_earlier_run_are_refused(keys):
+    """Step 1 starts from the same state in every run of a plan, so an earlier run's chain
+    would verify: replayed, it would replace the members' own steps. Signed under the
+    session, it is refused (before the hellos, and after)."""
+    plan = plan_of(keys)
+    earlier = members_of(plan, keys)
+    drive(earlier)
+    old = {m.index: m.published("beta") for m in earlier}
+    members = members_of(plan, keys)
+    with pytest.raises(RefusedMessage, match="before this member had every hello"):
+        members[3].receive(old[1])
+    drive(members)
+    with pytest.raises(RefusedMessage, match="for this session"):
+        members[3].receive(old[1])
+    assert members[3].result.public_key.W != earlier[3].result.public_key.W
+
+
+class ZeroShare(SetupMember):
+    """Member 5 deals last, once it holds every other deal, with a polynomial chosen so that
+    its share of ``x`` is zero (a rushing dealer)."""
+
+    def _next_message(self) -> bool:
+        if "deal" in self._published or not self._have_all("hello"):
+            return super()._next_message()
+        if self._session is None:
+            self._take_hellos()
+        others = [d for d in self._bodies["deal"] if d != self.index]
+        if len(others) < self.plan.n - 1:
+            return False
+        total = sum(self._open_share(d, "x", self._dealing(d, self._bodies["deal"][d],
+                                                            "x")[1]) for d in others)
+        participant = self._dkg["x"]
+        polynomial = list(participant._polynomial)
+        polynomial[0] = (polynomial[0] - evaluate(polynomial, self.index, GROUP.order)
+                         - total) % GROUP.order
+        participant._polynomial = tuple(polynomial)
+        self._publish("deal", self._deal())
+        return True
+
+
+def test_a_dealer_that_cancels_its_own_share_is_named(keys):
+    members = members_of(plan_of(keys), keys, {5: ZeroShare})
+    drive(members)
+    for sender in range(1, 5):  # it fetches the others' deals before publishing its own
+        members[4].receive(members[sender - 1].published("deal"))
+    with pytest.raises(SetupError, match="member 5's share of x would be zero"):
+        drive(members)
 
 
 def test_a_message_encoded_otherwise_on_the_way_blames_nobody(keys):
