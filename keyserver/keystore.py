@@ -160,7 +160,8 @@ class KeyStore:
                 "schema_signature": b64(self.schema_signature), "server_key": b64(self.server_key)}
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
+    """A new file of mode 0600 (FileExistsError if ``path`` exists)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
@@ -180,9 +181,9 @@ def create_keystore(data_dir: Path, schema: Schema, passphrase: str) -> tuple[Ke
                      schema_signature=signing_key.sign(schema_message(schema)),
                      admin_token_hash=token_hash(admin_token))
     secret = msgpack.packb({"msk": store.msk_bytes(), "signing_key": store.signing_key_bytes()})
-    _write_private(data_dir / SEALED_FILE, seal_secret(secret, passphrase))
-    _write_private(data_dir / PUBLIC_FILE, json.dumps(store.public_document(), indent=1).encode())
-    _write_private(data_dir / ADMIN_TOKEN_FILE, (admin_token + "\n").encode())
+    write_private(data_dir / SEALED_FILE, seal_secret(secret, passphrase))
+    write_private(data_dir / PUBLIC_FILE, json.dumps(store.public_document(), indent=1).encode())
+    write_private(data_dir / ADMIN_TOKEN_FILE, (admin_token + "\n").encode())
     return store, admin_token
 
 
@@ -232,7 +233,7 @@ def rotate_admin_token(data_dir: Path) -> Path:
     path = data_dir / ADMIN_TOKEN_FILE
     staging = data_dir / f".{ADMIN_TOKEN_FILE}.{secrets.token_hex(4)}"
     try:
-        _write_private(staging, (new_token("adm") + "\n").encode())
+        write_private(staging, (new_token("adm") + "\n").encode())
         os.replace(staging, path)
     except OSError as exc:
         staging.unlink(missing_ok=True)

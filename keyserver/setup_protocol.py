@@ -59,6 +59,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ibe_pubsub.credentials import (
+    ED25519_KEY_BYTES,
     G1,
     G2,
     BetaState,
@@ -87,7 +88,6 @@ SESSION_FREE = frozenset({"hello"})
 MAX_MESSAGE_BYTES = 1 << 20
 SIGNATURE_LABEL = b"IBE-PUBSUB-V3-SETUP"
 SHARE_LABEL = b"IBE-PUBSUB-V3-SETUP-SHARE"
-ED25519_KEY_BYTES = 32
 
 
 class SetupError(KeyServerError):

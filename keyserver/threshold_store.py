@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from ibe_pubsub.credentials import CodecError, PairingGroup
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.exceptions import KeyServerError
+from ibe_pubsub.keyserver.keystore import write_private
 from ibe_pubsub.keyserver.sealing import seal_secret, unseal_secret
 from ibe_pubsub.keyserver.setup_protocol import (
     Member,
@@ -47,14 +47,12 @@ class ThresholdStoreError(KeyServerError):
     should."""
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def _write_once(path: Path, data: bytes) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        write_private(path, data)
     except FileExistsError as exc:
         raise ThresholdStoreError(f"{path} exists already: a data directory holds one "
                                   "member key and one set-up") from exc
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
 
 
 def _unsealed_map(path: Path, passphrase: str, kind: str) -> dict[str, Any]:
@@ -78,7 +76,7 @@ def create_member_key(data_dir: Path, passphrase: str) -> bytes:
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
     raw = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    _write_private(data_dir / MEMBER_KEY_FILE, seal_secret(
+    _write_once(data_dir / MEMBER_KEY_FILE, seal_secret(
         msgpack.packb({"kind": "member key", "ed25519": raw}), passphrase))
     return raw_public_key(key)
 
@@ -114,7 +112,7 @@ def public_document(plan: SetupPlan, public_key: T.ThresholdPublicKey) -> dict[s
 def save_setup(data_dir: Path, passphrase: str, plan: SetupPlan, result: SetupResult) -> None:
     """Write this member's shares (sealed) and the public outcome."""
     secrets, size = result.secrets, 32
-    _write_private(data_dir / SHARES_FILE, seal_secret(msgpack.packb({
+    _write_once(data_dir / SHARES_FILE, seal_secret(msgpack.packb({
         "kind": "threshold shares", "index": secrets.index,
         "delta": secrets.delta.to_bytes(size, "big"), "phi": secrets.phi.to_bytes(size, "big"),
         "x": secrets.x.to_bytes(size, "big"), "prf_key": secrets.prf_key}), passphrase))
