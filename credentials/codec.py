@@ -198,8 +198,9 @@ TAG_CERTIFICATE, TAG_CERTIFICATE_BODY, TAG_STREAM_EVENT, TAG_STREAM_HEADER = 13,
 VK_BYTES, SIGNATURE_BYTES, HASH_BYTES = 32, 64, 32
 #: What a backup lists for a watcher (overlay repair).
 TAG_ROUTE_ENTRY = 17
-#: The public key of a threshold deployment (scheme version 3, credentials.threshold).
-TAG_THRESHOLD_PUBLIC_KEY = 18
+#: The public key of a threshold deployment and one server's key shares (scheme version 3,
+#: credentials.threshold).
+TAG_THRESHOLD_PUBLIC_KEY, TAG_SUBSCRIBER_KEY_SHARE, TAG_PUBLISHER_KEY_SHARE = 18, 19, 20
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:

@@ -35,12 +35,18 @@ from dataclasses import dataclass
 
 from ibe_pubsub.credentials.ceremony import BetaState
 from ibe_pubsub.credentials.codec import (
+    TAG_PUBLISHER_KEY_SHARE,
+    TAG_SUBSCRIBER_KEY_SHARE,
     TAG_THRESHOLD_PUBLIC_KEY,
     CodecError,
     Reader,
     Writer,
     decode_mpk,
+    decode_publisher_key,
+    decode_subscriber_key,
     encode_mpk,
+    encode_publisher_key,
+    encode_subscriber_key,
 )
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.exceptions import CredentialsError
@@ -211,6 +217,32 @@ class PublisherKeyShare:
 
     index: int
     key: PublisherKey
+
+
+def encode_subscriber_share(share: SubscriberKeyShare) -> bytes:
+    """Tag 19: the server's index, the share as a subscriber key (5.6), ``Gamma_i``."""
+    return (Writer(TAG_SUBSCRIBER_KEY_SHARE).u8(share.index)
+            .blob(encode_subscriber_key(share.key)).element(share.Gamma).done())
+
+
+def decode_subscriber_share(group: PairingGroup, data: bytes) -> SubscriberKeyShare:
+    r = Reader(group, data, TAG_SUBSCRIBER_KEY_SHARE, "subscriber key share")
+    share = SubscriberKeyShare(r.u8(), decode_subscriber_key(group, r.blob()), r.element(G2))
+    r.end()
+    return share
+
+
+def encode_publisher_share(share: PublisherKeyShare) -> bytes:
+    """Tag 20: the server's index and the share as a publisher key (5.3)."""
+    return (Writer(TAG_PUBLISHER_KEY_SHARE).u8(share.index)
+            .blob(encode_publisher_key(share.key)).done())
+
+
+def decode_publisher_share(group: PairingGroup, data: bytes) -> PublisherKeyShare:
+    r = Reader(group, data, TAG_PUBLISHER_KEY_SHARE, "publisher key share")
+    share = PublisherKeyShare(r.u8(), decode_publisher_key(group, r.blob()))
+    r.end()
+    return share
 
 
 def issuance_digest(epoch: int, credentials: Sequence[Credential],

@@ -30,9 +30,14 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "public_key_fingerprint",
     ),
     "state": ("ServerConfig",),
+    "threshold_client": (
+        "CombinedPublisherKeys", "CombinedSubscriberKey", "Failure", "MemberAccess",
+        "ThresholdEnrolmentError", "ThresholdKeyClient",
+    ),
     "threshold_store": (
-        "MEMBER_KEY_FILE", "SHARES_FILE", "THRESHOLD_PUBLIC_FILE", "ThresholdStoreError",
-        "create_member_key", "load_member_key", "load_shares", "member_key_text",
+        "MEMBER_KEY_FILE", "SHARES_FILE", "THRESHOLD_PUBLIC_FILE", "ThresholdMember",
+        "ThresholdStoreError", "create_member_key", "load_member", "load_member_key",
+        "load_shares", "member_key_text",
         "parse_members", "read_public_document", "save_setup",
     ),
 })

@@ -172,6 +172,16 @@ class PublisherEnrolment(Strict):
     epoch: Literal["next"] | None = None
 
 
+class SubscriberShareEnrolment(SubscriberEnrolment):
+    epoch: Literal["next"] | Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description='null, "next" (in grace) or the number of the current or '
+        "next epoch: a client asks the other members for the epoch the first one answered")
+
+
+class PublisherShareEnrolment(PublisherEnrolment):
+    epoch: Literal["next"] | Annotated[int, Field(ge=0)] | None = None
+
+
 class RootEnrolment(Strict):
     attribute: Text = Field(min_length=1, max_length=200)
     transport_key: Text = Field(min_length=1, max_length=64,
@@ -240,6 +250,35 @@ class PublisherBundle(BaseModel):
     epoch_end: float
     credentials: dict[str, list[str]]
     publisher_keys: list[str]
+
+
+class SubscriberShareOut(BaseModel):
+    index: int = Field(description="this member's number in the deployment (1..n)")
+    epoch: int
+    epoch_end: float
+    expires_at: int
+    credentials: dict[str, list[str]]
+    fine_credentials: dict[str, list[str]]
+    share: str = Field(description="base64 subscriber key share (wire format tag 19)")
+
+
+class PublisherSharesOut(BaseModel):
+    index: int
+    epoch: int
+    epoch_end: float
+    credentials: dict[str, list[str]]
+    shares: list[str] = Field(description="base64 publisher key shares (tag 20), one per "
+                                          "credential, in order")
+
+
+class ThresholdOut(BaseModel):
+    index: int
+    deployment: str
+    t: int
+    n: int
+    members: list[dict[str, str]]
+    public_key: str = Field(description="base64 threshold public key (tag 18)")
+    fingerprint: str
 
 
 class RootCertificate(BaseModel):

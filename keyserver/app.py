@@ -13,6 +13,7 @@ from ibe_pubsub.keyserver import (
     routes_directory,
     routes_enrol,
     routes_public,
+    routes_threshold,
 )
 from ibe_pubsub.keyserver.errors import install_error_handlers
 from ibe_pubsub.keyserver.middleware import Gate, RequestMetrics, route_rules
@@ -33,7 +34,8 @@ def create_app(state: AppState) -> FastAPI:
                   description="Issues credential keys for broker-less content-based "
                   "publish/subscribe with identity-based encryption.")
     app.state.keyserver = state
-    for module in (routes_public, routes_admin, routes_enrol, routes_bulk, routes_directory):
+    for module in (routes_public, routes_admin, routes_enrol, routes_bulk, routes_directory,
+                   routes_threshold):
         app.include_router(module.router)
     # Outermost last: metrics see every answer; the error handlers' catch-all also covers
     # the gate (a database failure while checking a token is a JSON 500).

@@ -99,12 +99,28 @@ def check_role(role: str, wanted: str) -> None:
         raise ApiError(403, f"a {role} identity cannot enrol as {wanted}", "wrong_role")
 
 
-def target_epoch(state: AppState, which: str | None, now: float | None = None) -> Epoch:
-    """The current epoch, or the next one during the grace window (409 before it)."""
+def single_server_only(state: AppState, what: str) -> None:
+    """409 ``threshold_member`` on a member of a threshold deployment: it answers only with
+    its shares (/v3), never with keys or certificates of its own."""
+    if state.member is not None:
+        raise ApiError(409, f"this key server is member {state.member.index} of the threshold "
+                       f"deployment {state.member.plan.deployment!r}: it issues key shares "
+                       f"(/v3/enrol/subscriber, /v3/enrol/publisher), not version-2 {what} "
+                       "keys or certificates", "threshold_member")
+
+
+def target_epoch(state: AppState, which: str | int | None, now: float | None = None
+                 ) -> Epoch:
+    """The current epoch, or the next one during the grace window (409 before it); a
+    number names one of those two (409 ``epoch_unavailable`` for any other)."""
     now = time.time() if now is None else now
     current = state.epoch(now)
-    if which is None:
+    if which is None or which == current.number:
         return current
+    if isinstance(which, int) and which != current.number + 1:
+        raise ApiError(409, f"keys are issued for epoch {current.number} (and "
+                       f"{current.number + 1} in its grace window), not {which}",
+                       "epoch_unavailable", {"epoch": current.number})
     if not current.in_grace(now):
         raise ApiError(409, f"next-epoch keys are available from "
                        f"{current.end - current.grace:.0f} (Unix time)", "not_in_grace",

@@ -95,6 +95,14 @@ class EpochClock:
         offset = max(0, math.floor((now - seg.start) / seg.length))
         return self.epoch(seg.first_epoch + offset)
 
+    def aligned(self, now: float) -> EpochClock:
+        """The length and grace in force at ``now``, with epoch ``k`` running from
+        ``k * length`` (Unix time): members of a threshold deployment, each with its own
+        database and started whenever, number epochs alike if they use the same length."""
+        seg = self._segment_for_time(now)
+        number = math.floor(now / seg.length)
+        return EpochClock((Segment(number, number * seg.length, seg.length, seg.grace),))
+
     def rescheduled(self, now: float, length: int, grace: int, lead: float = 0.0
                     ) -> EpochClock:
         """The same past, with ``length``/``grace`` from the first epoch boundary at least

@@ -27,9 +27,11 @@ from ibe_pubsub.keyserver.issuer import (
     IssuerPool,
     issue_connection_requests,
     issue_publisher,
+    issue_publisher_shares,
     issue_root_token,
     issue_subscriber,
     issue_subscriber_key,
+    issue_subscriber_share,
 )
 
 
@@ -71,6 +73,19 @@ class FairIssuer:
         parts = await asyncio.gather(*(self._run(who, issue_publisher, epoch, part)
                                        for part in self._parts(tuple(credentials))))
         return {"publisher_keys": [k for part in parts for k in part["publisher_keys"]]}
+
+    async def subscriber_share(self, who: str, epoch: int, credentials: Sequence[Credential],
+                               fine: Sequence[Credential]) -> str:
+        """A threshold member's share of a subscriber's keys: one job (a share costs about
+        what version 2's keys without connection requests do)."""
+        return await self._run(who, issue_subscriber_share, who, epoch, tuple(credentials),
+                               tuple(fine))
+
+    async def publisher_shares(self, who: str, epoch: int, credentials: Sequence[Credential]
+                               ) -> list[str]:
+        parts = await asyncio.gather(*(self._run(who, issue_publisher_shares, who, epoch, part)
+                                       for part in self._parts(tuple(credentials))))
+        return [share for part in parts for share in part]
 
     async def root_token(self, who: str, epoch: int, credential: Credential) -> str:
         return await self._run(who, issue_root_token, epoch, credential)

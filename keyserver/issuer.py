@@ -3,7 +3,8 @@
 The event loop only awaits; each worker process holds the public parameters, the
 master secret and the server's signing key (handed over once, through the pool's
 private pipe, at start) and returns keys already encoded as base64 text, so the
-server process does no group arithmetic at all. One worker per core by default.
+server process does no group arithmetic at all. One worker per core by default. The
+workers of a threshold deployment's member hold its shares instead, and no master secret.
 
 Because the workers hold the master secret they must not outlive the server: a server
 killed with SIGKILL cannot shut its pool down, and the pool's pipes do not close while the
@@ -30,6 +31,8 @@ from ibe_pubsub.credentials import (
     MasterSecretKey,
     PublicParams,
     Schema,
+    ServerSecrets,
+    ThresholdPublicKey,
     build_connection_request,
     decode_mpk,
     decode_msk,
@@ -43,8 +46,10 @@ from ibe_pubsub.credentials import (
     keygen_subscriber,
     load_group,
 )
+from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 from ibe_pubsub.keyserver.keystore import KeyStore, b64
+from ibe_pubsub.keyserver.threshold_store import ThresholdMember
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,15 @@ class _Secrets:
     signing_key: Ed25519PrivateKey
 
 
+@dataclass(frozen=True)
+class _MemberSecrets:
+    pp: PublicParams
+    tpk: ThresholdPublicKey
+    shares: ServerSecrets
+
+
 _worker: _Secrets | None = None
+_member: _MemberSecrets | None = None
 PARENT_POLL_SECONDS = 0.5
 
 
@@ -66,17 +79,31 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def _init_worker(parent_pid: int, mpk: bytes, msk: bytes, schema: dict[str, Any],
-                 signing_key: bytes) -> None:
-    global _worker
+def _start_worker(parent_pid: int) -> None:
     # Ctrl-C in a terminal reaches the whole process group: the server shuts its pool down
     # then, and a worker that took the signal itself would only print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="parent-watch",
                      daemon=True).start()
+
+
+def _init_worker(parent_pid: int, mpk: bytes, msk: bytes, schema: dict[str, Any],
+                 signing_key: bytes) -> None:
+    global _worker
+    _start_worker(parent_pid)
     group = load_group()
     _worker = _Secrets(PublicParams(group, decode_mpk(group, mpk), Schema.from_dict(schema)),
                        decode_msk(group, msk), Ed25519PrivateKey.from_private_bytes(signing_key))
+
+
+def _init_member_worker(parent_pid: int, public_key: bytes, shares: ServerSecrets,
+                        schema: dict[str, Any]) -> None:
+    global _member
+    _start_worker(parent_pid)
+    group = load_group()
+    tpk = T.decode_public_key(group, public_key)
+    _member = _MemberSecrets(PublicParams(group, tpk.mpk, Schema.from_dict(schema)), tpk,
+                             shares)
 
 
 def _secrets() -> _Secrets:
@@ -85,8 +112,15 @@ def _secrets() -> _Secrets:
     return _worker
 
 
+def _member_secrets() -> _MemberSecrets:
+    if _member is None:
+        raise KeyServerError("issuer worker was not initialised as a threshold member")
+    return _member
+
+
 def _ready(_: int = 0) -> int:
-    _secrets()
+    if _member is None:
+        _secrets()
     return os.getpid()
 
 
@@ -133,20 +167,45 @@ def issue_root_token(epoch: int, credential: Credential) -> str:
     return b64(encode_routing_token(keygen_routing_token(s.pp, s.msk, credential, epoch)))
 
 
-T = TypeVar("T")
+def issue_subscriber_share(identity: str, epoch: int, credentials: Sequence[Credential],
+                           fine: Sequence[Credential]) -> str:
+    """This member's share of a subscriber's keys (``keyshare_subscriber``), encoded."""
+    m = _member_secrets()
+    return b64(T.encode_subscriber_share(T.keyshare_subscriber(
+        m.pp, m.tpk, m.shares, identity, epoch, credentials, fine)))
+
+
+def issue_publisher_shares(identity: str, epoch: int, credentials: Sequence[Credential]
+                           ) -> list[str]:
+    """This member's share of one publisher key per credential, encoded."""
+    m = _member_secrets()
+    return [b64(T.encode_publisher_share(T.keyshare_publisher(
+        m.pp, m.tpk, m.shares, identity, c, epoch))) for c in credentials]
+
+
+Job = TypeVar("Job")
 
 
 class IssuerPool:
-    """Worker processes that issue keys; awaitable from the event loop."""
+    """Worker processes that issue keys; awaitable from the event loop. Given a threshold
+    ``member``, they hold its shares and never the key store's master secret."""
 
-    def __init__(self, store: KeyStore, workers: int | None = None) -> None:
+    def __init__(self, store: KeyStore, workers: int | None = None,
+                 member: ThresholdMember | None = None) -> None:
         self.workers = workers or os.cpu_count() or 1
+        initializer: Callable[..., None]
+        if member is None:
+            initializer = _init_worker
+            initargs: tuple[Any, ...] = (os.getpid(), encode_mpk(store.mpk), store.msk_bytes(),
+                                         store.schema.to_dict(), store.signing_key_bytes())
+        else:
+            initializer = _init_member_worker
+            initargs = (os.getpid(), T.encode_public_key(member.public_key), member.secrets,
+                        store.schema.to_dict())
         # spawn: no fork of a threaded server process; each worker imports afresh.
         self._executor = ProcessPoolExecutor(
             max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(os.getpid(), encode_mpk(store.mpk), store.msk_bytes(), store.schema.to_dict(),
-                      store.signing_key_bytes()))
+            initializer=initializer, initargs=initargs)
 
     def warm_up(self) -> None:
         """Start every worker now rather than on the first enrolment. They start with SIGINT
@@ -158,7 +217,7 @@ class IssuerPool:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def submit(self, job: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def submit(self, job: Callable[..., Job], *args: Any) -> asyncio.Future[Job]:
         """Run ``job(*args)`` in a worker. The server submits through
         ``keyserver.fair_pool.FairIssuer``, which keeps at most one job per worker here."""
         return asyncio.get_running_loop().run_in_executor(self._executor, job, *args)

@@ -39,6 +39,7 @@ def route_rules(bulk_max_body: int) -> tuple[RouteRule, ...]:
     return (RouteRule("/v1/admin/bulk", "admin", bulk_max_body),
             RouteRule("/v1/admin", "admin", 64 * KIB),
             RouteRule("/v1/enrol", "identity", 64 * KIB),
+            RouteRule("/v3/enrol", "identity", 64 * KIB),
             RouteRule("/v1/directory", "any", 8 * KIB),
             RouteRule("", None, 4 * KIB))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -55,10 +55,12 @@ from ibe_pubsub.keyserver.enrolment import (
     plan_publisher,
     plan_subscriber,
     root_attributes,
+    single_server_only,
     stored_policy,
     target_epoch,
     within_policy,
 )
+from ibe_pubsub.keyserver.epochs import Epoch
 from ibe_pubsub.keyserver.errors import ApiError, error_responses
 from ibe_pubsub.keyserver.ownership import check_canonical, claim_addresses, held_addresses
 from ibe_pubsub.keyserver.repository import audit, grant_trees
@@ -124,26 +126,39 @@ def _enrolling(caller: Caller, role: str) -> Identity:
 
 
 Plan = Callable[[Schema, Predicate, Predicate | None], tuple[list[Credential], list[Credential]]]
+Issue = Callable[[AppState, str, str, Epoch, list[Credential], list[Credential]],
+                 Awaitable[dict[str, Any]]]
+"""``issue_bundle``'s signature: keys (or a threshold member's shares) for one enrolment."""
 
 
-async def _enrol(state: AppState, caller: Caller, role: str, what: str, text: str,
-                 epoch_wanted: str | None, plan: Plan) -> dict[str, Any]:
-    """The pipeline of both key enrolments: the predicate ``text`` (the ``what``) checked
-    against the identity's policy, its credentials (and fine credentials) planned, charged,
-    issued for the epoch asked for, and audited before the bundle is returned."""
+async def enrol_keys(state: AppState, caller: Caller, role: str, what: str, text: str,
+                     epoch: Epoch, plan: Plan, issue: Issue = issue_bundle) -> dict[str, Any]:
+    """The pipeline of every key enrolment, version 2's and a threshold member's: the
+    predicate ``text`` (the ``what``) checked against the identity's policy, its credentials
+    (and fine credentials) planned, charged, issued for ``epoch``, and audited before the
+    bundle is returned."""
     identity = _enrolling(caller, role)
     schema = state.store.schema
     policy = stored_policy(schema, identity.policy)
     predicate = within_policy(schema, text, policy, what)
-    epoch = target_epoch(state, epoch_wanted)
     creds, fine = plan(schema, predicate, policy)
     charge_keys(state, caller, len(creds) + len(fine))
-    bundle = await issue_bundle(state, caller.name, role, epoch, creds, fine)
+    bundle = await issue(state, caller.name, role, epoch, creds, fine)
     await _audited(state, caller, f"issue_{role}", epoch.number,
                    issuance_detail(identity.name, role, bundle) | {what: str(predicate)},
                    (identity.id, joined_trees(schema, bundle["credentials"]),
                     bundle["expires_at"]) if role == "subscriber" else None)
     return bundle
+
+
+def subscriber_plan(body: SubscriberEnrolment) -> Plan:
+    return lambda schema, predicate, policy: plan_subscriber(
+        schema, predicate, body.max_credentials, body.fine_depth, policy)
+
+
+def publisher_plan(body: PublisherEnrolment) -> Plan:
+    return lambda schema, predicate, policy: (plan_publisher(
+        schema, predicate, body.max_credentials, policy), [])
 
 
 @router.post("/subscriber", response_model=SubscriberBundle,
@@ -152,9 +167,9 @@ async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
                            state: State) -> dict[str, Any]:
     """Keys for a subscription inside the identity's policy (403 names the clause it exceeds);
     every credential lies inside the policy's region, whatever max_credentials asks."""
-    return await _enrol(state, caller, "subscriber", "subscription", body.subscription,
-                        body.epoch, lambda schema, predicate, policy: plan_subscriber(
-                            schema, predicate, body.max_credentials, body.fine_depth, policy))
+    single_server_only(state, "subscriber")
+    return await enrol_keys(state, caller, "subscriber", "subscription", body.subscription,
+                            target_epoch(state, body.epoch), subscriber_plan(body))
 
 
 @router.post("/publisher", response_model=PublisherBundle,
@@ -162,9 +177,9 @@ async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
 async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
                           state: State) -> dict[str, Any]:
     """Publisher keys for an advertisement inside the identity's policy."""
-    return await _enrol(state, caller, "publisher", "advertisement", body.advertisement,
-                        body.epoch, lambda schema, predicate, policy: (plan_publisher(
-                            schema, predicate, body.max_credentials, policy), []))
+    single_server_only(state, "publisher")
+    return await enrol_keys(state, caller, "publisher", "advertisement", body.advertisement,
+                            target_epoch(state, body.epoch), publisher_plan(body))
 
 
 @router.post("/root", response_model=RootCertificate,
@@ -173,6 +188,7 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
                      state: State) -> dict[str, Any]:
     """Certify a root peer's Ed25519 transport key for one attribute tree
     (``credentials.certificates.root_certificate_message`` is what is signed)."""
+    single_server_only(state, "root")
     identity = _enrolling(caller, "root")
     schema = state.store.schema
     if body.attribute not in schema.names:
@@ -240,6 +256,7 @@ async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
     certificate expires (409 ``address_taken`` while another identity's certificate names
     one); 409 ``too_many_addresses`` if the identity would then hold more live addresses
     than the server's cap (re-certifying the ones it holds always works)."""
+    single_server_only(state, "transport")
     identity = caller.identity
     assert identity is not None
     raw_key = _ed25519_key(body.public_key, "public_key")

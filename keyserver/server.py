@@ -17,6 +17,7 @@ from ibe_pubsub.keyserver.exceptions import ServerSettingsError
 from ibe_pubsub.keyserver.keystore import load_keystore, passphrase_from_env
 from ibe_pubsub.keyserver.permissions import require_private, unsafe_entries, use_private_umask
 from ibe_pubsub.keyserver.state import ServerConfig, build_state
+from ibe_pubsub.keyserver.threshold_store import load_member
 
 log = logging.getLogger(__name__)
 ALLOW_UNSAFE_PERMISSIONS = "--allow-unsafe-permissions"
@@ -91,7 +92,9 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
     check_data_dir(config)
     check_url(config.url)
     check_record(config.data_dir, config.database_url)
-    store = load_keystore(config.data_dir, passphrase_from_env())
+    passphrase = passphrase_from_env()
+    store = load_keystore(config.data_dir, passphrase)
+    member = load_member(config.data_dir, passphrase, store.group)
     with database_errors(config.url):
         check_owner(config.url, store.fingerprint, config.data_dir)
         # The web stack loads only now, so a start-up refused above ends sooner.
@@ -101,7 +104,7 @@ def serve(config: ServerConfig, host: str, port: int, tls_cert: str | None,
         from ibe_pubsub.keyserver.announcing import AnnouncingServer, gated_protocol
         from ibe_pubsub.keyserver.app import create_app
 
-        state = build_state(config, store)
+        state = build_state(config, store, member)
     write_record(config.data_dir, config.database_url)
     app = create_app(state)
     # h11 bounds the request line and headers (httptools buffers them without limit, so a

@@ -24,6 +24,7 @@ from ibe_pubsub.keyserver.ratelimit import RateLimiter
 from ibe_pubsub.keyserver.refusals import RefusalLog
 from ibe_pubsub.keyserver.repository import load_clock
 from ibe_pubsub.keyserver.schedule import SharedClock
+from ibe_pubsub.keyserver.threshold_store import ThresholdMember
 
 MIB = 1024 * 1024
 
@@ -68,12 +69,17 @@ class AppState:
     address_limits: RateLimiter
     refusals: RefusalLog
     metrics: Metrics = field(default_factory=Metrics)
+    member: ThresholdMember | None = None
+    """Set when this server is a member of a threshold deployment: it then issues key
+    shares (/v3) and no version-2 keys or certificates."""
     chunk_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     @property
     def clock(self) -> EpochClock:
-        """The epoch schedule the replicas share (:mod:`keyserver.schedule`)."""
-        return self.schedule.current
+        """The epoch schedule the replicas share (:mod:`keyserver.schedule`); a threshold
+        member's is aligned to Unix time (``EpochClock.aligned``), shared by every member."""
+        current = self.schedule.current
+        return current if self.member is None else current.aligned(time.time())
 
     def epoch(self, now: float | None = None) -> Epoch:
         return self.clock.current(time.time() if now is None else now)
@@ -105,11 +111,12 @@ def open_database(url: str, length: int | None, grace: int | None,
     return engine, sessions, clock
 
 
-def build_state(config: ServerConfig, store: KeyStore) -> AppState:
+def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember | None = None
+                ) -> AppState:
     engine, sessions, clock = open_database(config.url, config.epoch_seconds,
                                             config.grace_seconds,
                                             lambda session, _: bind(session, store.fingerprint))
-    pool = IssuerPool(store, config.workers)
+    pool = IssuerPool(store, config.workers, member)
     pool.warm_up()
     # By default one identity may fill all workers but one, so another finds one free.
     per_identity = config.jobs_per_identity or max(1, pool.workers - 1)
@@ -119,4 +126,4 @@ def build_state(config: ServerConfig, store: KeyStore) -> AppState:
                     identity_limits=RateLimiter(config.identity_rate, config.identity_burst),
                     key_limits=RateLimiter(config.key_rate, config.key_burst),
                     address_limits=RateLimiter(config.address_rate, config.address_burst),
-                    refusals=RefusalLog(sessions))
+                    refusals=RefusalLog(sessions), member=member)

@@ -4,9 +4,9 @@
   messages; its public half is what the other operators pin.
 * ``threshold.sealed`` (0600): this server's shares ``delta_i``, ``phi_i``, ``x_i`` and its
   PRF key, written once the set-up finished.
-* ``threshold.json``: the public outcome, the same at every member: the plan (deployment,
-  threshold, members) and the threshold public key. Clients need this file and nothing
-  else from the set-up.
+* ``threshold.json`` (0600 like the rest, though nothing in it is secret): the public
+  outcome, the same at every member: the plan (deployment, threshold, members) and the
+  threshold public key. Clients need this file and nothing else from the set-up.
 
 Both sealed files use the passphrase of ``$IBE_PUBSUB_PASSPHRASE`` (keyserver.sealing).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ THRESHOLD_PUBLIC_FILE = "threshold.json"
 PUBLIC_FORMAT = "ibe-pubsub-threshold-v1"
 
 
-class ThresholdStoreError(KeyServerError):
+class ThresholdStoreError(KeyServerError, ValueError):
     """A threshold server's file is missing, exists already, or does not hold what it
     should."""
 
@@ -116,8 +117,10 @@ def save_setup(data_dir: Path, passphrase: str, plan: SetupPlan, result: SetupRe
         "kind": "threshold shares", "index": secrets.index,
         "delta": secrets.delta.to_bytes(size, "big"), "phi": secrets.phi.to_bytes(size, "big"),
         "x": secrets.x.to_bytes(size, "big"), "prf_key": secrets.prf_key}), passphrase))
-    public = data_dir / THRESHOLD_PUBLIC_FILE
-    public.write_text(json.dumps(public_document(plan, result.public_key), indent=1) + "\n")
+    # 0600 like every file of the data directory (the server refuses others); it holds
+    # nothing secret, and operators copy it to their clients.
+    _write_once(data_dir / THRESHOLD_PUBLIC_FILE, (json.dumps(
+        public_document(plan, result.public_key), indent=1) + "\n").encode())
 
 
 def read_public_document(path: Path, group: PairingGroup
@@ -138,6 +141,38 @@ def read_public_document(path: Path, group: PairingGroup
             plan.deployment.encode(), plan.t, plan.n):
         raise ThresholdStoreError(f"{path}: the public key is not the plan's deployment")
     return plan, public_key
+
+
+@dataclass(frozen=True)
+class ThresholdMember:
+    """What a key server that took part in a set-up serves with: the plan, the threshold
+    public key and its own shares (which only its issuer workers use)."""
+
+    plan: SetupPlan
+    public_key: T.ThresholdPublicKey
+    secrets: T.ServerSecrets
+
+    @property
+    def index(self) -> int:
+        return self.secrets.index
+
+
+def load_member(data_dir: Path, passphrase: str, group: PairingGroup) -> ThresholdMember | None:
+    """This data directory's set-up outcome, or None for a single (version-2) key server."""
+    if not (data_dir / SHARES_FILE).exists():
+        return None
+    plan, public_key = read_public_document(data_dir / THRESHOLD_PUBLIC_FILE, group)
+    secrets = load_shares(data_dir, passphrase)
+    if not 0 < secrets.index <= plan.n:
+        raise ThresholdStoreError(f"{data_dir / SHARES_FILE} holds the shares of server "
+                                  f"{secrets.index}, not a member of the plan")
+    g_hat, i = public_key.mpk.g_hat, secrets.index
+    if tuple(group.exp_secret(g_hat, s) for s in (secrets.delta, secrets.phi, secrets.x)) != (
+            public_key.delta_shares[i], public_key.phi_shares[i], public_key.x_shares[i]):
+        raise ThresholdStoreError(f"the shares in {data_dir / SHARES_FILE} are not server "
+                                  f"{i}'s in {data_dir / THRESHOLD_PUBLIC_FILE}: this server "
+                                  "would answer bad shares")
+    return ThresholdMember(plan, public_key, secrets)
 
 
 def load_shares(data_dir: Path, passphrase: str) -> T.ServerSecrets:

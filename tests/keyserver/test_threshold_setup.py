@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+from setup_transport import drive
 
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
@@ -53,24 +54,6 @@ GROUP = load_group()
 def plan_of(keys, t=t, deployment="test"):
     return SetupPlan(deployment, t, tuple(Member(f"http://member-{i}", raw_public_key(k))
                                           for i, k in enumerate(keys, start=1)))
-
-
-def drive(members, deliver=None):
-    """Hand every published message to every member until nothing moves (the transport, in
-    one process). ``deliver(recipient, sender, round, data)`` may replace what one member
-    gets from another: a member that says different things to different members."""
-    moved = True
-    while moved:
-        moved = False
-        for member in members:
-            for sender, round_name in member.missing():
-                data = members[sender - 1].published(round_name)
-                if data is None:
-                    continue
-                if deliver is not None:
-                    data = deliver(member.index, sender, round_name, data)
-                member.receive(data)
-                moved = True
 
 
 def members_of(plan, keys, kinds=None):

@@ -1,0 +1,88 @@
+"""A threshold deployment's member (docs/scheme.md section 16): its public outcome, and its
+shares of an identity's keys. The enrolment pipeline is version 2's (the identity's token
+and policy at this server, the same decomposition, charging and audit); only the answer
+differs: this member's shares, which a client checks and combines with those of ``t - 1``
+other members (``keyserver.threshold_client``). On a single key server these routes
+answer 404 ``not_threshold``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from ibe_pubsub.credentials import Credential
+from ibe_pubsub.keyserver.api_models import (
+    PublisherShareEnrolment,
+    PublisherSharesOut,
+    SubscriberShareEnrolment,
+    SubscriberShareOut,
+    ThresholdOut,
+)
+from ibe_pubsub.keyserver.auth import AnIdentity, State
+from ibe_pubsub.keyserver.enrolment import labels, target_epoch
+from ibe_pubsub.keyserver.epochs import Epoch
+from ibe_pubsub.keyserver.errors import ApiError, error_responses
+from ibe_pubsub.keyserver.routes_enrol import enrol_keys, publisher_plan, subscriber_plan
+from ibe_pubsub.keyserver.state import AppState
+from ibe_pubsub.keyserver.threshold_store import ThresholdMember, public_document
+
+router = APIRouter(prefix="/v3", tags=["threshold"])
+
+
+def _member(state: AppState) -> ThresholdMember:
+    if state.member is None:
+        raise ApiError(404, "this key server is a single (version-2) key server, not a member "
+                       "of a threshold deployment: use /v1/enrol", "not_threshold")
+    return state.member
+
+
+async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
+                       credentials: list[Credential], fine: list[Credential]
+                       ) -> dict[str, Any]:
+    """This member's shares for one enrolment, in the /v3 response shape (``Issue``)."""
+    base: dict[str, Any] = {"index": _member(state).index, "epoch": epoch.number,
+                            "epoch_end": epoch.end, "credentials": labels(credentials)}
+    if role == "publisher":
+        shares = await state.issuer.publisher_shares(who, epoch.number, credentials)
+        state.metrics.keys_issued("publisher_share", len(credentials))
+        return base | {"shares": shares}
+    share = await state.issuer.subscriber_share(who, epoch.number, credentials, fine)
+    state.metrics.keys_issued("subscriber_credential_share", len(credentials))
+    state.metrics.keys_issued("routing_token_share", len(fine))
+    return base | {"expires_at": int(epoch.end + epoch.grace),
+                   "fine_credentials": labels(fine), "share": share}
+
+
+@router.get("/threshold", response_model=ThresholdOut, responses=error_responses(404))
+def threshold(state: State) -> dict[str, Any]:
+    """The deployment's public outcome (the same ``threshold.json`` at every member) and
+    this member's index. A client pins the fingerprint it got from the operators."""
+    member = _member(state)
+    return public_document(member.plan, member.public_key) | {
+        "index": member.index, "n": member.plan.n}
+
+
+@router.post("/enrol/subscriber", response_model=SubscriberShareOut,
+             responses=error_responses(401, 403, 404, 409, 422))
+async def enrol_subscriber_share(body: SubscriberShareEnrolment, caller: AnIdentity,
+                                 state: State) -> dict[str, Any]:
+    """This member's share of the keys for a subscription inside the identity's policy
+    here. Asking again for the same subscription in the same epoch returns the same share."""
+    _member(state)
+    return await enrol_keys(state, caller, "subscriber", "subscription", body.subscription,
+                            target_epoch(state, body.epoch), subscriber_plan(body),
+                            issue_shares)
+
+
+@router.post("/enrol/publisher", response_model=PublisherSharesOut,
+             responses=error_responses(401, 403, 404, 409, 422))
+async def enrol_publisher_shares(body: PublisherShareEnrolment, caller: AnIdentity,
+                                 state: State) -> dict[str, Any]:
+    """This member's shares of the publisher keys for an advertisement inside the
+    identity's policy here."""
+    _member(state)
+    return await enrol_keys(state, caller, "publisher", "advertisement", body.advertisement,
+                            target_epoch(state, body.epoch), publisher_plan(body),
+                            issue_shares)
+

@@ -1,0 +1,382 @@
+"""Issuance by a threshold deployment (3 of 5): five real `keyserver serve` processes, each
+with its own data directory, database, administrator and identities, serve their shares;
+clients check, combine and fall back (keyserver.threshold_client).
+
+The set-up runs in this process (its own tests are in test_threshold_setup.py) and each
+member's outcome is written to its data directory exactly as `keyserver threshold-setup`
+writes it. Then only HTTP: tokens from each member's admin API, shares from /v3."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from repository import REPO_ROOT
+from setup_transport import drive
+
+from ibe_pubsub.credentials import scheme as S
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials.shamir import lagrange_at_zero
+from ibe_pubsub.evaluation.launcher import (
+    child_env,
+    cli_command,
+    free_port,
+    serve_expecting_exit,
+    start_keyserver,
+    stop,
+    wait_ready,
+)
+from ibe_pubsub.keyserver import (
+    MemberAccess,
+    ThresholdEnrolmentError,
+    ThresholdKeyClient,
+    read_public_document,
+    save_setup,
+)
+from ibe_pubsub.keyserver.setup_protocol import Member, SetupMember, SetupPlan, raw_public_key
+
+t, n = 3, 5
+PASSPHRASE = "threshold issuance passphrase"
+GROUP = load_group()
+EVENT = S.Event("quote-1", {"symbol": "IBM", "price": 131.5, "volume": 2000}, b"hello")
+
+
+class Deployment:
+    """Five members on 127.0.0.1 and what a client needs: the public key and the URLs."""
+
+    def __init__(self, root: Path) -> None:
+        self.dirs = [root / f"member-{i}" for i in range(1, n + 1)]
+        inits = [subprocess.Popen(cli_command("keyserver", "init", "--data", str(d)),
+                                  env=child_env(PASSPHRASE), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for d in self.dirs]
+        for p in inits:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+        self.ports = [free_port() for _ in self.dirs]
+        run_setup([self.url(i) for i in range(1, n + 1)], self.dirs)
+        _, self.tpk = read_public_document(self.dirs[0] / "threshold.json", GROUP)
+        self.pp = S.PublicParams(GROUP, self.tpk.mpk, default_schema())
+        self.processes = {i: start_keyserver(d, port, PASSPHRASE, ["--workers", "1"],
+                                             log=d / "server.log")
+                          for i, (d, port) in enumerate(zip(self.dirs, self.ports,
+                                                            strict=True), start=1)}
+        for i, process in self.processes.items():
+            wait_ready(self.url(i), process)
+        self.admin = {i: (d / "admin.token").read_text().strip()
+                      for i, d in enumerate(self.dirs, start=1)}
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i - 1]}"
+
+    def register(self, name: str, role: str, at=range(1, n + 1), policy=None):
+        """The identity at each of ``at`` (its own admin); its token per member."""
+        tokens = {}
+        for i in at:
+            answer = httpx.post(self.url(i) + "/v1/admin/identities",
+                                json={"name": name, "role": role, "policy": policy},
+                                headers={"Authorization": f"Bearer {self.admin[i]}"})
+            assert answer.status_code == 201, answer.text
+            tokens[i] = answer.json()
+        return tokens
+
+    def access(self, tokens, order=None, urls=None):
+        order = order or range(1, n + 1)
+        return [MemberAccess(i, (urls or {}).get(i, self.url(i)),
+                             tokens.get(i, {"token": "not registered here"})["token"])
+                for i in order]
+
+    def client(self, tokens, order=None, urls=None, spread=False):
+        return ThresholdKeyClient(self.pp, self.tpk, self.access(tokens, order, urls),
+                                  spread=spread, timeout=20)
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            stop(process)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("threshold-issuance"))
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+async def enrol_subscriber(client, subscription):
+    async with client:
+        return await client.enrol_subscriber(subscription)
+
+
+async def enrol_publisher(client, advertisement=""):
+    async with client:
+        return await client.enrol_publisher(advertisement)
+
+
+def reads(pp, key, ciphertext):
+    try:
+        return S.decrypt(pp, S.prepare_subscriber_key(pp, key), ciphertext) == EVENT
+    except S.SchemeError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def published(deployment):
+    """An event encrypted and signed with publisher keys combined from members 2, 4, 5."""
+    tokens = deployment.register("ticker", "publisher")
+    combined = run(enrol_publisher(deployment.client(tokens, order=(2, 4, 5, 1, 3))))
+    assert combined.members == (2, 4, 5) and not combined.failures
+    ciphertext = S.encrypt_and_sign(deployment.pp, list(combined.keys), EVENT)
+    assert S.verify(deployment.pp, ciphertext)
+    return ciphertext
+
+
+def test_members_serve_one_outcome_and_no_version_2_keys(deployment, keyserver):
+    documents = [httpx.get(deployment.url(i) + "/v3/threshold").json()
+                 for i in range(1, n + 1)]
+    assert [d["index"] for d in documents] == [1, 2, 3, 4, 5]
+    assert len({(d["public_key"], d["fingerprint"], d["t"], d["n"]) for d in documents}) == 1
+    assert T.decode_public_key(GROUP, base64.b64decode(documents[0]["public_key"])) \
+        == deployment.tpk
+    token = deployment.register("mallory", "subscriber", at=[1])[1]["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    for path, body in (("/v1/enrol/subscriber", {"subscription": ""}),
+                       ("/v1/enrol/publisher", {"advertisement": ""})):
+        answer = httpx.post(deployment.url(1) + path, json=body, headers=headers)
+        assert answer.status_code == 409 and answer.json()["error"]["code"] == \
+            "threshold_member", answer.text
+    item = {"identity": "bulk-1", "role": "publisher",
+            "credentials": [{"attribute": "symbol", "credential": "*", "position": 0}]}
+    bulk = httpx.post(deployment.url(1) + "/v1/admin/bulk",
+                      json={"chunk_id": "c1", "items": [item]},
+                      headers={"Authorization": f"Bearer {deployment.admin[1]}"})
+    assert bulk.status_code == 409 and "member 1 of" in bulk.json()["error"]["message"]
+    # An epoch is asked for by number: the current one, or the next in its grace window.
+    current = httpx.get(deployment.url(1) + "/v1/epoch").json()
+    assert current["epoch"] == int(current["epoch_start"]) // current["epoch_length"]
+    for wanted, status in ((current["epoch"], 200), (current["epoch"] + 2, 409)):
+        answer = httpx.post(deployment.url(1) + "/v3/enrol/subscriber", headers=headers,
+                            json={"subscription": 'symbol = "IBM"', "epoch": wanted})
+        assert answer.status_code == status, answer.text
+    assert answer.json()["error"]["code"] == "epoch_unavailable"
+    # A single key server has no /v3: 404 with a JSON body that says so (the control).
+    answer = httpx.get(keyserver.base_url + "/v3/threshold")
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_threshold"
+
+
+def run_setup(plan_urls, data_dirs):
+    """A set-up in this process, written to each directory as the command writes it."""
+    keys = [Ed25519PrivateKey.generate() for _ in plan_urls]
+    plan = SetupPlan("acme", t, tuple(Member(url, raw_public_key(k))
+                                      for url, k in zip(plan_urls, keys, strict=True)))
+    members = [SetupMember(GROUP, plan, k) for k in keys]
+    drive(members)
+    for d, member in zip(data_dirs, members, strict=True):
+        save_setup(d, PASSPHRASE, plan, member.result)
+
+
+def test_a_member_with_another_set_ups_public_key_refuses_to_start(deployment, tmp_path):
+    """The operator copied the wrong threshold.json: serving would answer bad shares."""
+    others = [tmp_path / f"other-{i}" for i in range(1, n + 1)]
+    for d in others:
+        d.mkdir(mode=0o700)
+    run_setup([deployment.url(i) for i in range(1, n + 1)], others)
+    copy = tmp_path / "member-1-copy"
+    shutil.copytree(deployment.dirs[0], copy, ignore=shutil.ignore_patterns("server.log"))
+    shutil.copy(others[0] / "threshold.json", copy / "threshold.json")
+    refused = serve_expecting_exit(copy, PASSPHRASE, timeout=60)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "not server 1's" in refused.stderr and "bad shares" in refused.stderr
+
+
+def test_keys_combined_from_different_member_sets_read_exactly_what_they_match(
+        deployment, published):
+    pp = deployment.pp
+    alice = deployment.register("alice", "subscriber")
+    first = run(enrol_subscriber(deployment.client(alice, order=(1, 2, 3, 4, 5)),
+                                 'symbol = "IBM"'))
+    second = run(enrol_subscriber(deployment.client(alice, order=(5, 4, 3, 2, 1)),
+                                  'symbol = "IBM"'))
+    assert first.members == (1, 2, 3) and second.members == (3, 4, 5)
+    assert first.key.D != second.key.D  # two sets, two bindings; both work
+    assert reads(pp, first.key, published) and reads(pp, second.key, published)
+    assert first.expires_at == second.expires_at > published.header.epoch
+    bob = deployment.register("bob", "subscriber")
+    other = run(enrol_subscriber(deployment.client(bob), 'symbol = "MSFT"'))
+    assert not reads(pp, other.key, published)
+
+
+def test_the_documented_client_program_enrols(deployment, tmp_path):
+    """docs/operations.md's program, verbatim, as a user runs it."""
+    text = (REPO_ROOT / "docs" / "operations.md").read_text()
+    program = text.split("<!-- threshold-example -->\n```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "enrol.py").write_text(program)
+    zoe = deployment.register("zoe", "subscriber", at=[1, 3, 4, 5])
+    (tmp_path / "tokens.json").write_text(json.dumps({i: z["token"] for i, z in zoe.items()}))
+    done = subprocess.run([sys.executable, "enrol.py", str(deployment.dirs[0] / "threshold.json"),
+                           "tokens.json", 'symbol = "IBM" and price < 200'], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    match = re.fullmatch(r"epoch (\d+): keys for (\d+) credentials, combined from members "
+                         r"\[(\d), (\d), (\d)\]\n", done.stdout)
+    assert match and int(match[2]) >= 2 and "2" not in match.groups()[2:], done.stdout
+
+
+def raw_shares(deployment, tokens, members, subscription):
+    shares = []
+    for i in members:
+        answer = httpx.post(deployment.url(i) + "/v3/enrol/subscriber",
+                            json={"subscription": subscription},
+                            headers={"Authorization": f"Bearer {tokens[i]['token']}"})
+        assert answer.status_code == 200, answer.text
+        shares.append(T.decode_subscriber_share(GROUP, base64.b64decode(answer.json()["share"])))
+    return shares
+
+
+def interpolate(shares):
+    """Combine shares as if they were enough, with their own Lagrange weights."""
+    weights = lagrange_at_zero([s.index for s in shares], GROUP.order)
+    w = [weights[s.index] for s in shares]
+    first = shares[0].key
+    return S.SubscriberKey(first.epoch, GROUP.multi_exp([s.key.D for s in shares], w), tuple(
+        replace(k, S1=GROUP.multi_exp([s.key.credentials[m].S1 for s in shares], w),
+                S2=GROUP.multi_exp([s.key.credentials[m].S2 for s in shares], w),
+                T=GROUP.multi_exp([s.key.credentials[m].T for s in shares], w))
+        for m, k in enumerate(first.credentials)))
+
+
+def test_the_shares_of_any_two_members_do_not_decrypt(deployment, published):
+    carol = deployment.register("carol", "subscriber")
+    shares = raw_shares(deployment, carol, range(1, n + 1), 'symbol = "IBM"')
+    assert reads(deployment.pp, interpolate(shares[:3]), published)  # control: three do
+    for pair in ((0, 1), (1, 4), (2, 3)):
+        assert not reads(deployment.pp, interpolate([shares[k] for k in pair]), published)
+
+
+class Tampering(BaseHTTPRequestHandler):
+    """A hostile member 4: forwards to the real one and multiplies ``D_i`` by ``g``."""
+
+    target = ""
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        answer = httpx.post(self.target + self.path, content=body, headers={
+            "Authorization": self.headers["Authorization"],
+            "content-type": "application/json"})
+        document = answer.json()
+        share = T.decode_subscriber_share(GROUP, base64.b64decode(document["share"]))
+        bad = replace(share, key=replace(share.key, D=share.key.D * GROUP.generator(S.G1)))
+        document["share"] = base64.b64encode(T.encode_subscriber_share(bad)).decode()
+        data = json.dumps(document).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_):
+        pass
+
+
+def test_a_bad_share_is_detected_named_and_routed_around(deployment, published):
+    Tampering.target = deployment.url(4)
+    hostile = ThreadingHTTPServer(("127.0.0.1", 0), Tampering)
+    threading.Thread(target=hostile.serve_forever, daemon=True).start()
+    try:
+        dave = deployment.register("dave", "subscriber")
+        urls = {4: f"http://127.0.0.1:{hostile.server_address[1]}"}
+        combined = run(enrol_subscriber(
+            deployment.client(dave, order=(4, 1, 2, 3, 5), urls=urls), 'symbol = "IBM"'))
+        assert combined.members == (1, 2, 3)
+        assert [(f.index, "does not verify" in f.reason) for f in combined.failures] == [
+            (4, True)]
+        assert reads(deployment.pp, combined.key, published)
+        # The control: the tampered share, combined without the check, reads nothing.
+        tampered = raw_shares(deployment, dave, [1, 2], 'symbol = "IBM"')
+        bad = T.decode_subscriber_share(GROUP, base64.b64decode(httpx.post(
+            urls[4] + "/v3/enrol/subscriber", json={"subscription": 'symbol = "IBM"'},
+            headers={"Authorization": f"Bearer {dave[4]['token']}"}).json()["share"]))
+        assert not reads(deployment.pp, T.combine_subscriber_key(
+            deployment.pp, deployment.tpk, [*tampered, bad]), published)
+    finally:
+        hostile.shutdown()
+
+
+def test_keys_exist_only_where_t_members_allow_the_identity(deployment, published):
+    # Registered at two members only: the other three refuse its token.
+    erin = deployment.register("erin", "subscriber", at=[1, 2])
+    with pytest.raises(ThresholdEnrolmentError) as refused:
+        run(enrol_subscriber(deployment.client(erin), 'symbol = "IBM"'))
+    assert sorted(f.index for f in refused.value.failures) == [3, 4, 5]
+    assert "401" in str(refused.value)
+    # A policy of IBM at members 1-3, none at 4-5: MSFT has only two members.
+    frank = deployment.register("frank", "subscriber", at=[1, 2, 3], policy='symbol = "IBM"')
+    frank |= deployment.register("frank", "subscriber", at=[4, 5])
+    with pytest.raises(ThresholdEnrolmentError) as exceeded:
+        run(enrol_subscriber(deployment.client(frank), 'symbol = "MSFT"'))
+    assert sorted(f.index for f in exceeded.value.failures) == [1, 2, 3]
+    allowed = run(enrol_subscriber(deployment.client(frank), 'symbol = "IBM"'))
+    assert reads(deployment.pp, allowed.key, published)  # the control
+    # Revoked at n - t + 1 = 3 members: no keys; at 2 (the control), keys.
+    for name, revoked_at in (("grace", [1, 2]), ("heidi", [3, 4, 5])):
+        tokens = deployment.register(name, "subscriber")
+        for i in revoked_at:
+            answer = httpx.post(deployment.url(i) + f"/v1/admin/identities/"
+                                f"{tokens[i]['id']}/revoke",
+                                headers={"Authorization": f"Bearer {deployment.admin[i]}"})
+            assert answer.status_code == 200, answer.text
+        if len(revoked_at) < n - t + 1:
+            run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
+        else:
+            with pytest.raises(ThresholdEnrolmentError, match="revoked"):
+                run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
+
+
+def test_two_members_killed_mid_burst_fail_no_issuance(deployment, published):
+    """Last in this module: 48 enrolments by 8 identities, 8 at a time; members 1 and 2
+    are killed once 20 have their keys."""
+    tokens = [deployment.register(f"burst-{k}", "subscriber") for k in range(8)]
+    asks = [(tokens[k % 8], f'symbol = "IBM" and price < {132 + k}') for k in range(48)]
+    done = []
+
+    async def one(ask, slots):
+        async with slots, deployment.client(ask[0], spread=True) as client:
+            combined = await client.enrol_subscriber(ask[1])
+        done.append(combined)
+        if len(done) == 20:
+            for i in (1, 2):
+                deployment.processes[i].send_signal(signal.SIGKILL)
+        return combined
+
+    async def burst():
+        slots = asyncio.Semaphore(8)
+        return 20, await asyncio.gather(*(one(ask, slots) for ask in asks))
+
+    before_kill, results = asyncio.run(burst())
+    assert before_kill < len(asks) // 2 and deployment.processes[1].wait(10) < 0
+    assert len(results) == len(asks)  # every enrolment got its keys
+    assert all(reads(deployment.pp, r.key, published) for r in results)
+    routed_around = [f for r in results for f in r.failures if f.index in (1, 2)]
+    assert routed_around and all("unreachable" in f.reason for f in routed_around)
+    # After the burst: members 1 and 2 are down, asked first, and skipped.
+    after = run(enrol_subscriber(deployment.client(tokens[0]), 'symbol = "IBM"'))
+    assert after.members == (3, 4, 5) and sorted(f.index for f in after.failures) == [1, 2]
