@@ -1,11 +1,15 @@
 """A threshold deployment (docs/scheme.md, section 16) with every server in this process,
-for benchmarks only: it runs the three key generations and the ``beta`` ceremony by
-handing each server's messages to the others directly, so this one process ends up with
-every server's secret shares, which a real deployment never allows."""
+for benchmarks and tests only: it runs the three key generations and the ``beta``
+ceremony by handing each server's messages to the others directly, so this one process
+ends up with every server's secret shares, which a real deployment never allows."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials import (
     G2,
@@ -17,6 +21,9 @@ from ibe_pubsub.credentials import (
     initial_beta_state,
 )
 from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.keyserver import Member, SetupMember, SetupPlan, raw_public_key, save_setup
+
+Deliver = Callable[[int, int, str, bytes], bytes]
 
 
 def _key_generation(group: PairingGroup, t: int, n: int) -> list[DkgResult]:
@@ -44,3 +51,35 @@ def local_deployment(group: PairingGroup, t: int, n: int, deployment: bytes
                                 phi[0].public_shares, x[0].public_key, x[0].public_shares)
     return tpk, {i: T.ServerSecrets(i, delta[i - 1].share, phi[i - 1].share,
                                     x[i - 1].share, os.urandom(32)) for i in range(1, n + 1)}
+
+
+def drive(members: Sequence[SetupMember], deliver: Deliver | None = None) -> None:
+    """The set-up's transport in one process: hand every published message to every member
+    until nothing moves. ``deliver(recipient, sender, round, data)`` may replace what one
+    member gets from another (a member that says different things to different members)."""
+    moved = True
+    while moved:
+        moved = False
+        for member in members:
+            for sender, round_name in member.missing():
+                data = members[sender - 1].published(round_name)
+                if data is None:
+                    continue
+                if deliver is not None:
+                    data = deliver(member.index, sender, round_name, data)
+                member.receive(data)
+                moved = True
+
+
+def write_local_setup(group: PairingGroup, data_dirs: Sequence[Path], urls: Sequence[str],
+                      passphrase: str, deployment: str, t: int) -> None:
+    """The set-up among members at ``urls``, run here and written to each data directory
+    as ``keyserver threshold-setup`` writes it (fresh member keys, never saved)."""
+    keys = [Ed25519PrivateKey.generate() for _ in urls]
+    plan = SetupPlan(deployment, t, tuple(Member(url, raw_public_key(k))
+                                          for url, k in zip(urls, keys, strict=True)))
+    members = [SetupMember(group, plan, k) for k in keys]
+    drive(members)
+    for data_dir, member in zip(data_dirs, members, strict=True):
+        assert member.result is not None, "a local set-up among honest members finishes"
+        save_setup(data_dir, passphrase, plan, member.result)

@@ -27,7 +27,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "setup_http": ("run_setup",),
     "setup_protocol": (
         "Member", "RefusedMessage", "SetupError", "SetupMember", "SetupPlan", "SetupResult",
-        "public_key_fingerprint",
+        "public_key_fingerprint", "raw_public_key",
     ),
     "state": ("ServerConfig",),
     "threshold_client": (

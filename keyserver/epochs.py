@@ -96,10 +96,11 @@ class EpochClock:
         return self.epoch(seg.first_epoch + offset)
 
     def aligned(self, now: float) -> EpochClock:
-        """The length and grace in force at ``now``, with epoch ``k`` running from
-        ``k * length`` (Unix time): members of a threshold deployment, each with its own
-        database and started whenever, number epochs alike if they use the same length."""
-        seg = self._segment_for_time(now)
+        """The first segment's length and grace (``keyserver init``'s), with epoch ``k``
+        running from ``k * length`` (Unix time): members of a threshold deployment, each
+        with its own database and started whenever, number epochs alike if they were
+        initialised with the same length; a number never comes back."""
+        seg = self.segments[0]
         number = math.floor(now / seg.length)
         return EpochClock((Segment(number, number * seg.length, seg.length, seg.grace),))
 

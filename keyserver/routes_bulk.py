@@ -201,7 +201,7 @@ async def bulk(body: BulkIn, caller: Admin,
     """Issue keys for a chunk of decomposed credentials; repeating a chunk id is safe, also
     on another replica at the same time (one chunk id is issued by one process at a time:
     an asyncio lock within a process, an advisory lock of the database across them)."""
-    single_server_only(state, "bulk")
+    single_server_only(state, "bulk issuance")
     check_names(item.identity for item in body.items)
     request_hash = _request_hash(body)
     lock = state.chunk_locks.setdefault(body.chunk_id, asyncio.Lock())

@@ -167,7 +167,7 @@ async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
                            state: State) -> dict[str, Any]:
     """Keys for a subscription inside the identity's policy (403 names the clause it exceeds);
     every credential lies inside the policy's region, whatever max_credentials asks."""
-    single_server_only(state, "subscriber")
+    single_server_only(state, "subscriber keys")
     return await enrol_keys(state, caller, "subscriber", "subscription", body.subscription,
                             target_epoch(state, body.epoch), subscriber_plan(body))
 
@@ -177,7 +177,7 @@ async def enrol_subscriber(body: SubscriberEnrolment, caller: AnIdentity,
 async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
                           state: State) -> dict[str, Any]:
     """Publisher keys for an advertisement inside the identity's policy."""
-    single_server_only(state, "publisher")
+    single_server_only(state, "publisher keys")
     return await enrol_keys(state, caller, "publisher", "advertisement", body.advertisement,
                             target_epoch(state, body.epoch), publisher_plan(body))
 
@@ -188,7 +188,7 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
                      state: State) -> dict[str, Any]:
     """Certify a root peer's Ed25519 transport key for one attribute tree
     (``credentials.certificates.root_certificate_message`` is what is signed)."""
-    single_server_only(state, "root")
+    single_server_only(state, "root certificates")
     identity = _enrolling(caller, "root")
     schema = state.store.schema
     if body.attribute not in schema.names:
@@ -256,7 +256,7 @@ async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
     certificate expires (409 ``address_taken`` while another identity's certificate names
     one); 409 ``too_many_addresses`` if the identity would then hold more live addresses
     than the server's cap (re-certifying the ones it holds always works)."""
-    single_server_only(state, "transport")
+    single_server_only(state, "peer-link certificates")
     identity = caller.identity
     assert identity is not None
     raw_key = _ed25519_key(body.public_key, "public_key")

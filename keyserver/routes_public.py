@@ -10,6 +10,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from ibe_pubsub.keyserver.api_models import EpochOut, Health, PublicParamsOut, SchemaOut
 from ibe_pubsub.keyserver.auth import State
+from ibe_pubsub.keyserver.enrolment import single_server_only
 from ibe_pubsub.keyserver.errors import error_responses
 
 router = APIRouter()
@@ -19,7 +20,9 @@ router = APIRouter()
             tags=["public"], responses=error_responses())
 def params(state: State) -> dict[str, Any]:
     """Master public key, signed schema, the server's Ed25519 key, the signed peer-link CA
-    and the current epoch."""
+    and the current epoch; 409 ``threshold_member`` on a member of a threshold deployment,
+    whose clients take the deployment's key from /v3/threshold."""
+    single_server_only(state, "parameters")
     e = state.epoch()
     return state.store.public_document() | state.store.peer_ca_document() | {
         "epoch": e.number, "epoch_start": e.start, "epoch_end": e.end,

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ibe_pubsub.keyserver.binding import bind
 from ibe_pubsub.keyserver.db import make_engine, make_sessions, sqlite_url
 from ibe_pubsub.keyserver.epochs import Epoch, EpochClock
+from ibe_pubsub.keyserver.exceptions import ServerSettingsError
 from ibe_pubsub.keyserver.fair_pool import FairIssuer
 from ibe_pubsub.keyserver.issuer import IssuerPool
 from ibe_pubsub.keyserver.keystore import DATABASE_FILE, KeyStore
@@ -113,6 +114,12 @@ def open_database(url: str, length: int | None, grace: int | None,
 
 def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember | None = None
                 ) -> AppState:
+    if member is not None and (config.epoch_seconds, config.grace_seconds) != (None, None):
+        raise ServerSettingsError(
+            "a member of a threshold deployment keeps the epoch length and grace it was "
+            "initialised with (keyserver init --epoch-seconds), the same at every member: "
+            "its epochs are numbered by that length from Unix time, and another length "
+            "would renumber them")
     engine, sessions, clock = open_database(config.url, config.epoch_seconds,
                                             config.grace_seconds,
                                             lambda session, _: bind(session, store.fingerprint))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import json
 import logging
 import random
@@ -31,12 +30,15 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from ibe_pubsub.credentials import CodecError, PublicParams, PublisherKey, SubscriberKey
+from ibe_pubsub.credentials import PublicParams, PublisherKey, SubscriberKey
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.client import KeyServerRequestError
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 log = logging.getLogger(__name__)
+#: Bounds on one member's answer: an enrolment has at most 256 credentials and as many
+#: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all.
+MAX_KEYS, MAX_ANSWER_BYTES = 512, 512 * 1024
 Share = TypeVar("Share")
 Shape = tuple[Any, ...]
 """What the shares to combine must agree on: the epoch first, then the credentials."""
@@ -103,11 +105,13 @@ class _Collected(Generic[Share]):
 class ThresholdKeyClient:
     """Async client of ``t``-of-``n`` members; ``members`` lists those this identity may
     ask (at least ``t``). ``spread`` starts at a random member so that many clients share
-    the load; without it members are asked in the order given."""
+    the load; without it members are asked in the order given. A member is given up after
+    ``timeout`` seconds, and when no member answered for ``hedge`` seconds one more is
+    asked."""
 
     def __init__(self, pp: PublicParams, tpk: T.ThresholdPublicKey,
                  members: Sequence[MemberAccess], timeout: float = 30.0, spread: bool = True,
-                 verify: bool | str | ssl.SSLContext = True) -> None:
+                 verify: bool | str | ssl.SSLContext = True, hedge: float = 2.0) -> None:
         indices = [m.index for m in members]
         if len(set(indices)) != len(indices) or any(not 0 < i <= tpk.n for i in indices):
             raise KeyServerError(f"members must be distinct servers of 1..{tpk.n}, got "
@@ -117,6 +121,7 @@ class ThresholdKeyClient:
         if isinstance(verify, str):
             verify = ssl.create_default_context(cafile=verify)
         self.pp, self.tpk, self.members, self.spread = pp, tpk, tuple(members), spread
+        self.timeout, self.hedge = timeout, hedge
         self._http = httpx.AsyncClient(timeout=timeout, verify=verify)
 
     async def __aenter__(self) -> ThresholdKeyClient:
@@ -161,13 +166,18 @@ class ThresholdKeyClient:
         credentials = tuple(k.credential for k in key.credentials)
         fine = tuple(f.credential for f in key.fine_tokens)
         _check_index(index, share.index)
+        _check_count(len(credentials) + len(fine))
         if not T.verify_subscriber_share(self.pp, self.tpk, share, key.epoch, credentials,
                                          fine):
             raise _BadAnswer("its share does not verify against the deployment's public key")
-        return (key.epoch, credentials, fine), (share, int(answer["expires_at"]))
+        expires_at = answer["expires_at"]
+        if not isinstance(expires_at, int):
+            raise _BadAnswer("its expires_at is not an integer")
+        return (key.epoch, credentials, fine, expires_at), (share, expires_at)
 
     def _publisher(self, index: int, answer: Any) -> tuple[Shape,
                                                            list[T.PublisherKeyShare]]:
+        _check_count(len(answer["shares"]))
         shares = [T.decode_publisher_share(self.pp.group, _decoded(s))
                   for s in answer["shares"]]
         if not shares:
@@ -183,20 +193,42 @@ class ThresholdKeyClient:
     # -- asking members until t agree ---------------------------------------------------------
 
     async def _ask(self, member: MemberAccess, path: str, body: dict[str, Any]) -> Any:
+        """The member's JSON answer, read up to ``MAX_ANSWER_BYTES``."""
+        data = bytearray()
         try:
-            response = await self._http.post(
-                member.url.rstrip("/") + path, content=json.dumps(body).encode("ascii"),
-                headers={"Authorization": f"Bearer {member.token}",
-                         "content-type": "application/json"})
+            async with self._http.stream(
+                    "POST", member.url.rstrip("/") + path,
+                    content=json.dumps(body).encode("ascii"),
+                    headers={"Authorization": f"Bearer {member.token}",
+                             "content-type": "application/json"}) as response:
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > MAX_ANSWER_BYTES:
+                        raise _BadAnswer(f"its answer exceeds {MAX_ANSWER_BYTES} bytes")
         except httpx.HTTPError as exc:
             raise _BadAnswer(f"unreachable at {member.url}: {exc!r}") from exc
         try:
-            answer = response.json()
+            answer = json.loads(data)
         except ValueError:
-            answer = response.text
+            answer = data.decode("utf-8", "replace")
         if response.status_code >= 400:
             raise _BadAnswer(str(KeyServerRequestError(response.status_code, answer)))
         return answer
+
+    async def _answer(self, member: MemberAccess, path: str, body: dict[str, Any],
+                      read: Callable[[int, Any], tuple[Shape, Share]]
+                      ) -> Failure | tuple[Shape, Share]:
+        """The member's verified share, or why there is none: whatever a member answers,
+        however slowly, fails that member only."""
+        try:
+            answer = await asyncio.wait_for(self._ask(member, path, body), self.timeout)
+            return await asyncio.to_thread(read, member.index, answer)
+        except _BadAnswer as exc:
+            return Failure(member.index, str(exc))
+        except TimeoutError:
+            return Failure(member.index, f"no answer within {self.timeout:g} s")
+        except Exception as exc:  # a hostile answer: JSON too deep, an overflow, a bad point
+            return Failure(member.index, f"its answer is not a share: {exc!r}")
 
     def _order(self) -> deque[MemberAccess]:
         members = list(self.members)
@@ -207,50 +239,69 @@ class ThresholdKeyClient:
     async def _collect(self, path: str, body: dict[str, Any],
                        read: Callable[[int, Any], tuple[Shape, Share]]
                        ) -> _Collected[Share]:
-        """Ask ``t`` members, then one more for each that fails or disagrees, until ``t``
-        verified shares agree on the epoch and credentials. The members asked later are
-        asked for the epoch of the largest agreeing group (the newest of equal ones): one
-        member cannot steer the others to an epoch they refuse. Answers that straddle an
-        epoch boundary can leave too few members for either epoch: the error then names
-        ``epoch_unavailable``, and asking again works."""
+        """Ask ``t`` members at once; ask one more for each that fails or disagrees, and
+        one more whenever no member answered for ``hedge`` seconds, until ``t`` verified
+        shares agree on the epoch and credentials. Every member is asked the same request,
+        so an answer for another epoch or other credentials only forms a group of its own
+        and steers nobody. A member whose share is of an older epoch than another's (an
+        epoch boundary between two answers) is asked once more when no other is left."""
         t, waiting = self.tpk.t, self._order()
+        by_index = {m.index: m for m in self.members}
         groups: dict[Shape, dict[int, Share]] = {}
         failures: list[Failure] = []
         running: dict[asyncio.Task[Any], MemberAccess] = {}
+        asked_again: set[int] = set()
 
-        def ask(member: MemberAccess, epoch: str | int | None) -> None:
-            task = asyncio.create_task(self._ask(member, path, body | {"epoch": epoch}))
-            running[task] = member
+        def ask(member: MemberAccess) -> None:
+            running[asyncio.create_task(self._answer(member, path, body, read))] = member
+
+        def spare() -> MemberAccess | None:
+            if waiting:
+                return waiting.popleft()
+            newest = max((shape[0] for shape in groups), default=None)
+            for shape, shares in groups.items():
+                older = [i for i in shares if shape[0] != newest and i not in asked_again]
+                if older:
+                    asked_again.add(older[0])
+                    del shares[older[0]]
+                    return by_index[older[0]]
+            return None
+
+        def disagreeing(chosen: Shape | None) -> list[Failure]:
+            return [Failure(i, f"its share (epoch {shape[0]}) agrees with fewer than {t} "
+                               "members' on the epoch and credentials")
+                    for shape, shares in groups.items() if shape != chosen for i in shares]
 
         for _ in range(t):
-            ask(waiting.popleft(), body["epoch"])
+            ask(waiting.popleft())
         try:
             while running:
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(running, timeout=self.hedge,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done and (member := spare()) is not None:
+                    ask(member)
                 for task in done:
                     member = running.pop(task)
-                    try:
-                        shape, share = read(member.index, task.result())
-                    except _BadAnswer as exc:
-                        failures.append(Failure(member.index, str(exc)))
-                        continue
-                    except (CodecError, T.ThresholdError, KeyError, TypeError, ValueError,
-                            binascii.Error) as exc:
-                        failures.append(Failure(member.index, f"its answer is not a share: "
-                                                f"{exc}"))
-                        continue
-                    groups.setdefault(shape, {})[member.index] = share
-                shape, best = max(groups.items(), key=lambda g: (len(g[1]), g[0][0]),
-                                  default=(None, {}))
+                    outcome = task.result()
+                    if isinstance(outcome, Failure):
+                        failures.append(outcome)
+                    else:
+                        groups.setdefault(outcome[0], {})[member.index] = outcome[1]
+                chosen, best = max(groups.items(), key=lambda g: len(g[1]), default=(None, {}))
                 if len(best) >= t:
+                    failures += disagreeing(chosen) + [
+                        Failure(m.index, f"it had not answered when {t} others agreed")
+                        for m in running.values()]
                     self._report(failures)
                     return _Collected(dict(sorted(best.items())[:t]), failures)
-                epoch = body["epoch"] if shape is None else shape[0]
-                for _ in range(min(t - len(best) - len(running), len(waiting))):
-                    ask(waiting.popleft(), epoch)
+                for _ in range(t - len(best) - len(running)):
+                    if (member := spare()) is None:
+                        break
+                    ask(member)
         finally:
             for task in running:
                 task.cancel()
+        failures += disagreeing(max(groups, key=lambda shape: len(groups[shape]), default=None))
         self._report(failures)
         raise _no_agreement(t, failures)
 
@@ -268,3 +319,8 @@ def _decoded(text: Any) -> bytes:
 def _check_index(asked: int, answered: int) -> None:
     if answered != asked:
         raise _BadAnswer(f"it answered with member {answered}'s share")
+
+
+def _check_count(keys: int) -> None:
+    if keys > MAX_KEYS:
+        raise _BadAnswer(f"it answered {keys} keys, more than an enrolment has ({MAX_KEYS})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 import shutil
@@ -17,15 +18,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from repository import REPO_ROOT
-from setup_transport import drive
 
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
@@ -41,14 +41,14 @@ from ibe_pubsub.evaluation.launcher import (
     stop,
     wait_ready,
 )
+from ibe_pubsub.evaluation.threshold_lab import write_local_setup
 from ibe_pubsub.keyserver import (
     MemberAccess,
     ThresholdEnrolmentError,
     ThresholdKeyClient,
+    load_shares,
     read_public_document,
-    save_setup,
 )
-from ibe_pubsub.keyserver.setup_protocol import Member, SetupMember, SetupPlan, raw_public_key
 
 t, n = 3, 5
 PASSPHRASE = "threshold issuance passphrase"
@@ -68,7 +68,8 @@ class Deployment:
             _, err = p.communicate(timeout=120)
             assert p.returncode == 0, err
         self.ports = [free_port() for _ in self.dirs]
-        run_setup([self.url(i) for i in range(1, n + 1)], self.dirs)
+        write_local_setup(GROUP, self.dirs, [self.url(i) for i in range(1, n + 1)],
+                          PASSPHRASE, "acme", t)
         _, self.tpk = read_public_document(self.dirs[0] / "threshold.json", GROUP)
         self.pp = S.PublicParams(GROUP, self.tpk.mpk, default_schema())
         self.processes = {i: start_keyserver(d, port, PASSPHRASE, ["--workers", "1"],
@@ -100,9 +101,9 @@ class Deployment:
                              tokens.get(i, {"token": "not registered here"})["token"])
                 for i in order]
 
-    def client(self, tokens, order=None, urls=None, spread=False):
+    def client(self, tokens, order=None, urls=None, spread=False, timeout=20, hedge=2.0):
         return ThresholdKeyClient(self.pp, self.tpk, self.access(tokens, order, urls),
-                                  spread=spread, timeout=20)
+                                  spread=spread, timeout=timeout, hedge=hedge)
 
     def close(self) -> None:
         for process in self.processes.values():
@@ -183,23 +184,13 @@ def test_members_serve_one_outcome_and_no_version_2_keys(deployment, keyserver):
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_threshold"
 
 
-def run_setup(plan_urls, data_dirs):
-    """A set-up in this process, written to each directory as the command writes it."""
-    keys = [Ed25519PrivateKey.generate() for _ in plan_urls]
-    plan = SetupPlan("acme", t, tuple(Member(url, raw_public_key(k))
-                                      for url, k in zip(plan_urls, keys, strict=True)))
-    members = [SetupMember(GROUP, plan, k) for k in keys]
-    drive(members)
-    for d, member in zip(data_dirs, members, strict=True):
-        save_setup(d, PASSPHRASE, plan, member.result)
-
-
 def test_a_member_with_another_set_ups_public_key_refuses_to_start(deployment, tmp_path):
     """The operator copied the wrong threshold.json: serving would answer bad shares."""
     others = [tmp_path / f"other-{i}" for i in range(1, n + 1)]
     for d in others:
         d.mkdir(mode=0o700)
-    run_setup([deployment.url(i) for i in range(1, n + 1)], others)
+    write_local_setup(GROUP, others, [deployment.url(i) for i in range(1, n + 1)],
+                      PASSPHRASE, "acme", t)
     copy = tmp_path / "member-1-copy"
     shutil.copytree(deployment.dirs[0], copy, ignore=shutil.ignore_patterns("server.log"))
     shutil.copy(others[0] / "threshold.json", copy / "threshold.json")
@@ -272,24 +263,24 @@ def test_the_shares_of_any_two_members_do_not_decrypt(deployment, published):
         assert not reads(deployment.pp, interpolate([shares[k] for k in pair]), published)
 
 
-class Tampering(BaseHTTPRequestHandler):
-    """A hostile member 4: forwards to the real one and multiplies ``D_i`` by ``g``."""
+class Hostile(BaseHTTPRequestHandler):
+    """A hostile member in front of the real one (``target``): ``behave(handler, body)``
+    answers each request."""
 
     target = ""
 
     def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        answer = httpx.post(self.target + self.path, content=body, headers={
+        self.behave(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def forward(self, body):
+        return httpx.post(self.target + self.path, content=body, headers={
             "Authorization": self.headers["Authorization"],
-            "content-type": "application/json"})
-        document = answer.json()
-        share = T.decode_subscriber_share(GROUP, base64.b64decode(document["share"]))
-        bad = replace(share, key=replace(share.key, D=share.key.D * GROUP.generator(S.G1)))
-        document["share"] = base64.b64encode(T.encode_subscriber_share(bad)).decode()
-        data = json.dumps(document).encode()
+            "content-type": "application/json"}).json()
+
+    def reply(self, data, length=None):
         self.send_response(200)
         self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
+        self.send_header("content-length", str(length or len(data)))
         self.end_headers()
         self.wfile.write(data)
 
@@ -297,13 +288,36 @@ class Tampering(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_bad_share_is_detected_named_and_routed_around(deployment, published):
-    Tampering.target = deployment.url(4)
-    hostile = ThreadingHTTPServer(("127.0.0.1", 0), Tampering)
-    threading.Thread(target=hostile.serve_forever, daemon=True).start()
+@contextlib.contextmanager
+def hostile_member(target, behave):
+    handler = type("Handler", (Hostile,), {"target": target, "behave": behave})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        dave = deployment.register("dave", "subscriber")
-        urls = {4: f"http://127.0.0.1:{hostile.server_address[1]}"}
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def with_share(handler, body, change):
+    """The real member's answer with its share replaced by ``change(share)``."""
+    document = handler.forward(body)
+    share = change(T.decode_subscriber_share(GROUP, base64.b64decode(document["share"])))
+    document |= {"share": base64.b64encode(T.encode_subscriber_share(share)).decode(),
+                 "epoch": share.key.epoch}
+    handler.reply(json.dumps(document).encode())
+
+
+def tamper(handler, body):
+    with_share(handler, body, lambda share: replace(
+        share, key=replace(share.key, D=share.key.D * GROUP.generator(S.G1))))
+
+
+def test_a_bad_share_is_detected_named_and_routed_around(deployment, published):
+    dave = deployment.register("dave", "subscriber")
+    with hostile_member(deployment.url(4), tamper) as url:
+        urls = {4: url}
         combined = run(enrol_subscriber(
             deployment.client(dave, order=(4, 1, 2, 3, 5), urls=urls), 'symbol = "IBM"'))
         assert combined.members == (1, 2, 3)
@@ -313,12 +327,68 @@ def test_a_bad_share_is_detected_named_and_routed_around(deployment, published):
         # The control: the tampered share, combined without the check, reads nothing.
         tampered = raw_shares(deployment, dave, [1, 2], 'symbol = "IBM"')
         bad = T.decode_subscriber_share(GROUP, base64.b64decode(httpx.post(
-            urls[4] + "/v3/enrol/subscriber", json={"subscription": 'symbol = "IBM"'},
+            url + "/v3/enrol/subscriber", json={"subscription": 'symbol = "IBM"'},
             headers={"Authorization": f"Bearer {dave[4]['token']}"}).json()["share"]))
         assert not reads(deployment.pp, T.combine_subscriber_key(
             deployment.pp, deployment.tpk, [*tampered, bad]), published)
-    finally:
-        hostile.shutdown()
+
+
+def trickle(handler, _body):
+    try:
+        handler.send_response(200)
+        handler.send_header("content-length", "100000")
+        handler.end_headers()
+        for _ in range(60):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.3)
+    except OSError:
+        pass
+
+
+def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
+    """Member 4, asked first, answers: a valid share of its own for epoch + 5 (made with
+    its real secrets: the others must not be asked for that epoch), JSON nested 100,000
+    deep, an infinite expires_at, 600 KiB, or one byte every 0.3 s."""
+    ivan = deployment.register("ivan", "subscriber")
+    secrets = load_shares(deployment.dirs[3], PASSPHRASE)
+
+    def future_epoch(handler, body):
+        def own_share(share):
+            key = share.key
+            return T.keyshare_subscriber(deployment.pp, deployment.tpk, secrets, "ivan",
+                                         key.epoch + 5, [k.credential for k in key.credentials],
+                                         [f.credential for f in key.fine_tokens])
+        with_share(handler, body, own_share)
+
+    def infinite_expiry(handler, body):
+        document = handler.forward(body) | {"expires_at": float("inf")}
+        handler.reply(json.dumps(document).encode())
+
+    behaviours = {
+        future_epoch: "agrees with fewer than 3",
+        (lambda h, _: h.reply(b"[" * 100_000)): "not a share",
+        infinite_expiry: "not an integer",
+        (lambda h, _: h.reply(b" " * 600 * 1024 + b"{}")): "exceeds",
+        trickle: "had not answered"}
+    for behave, reason in behaviours.items():
+        with hostile_member(deployment.url(4), behave) as url:
+            client = deployment.client(ivan, order=(4, 1, 2, 3, 5), urls={4: url},
+                                       timeout=5, hedge=0.5)
+            started = time.monotonic()
+            combined = run(enrol_subscriber(client, 'symbol = "IBM"'))
+            assert time.monotonic() - started < 4
+            assert combined.members == (1, 2, 3) and reads(deployment.pp, combined.key,
+                                                           published)
+            assert [f.index for f in combined.failures] == [4]
+            assert reason in combined.failures[0].reason, combined.failures
+    # A member that trickles its answer is given up at the deadline, not held on to.
+    with hostile_member(deployment.url(4), trickle) as url:
+        client = deployment.client(ivan, order=(4, 1, 2), urls={4: url}, timeout=2, hedge=10)
+        started = time.monotonic()
+        with pytest.raises(ThresholdEnrolmentError, match="no answer within 2 s"):
+            run(enrol_subscriber(client, 'symbol = "IBM"'))
+        assert time.monotonic() - started < 5
 
 
 def test_keys_exist_only_where_t_members_allow_the_identity(deployment, published):
@@ -349,6 +419,22 @@ def test_keys_exist_only_where_t_members_allow_the_identity(deployment, publishe
         else:
             with pytest.raises(ThresholdEnrolmentError, match="revoked"):
                 run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
+
+
+def test_the_design_flaw_identities_below_t_pool_their_shares(deployment, published):
+    """docs/scheme.md 16.8, shown against real members: alice is registered at members 1
+    and 2, bob at member 3; each alone is refused, and their three shares combine into a
+    key that reads the event. When the proposed fix lands, this test must fail and be
+    turned around."""
+    alice = deployment.register("alice-pool", "subscriber", at=[1, 2])
+    bob = deployment.register("bob-pool", "subscriber", at=[3])
+    for tokens in (alice, bob):
+        with pytest.raises(ThresholdEnrolmentError):
+            run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
+    pooled = (raw_shares(deployment, alice, [1, 2], 'symbol = "IBM"')
+              + raw_shares(deployment, bob, [3], 'symbol = "IBM"'))
+    assert reads(deployment.pp, T.combine_subscriber_key(deployment.pp, deployment.tpk,
+                                                         pooled), published)
 
 
 def test_two_members_killed_mid_burst_fail_no_issuance(deployment, published):

@@ -25,7 +25,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
-from setup_transport import drive
 
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
@@ -36,6 +35,7 @@ from ibe_pubsub.credentials.groups import G2
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.credentials.shamir import evaluate, lagrange_at_zero
+from ibe_pubsub.evaluation.threshold_lab import drive
 from ibe_pubsub.keyserver.setup_protocol import (
     Member,
     RefusedMessage,
