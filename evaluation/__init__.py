@@ -13,6 +13,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "bench_monitoring": ("plot_monitoring", "run_monitoring_bench"),
     "bench_overlay": ("Bench",),
     "bench_replicas": ("run_replica_bench",),
+    "bench_threshold": ("run_threshold_bench",),
     "bench_streams": ("GOALS", "run_streams_bench"),
     "bench_transport": ("run_transport_bench",),
     "delays": ("Setting",),

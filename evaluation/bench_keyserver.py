@@ -23,8 +23,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +92,15 @@ def open_floor_pool(settings: BenchSettings, data_dir: Path) -> tuple[IssuerPool
     return pool, tuple(creds), tuple(fine)
 
 
-def measure_floor(pool: IssuerPool, creds: tuple, fine: tuple, seconds: float
-                  ) -> dict[str, Any]:
-    """Credential keys/s of the issuer pool alone, kept busy with 2 tasks per worker."""
+#: A subscriber's whole issuance (keys and connection requests), as the server's pool runs it.
+WHOLE_ENROLMENT = partial(issue_subscriber, expires_at=2**40)
+
+
+def measure_floor(pool: IssuerPool, creds: tuple, fine: tuple, seconds: float,
+                  job: Callable[..., Any] = WHOLE_ENROLMENT) -> dict[str, Any]:
+    """Credential keys/s of the issuer pool alone, kept busy with 2 tasks per worker of
+    ``job`` (a whole enrolment, or ``issue_subscriber_key``: the keys without connection
+    requests)."""
     executor = pool._executor
     workers = list(executor._processes)  # type: ignore[attr-defined]
     cpu_start = sum(process_cpu_seconds(pid) for pid in workers)
@@ -102,7 +110,7 @@ def measure_floor(pool: IssuerPool, creds: tuple, fine: tuple, seconds: float
     deadline = start + seconds
     while time.perf_counter() < deadline or pending:
         while time.perf_counter() < deadline and len(pending) < 2 * pool.workers:
-            pending.add(executor.submit(issue_subscriber, 1, creds, fine, 2**40))
+            pending.add(executor.submit(job, 1, creds, fine))
         finished, pending = wait(pending, return_when=FIRST_COMPLETED)
         for f in finished:
             f.result()

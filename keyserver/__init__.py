@@ -17,7 +17,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "enrolment": ("plan_subscriber",),
     "epochs": ("check_lengths", "default_grace"),
     "exceptions": ("KeyServerError", "ServerSettingsError"),
-    "issuer": ("IssuerPool", "issue_subscriber"),
+    "issuer": ("IssuerPool", "issue_subscriber", "issue_subscriber_key"),
     "keystore": (
         "KeyStoreError", "PUBLIC_FILE", "create_keystore", "passphrase_from_env",
         "rotate_admin_token",

@@ -466,3 +466,24 @@ def test_two_members_killed_mid_burst_fail_no_issuance(deployment, published):
     # After the burst: members 1 and 2 are down, asked first, and skipped.
     after = run(enrol_subscriber(deployment.client(tokens[0]), 'symbol = "IBM"'))
     assert after.members == (3, 4, 5) and sorted(f.index for f in after.failures) == [1, 2]
+
+
+def test_bench_keyserver_threshold_smoke(tmp_path):
+    """The benchmark's command, briefly: 2 of 3 members against the single server."""
+    out = tmp_path / "threshold.json"
+    done = subprocess.run(cli_command(
+        "bench", "keyserver", "--threshold", "2-of-3", "--json", str(out), "--seconds", "1",
+        "--clients", "2", "--workers", "1", "--max-credentials", "1", "--no-plot"),
+        env=child_env(), capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert (summary["t"], summary["n"]) == (2, 3) and summary["members_skipped"] == 0
+    assert result["threshold"]["enrolments"] >= 1 and summary["threshold_keys_per_second"] > 0
+    assert summary["cpu_per_key_vs_t_floor_keys"] == pytest.approx(
+        summary["threshold_cpu_seconds_per_key"] / (2 * summary["floor_cpu_seconds_per_key"]),
+        rel=0.01)
+    refused = subprocess.run(cli_command("bench", "keyserver", "--threshold", "3-of-4"),
+                             env=child_env(), capture_output=True, text=True, timeout=60,
+                             check=False)
+    assert refused.returncode == 2 and "3-of-4" in refused.stderr
