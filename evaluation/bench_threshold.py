@@ -10,8 +10,8 @@ single key server, in one run on one machine.
   run in this process, and the same number of clients enrolling the same subscription
   back to back through :class:`ThresholdKeyClient` (each asks ``t`` members, checks every
   share and combines). Client-observed credential keys/s and latency, and CPU seconds per
-  combined credential key: every member's process tree plus this process's (the clients'
-  checks and combining).
+  combined credential key: every member's process tree (the members' part) plus this
+  process's (the clients' part: their checks and combining), each also stated alone.
 
 On one machine the members share its cores, where a real deployment gives each its own:
 the CPU figures do not depend on that, the throughput and latency figures do.
@@ -135,14 +135,19 @@ def measure_threshold(settings: BenchSettings, t: int, n: int, root: Path) -> di
         _, tpk = read_public_document(roots[0] / THRESHOLD_PUBLIC_FILE, group)
         pp = PublicParams(group, tpk.mpk, default_schema())
         tokens = register(urls, roots, settings.clients)
-        cpu_start = sum(tree_cpu_seconds(p.pid) for p in processes) + time.process_time()
+        members_start = sum(tree_cpu_seconds(p.pid) for p in processes)
+        client_start = time.process_time()
         result = asyncio.run(_drive(pp, tpk, urls, tokens, settings))
-        cpu = sum(tree_cpu_seconds(p.pid) for p in processes) + time.process_time() - cpu_start
+        client = time.process_time() - client_start
+        members = sum(tree_cpu_seconds(p.pid) for p in processes) - members_start
     finally:
         for process in processes:
             stop(process)
-    return result | {"t": t, "n": n, "cpu_seconds": cpu,
-                     "cpu_seconds_per_key": cpu / result["keys"]}
+    keys = result["keys"]
+    return result | {"t": t, "n": n, "cpu_seconds": members + client,
+                     "cpu_seconds_per_key": (members + client) / keys,
+                     "members_cpu_seconds_per_key": members / keys,
+                     "client_cpu_seconds_per_key": client / keys}
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -193,9 +198,15 @@ def run_threshold_bench(settings: BenchSettings, t: int, n: int, json_path: Path
         "latency_p50_ratio": round(threshold["latency_p50"] / single["latency_p50"], 3),
         "floor_cpu_seconds_per_key": round(floor["cpu_seconds_per_key"], 6),
         "threshold_cpu_seconds_per_key": round(threshold["cpu_seconds_per_key"], 6),
+        "members_cpu_seconds_per_key": round(threshold["members_cpu_seconds_per_key"], 6),
+        "client_cpu_seconds_per_key": round(threshold["client_cpu_seconds_per_key"], 6),
         "cpu_per_key_vs_t_floor_keys": round(
             threshold["cpu_seconds_per_key"] / (t * floor["cpu_seconds_per_key"]), 3),
+        "members_cpu_per_key_vs_t_floor_keys": round(
+            threshold["members_cpu_seconds_per_key"] / (t * floor["cpu_seconds_per_key"]), 3),
         "single_http_cpu_seconds_per_key": round(single["cpu_seconds_per_key"], 6),
+        "cpu_per_key_vs_t_single_http_keys": round(
+            threshold["cpu_seconds_per_key"] / (t * single["cpu_seconds_per_key"]), 3),
         "members_skipped": threshold["members_skipped"]}
     progress(f"single {summary['single_keys_per_second']}, {t} of {n} "
              f"{summary['threshold_keys_per_second']} credential keys/s")

@@ -483,6 +483,9 @@ def test_bench_keyserver_threshold_smoke(tmp_path):
     assert summary["cpu_per_key_vs_t_floor_keys"] == pytest.approx(
         summary["threshold_cpu_seconds_per_key"] / (2 * summary["floor_cpu_seconds_per_key"]),
         rel=0.01)
+    assert summary["threshold_cpu_seconds_per_key"] == pytest.approx(
+        summary["members_cpu_seconds_per_key"] + summary["client_cpu_seconds_per_key"], rel=0.01)
+    assert summary["members_cpu_seconds_per_key"] > 0 and summary["client_cpu_seconds_per_key"] > 0
     refused = subprocess.run(cli_command("bench", "keyserver", "--threshold", "3-of-4"),
                              env=child_env(), capture_output=True, text=True, timeout=60,
                              check=False)
