@@ -18,6 +18,11 @@ sees the same messages and knows who sent each. Every message names its author, 
 participant refuses one whose author is not its sender: otherwise a server could complain
 in another's name and make honest dealers reveal that server's shares.
 
+**A sharing of zero** (``zero=True``, for the threshold key service's ``rho``): every
+dealer's constant term is 0 and its ``C_0`` the identity, so whatever dealers qualify,
+the shared secret is 0 by construction; the public shares ``ĝ^(rho_j)`` still make each
+server's use of its share checkable, and ``t`` of them interpolate to the identity.
+
 It needs ``n >= 2t - 1``: then the at most ``t - 1`` corrupt servers leave ``t`` honest
 ones whose shares fix every qualified polynomial, so no dealer can commit to a ``C_0`` it
 does not know the logarithm of (which would let colluding dealers choose the public key).
@@ -89,18 +94,22 @@ def share_is_valid(group: PairingGroup, dealing: Dealing, recipient: int, share:
                                                                           recipient)
 
 
-def is_well_formed(group: PairingGroup, dealing: Dealing, t: int, n: int) -> bool:
+def is_well_formed(group: PairingGroup, dealing: Dealing, t: int, n: int,
+                   zero: bool = False) -> bool:
     """A dealer in 1..n, exactly ``t`` commitments in G2, none the identity (a zero
     coefficient would let the dealer lower the polynomial's degree or cancel others'
-    secrets)."""
+    secrets), except ``C_0`` of a sharing of zero, which must be."""
     identity = group.identity(G2)
     return (0 < dealing.dealer <= n and len(dealing.commitments) == t
-            and all(c.kind is G2 and c != identity for c in dealing.commitments))
+            and all(c.kind is G2 for c in dealing.commitments)
+            and (dealing.commitments[0] == identity) is zero
+            and identity not in dealing.commitments[1:])
 
 
 def qualified_dealers(group: PairingGroup, dealings: Mapping[int, Dealing], t: int, n: int,
                       complaints: Sequence[Complaint],
-                      justifications: Sequence[Justification]) -> frozenset[int]:
+                      justifications: Sequence[Justification],
+                      zero: bool = False) -> frozenset[int]:
     """The dealers that stay, from broadcast messages whose authors were checked:
     well-formed, every complaint against them answered exactly once with a share that
     verifies for its accuser, and no answer that does not verify."""
@@ -109,7 +118,7 @@ def qualified_dealers(group: PairingGroup, dealings: Mapping[int, Dealing], t: i
         answers.setdefault((j.dealer, j.accuser), []).append(j.share)
     qualified = set()
     for dealer, dealing in dealings.items():
-        if not is_well_formed(group, dealing, t, n):
+        if not is_well_formed(group, dealing, t, n, zero):
             continue
         accusers = {c.accuser for c in complaints if c.dealer == dealer}
         given = {a: shares for (d, a), shares in answers.items() if d == dealer}
@@ -129,14 +138,17 @@ class Participant:
     broadcast :meth:`complaints`, and take everyone's with :meth:`receive` (which returns
     this dealer's answer to broadcast); take the answers with :meth:`receive`; then
     :meth:`finish`.
+    With ``zero``, the shared secret is 0 (a sharing of zero, above).
     """
 
-    def __init__(self, group: PairingGroup, index: int, t: int, n: int) -> None:
+    def __init__(self, group: PairingGroup, index: int, t: int, n: int,
+                 zero: bool = False) -> None:
         if t < 1 or n < 2 * t - 1 or not 0 < index <= n:
             raise DkgError(f"need t >= 1, n >= 2t - 1 and 0 < index <= n, got t={t}, n={n}, "
                            f"index={index}")
-        self.group, self.index, self.t, self.n = group, index, t, n
-        self._polynomial = random_polynomial(group.random_scalar, t - 1)
+        self.group, self.index, self.t, self.n, self.zero = group, index, t, n, zero
+        polynomial = random_polynomial(group.random_scalar, t - 1)
+        self._polynomial = (0, *polynomial[1:]) if zero else polynomial
         self._shares: dict[int, int] = {}
         self._dealings: dict[int, Dealing] = {}
         self._complaints: list[Complaint] = []
@@ -146,7 +158,8 @@ class Participant:
         """The broadcast commitments and the private share for each server (its own
         included)."""
         g_hat, q = self.group.generator(G2), self.group.order
-        commitments = tuple(self.group.exp_secret(g_hat, a) for a in self._polynomial)
+        commitments = tuple(self.group.exp_secret(g_hat, a) if a else self.group.identity(G2)
+                            for a in self._polynomial)
         shares = {j: evaluate(self._polynomial, j, q) for j in range(1, self.n + 1)}
         return Dealing(self.index, commitments), shares
 
@@ -197,7 +210,7 @@ class Participant:
         """This server's share of the qualified dealers' secret, the public key and every
         server's public share."""
         qualified = qualified_dealers(self.group, self._dealings, self.t, self.n,
-                                      self._complaints, self._justifications)
+                                      self._complaints, self._justifications, self.zero)
         if len(qualified) < self.t:
             raise DkgError(f"only {len(qualified)} qualified dealers, fewer than t={self.t}")
         mine = {c.dealer for c in self._complaints if c.accuser == self.index}

@@ -23,6 +23,14 @@ shows it). Here the binding is per *issuance*: ``gamma_s_i`` and every ``gamma_i
 take the digest of the exact credential lists issued (:func:`issuance_digest`), so asking
 again for the same keys returns the same shares (what the fallback to another server
 needs), and any other request gets an independent binding, as in version 2.
+
+**Shares are bound to their identity** by a sharing of zero, ``rho`` (``rho(0) = 0``):
+member ``i`` multiplies ``D_i`` by ``H(identity, I)^rho_i`` and ``P1_i`` by
+``H(identity, credential)^rho_i``. Over ``t`` shares of one identity and issuance the
+factors combine to ``H^0 = 1``; shares issued to different identities leave
+``(H_A / H_B)^c`` with ``c`` a combination of ``rho_i`` nobody knows, so identities that
+each get fewer than ``t`` shares cannot pool them into a key (without it they could:
+docs/scheme.md, section 16.8).
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ BATCH_WEIGHT_BITS = 64
 #: (kept apart from the events' M, so no signature of one kind is ever one of the other).
 DST_G2 = b"IBE-PUBSUB-V3-G2"
 DST_SIGNATURE = b"IBE-PUBSUB-V3-SIG"
+DST_IDENTITY = b"IBE-PUBSUB-V3-RHO"
 
 
 class ThresholdError(CredentialsError, ValueError):
@@ -84,7 +93,8 @@ def derive_g2(group: PairingGroup, deployment: bytes) -> Element:
 class ThresholdPublicKey:
     """What every client of a deployment holds: the version-2 MPK (peers use only it), and
     ``W``, ``G``, ``X = ĝ^x`` and each server's public shares ``ĝ^delta_i``, ``ĝ^phi_i``,
-    ``ĝ^x_i`` (index i = server number, 1..n), which make every share checkable."""
+    ``ĝ^x_i``, ``ĝ^rho_i`` (index i = server number, 1..n), which make every share
+    checkable."""
 
     deployment: bytes
     t: int
@@ -96,20 +106,23 @@ class ThresholdPublicKey:
     delta_shares: Mapping[int, Element]
     phi_shares: Mapping[int, Element]
     x_shares: Mapping[int, Element]
+    rho_shares: Mapping[int, Element]
 
 
 def assemble_public_key(group: PairingGroup, deployment: bytes, t: int, n: int,
                         beta: BetaState, delta_key: Element,
                         delta_shares: Mapping[int, Element], phi_key: Element,
                         phi_shares: Mapping[int, Element], x_key: Element,
-                        x_shares: Mapping[int, Element]) -> ThresholdPublicKey:
-    """From the ceremony's last state and the three key generations' public outputs:
+                        x_shares: Mapping[int, Element], rho_shares: Mapping[int, Element]
+                        ) -> ThresholdPublicKey:
+    """From the ceremony's last state and the four key generations' public outputs:
     ``h = ĝ^phi``, ``hd`` from the ceremony, ``Y = e(W, ĝ^delta)`` (= e(g2, ĝ)^alpha).
     Refuses public shares that do not lie on one polynomial of degree below ``t`` through
-    their key, and identity elements."""
+    their key (the identity for ``rho``), and identity elements."""
     for name, key, shares in (("delta", delta_key, delta_shares), ("phi", phi_key, phi_shares),
                               ("x", x_key, x_shares)):
         check_public_shares(group, t, n, key, shares, name)
+    check_public_shares(group, t, n, group.identity(G2), rho_shares, "rho", zero=True)
     if any(bytes(e) == bytes(group.identity(e.kind)) for e in (beta.W, beta.G, beta.hd)):
         raise ThresholdError("the ceremony's points include the identity")
     g2 = derive_g2(group, deployment)
@@ -117,32 +130,37 @@ def assemble_public_key(group: PairingGroup, deployment: bytes, t: int, n: int,
                           g_hat=group.generator(G2), g2=g2, h=phi_key, hd=beta.hd,
                           Y=group.pair(beta.W, delta_key))
     return ThresholdPublicKey(deployment, t, n, mpk, beta.W, beta.G, x_key,
-                              dict(delta_shares), dict(phi_shares), dict(x_shares))
+                              dict(delta_shares), dict(phi_shares), dict(x_shares),
+                              dict(rho_shares))
 
 
 def encode_public_key(tpk: ThresholdPublicKey) -> bytes:
     """Tag 18 (docs/wire-format.md): the deployment, ``t``, ``n``, the MPK, ``W``, ``G``,
-    ``X``, then each server's ``ĝ^delta_i``, ``ĝ^phi_i``, ``ĝ^x_i`` in server order."""
+    ``X``, then each server's ``ĝ^delta_i``, ``ĝ^phi_i``, ``ĝ^x_i``, ``ĝ^rho_i`` in server
+    order."""
     w = (Writer(TAG_THRESHOLD_PUBLIC_KEY).blob(tpk.deployment).u8(tpk.t).u8(tpk.n)
          .blob(encode_mpk(tpk.mpk)).element(tpk.W).element(tpk.G).element(tpk.X))
     for i in range(1, tpk.n + 1):
         w.element(tpk.delta_shares[i]).element(tpk.phi_shares[i]).element(tpk.x_shares[i])
+        w.element(tpk.rho_shares[i])
     return w.done()
 
 
 def decode_public_key(group: PairingGroup, data: bytes) -> ThresholdPublicKey:
     """The inverse of :func:`encode_public_key`, refusing public shares that do not lie on
-    one polynomial through their key and an ``Y`` other than ``e(W, ĝ^delta)``."""
+    one polynomial through their key (``rho``'s through the identity) and an ``Y`` other
+    than ``e(W, ĝ^delta)``."""
     r = Reader(group, data, TAG_THRESHOLD_PUBLIC_KEY, "threshold public key")
     deployment, t, n = r.blob(), r.u8(), r.u8()
     mpk = decode_mpk(group, r.blob())
     W, G, X = r.element(G1), r.element(G1), r.element(G2)
-    shares = [(r.element(G2), r.element(G2), r.element(G2)) for _ in range(n)]
+    shares = [tuple(r.element(G2) for _ in range(4)) for _ in range(n)]
     r.end()
-    delta, phi, x = ({i: s[k] for i, s in enumerate(shares, start=1)} for k in range(3))
+    delta, phi, x, rho = ({i: s[k] for i, s in enumerate(shares, start=1)} for k in range(4))
     try:
         for name, key, public in (("phi", mpk.h, phi), ("x", X, x)):
             check_public_shares(group, t, n, key, public, name)
+        check_public_shares(group, t, n, group.identity(G2), rho, "rho", zero=True)
         weights = lagrange_at_zero(range(1, t + 1), group.order)
         delta_key = group.multi_exp([delta[i] for i in weights], list(weights.values()))
         check_public_shares(group, t, n, delta_key, delta, "delta")
@@ -152,36 +170,42 @@ def decode_public_key(group: PairingGroup, data: bytes) -> ThresholdPublicKey:
             or not _holds(group, (W, mpk.g_hat), (~mpk.g2, mpk.hd))
             or not _holds(group, (G, mpk.hd), (~mpk.g2, mpk.g_hat))):
         raise CodecError("threshold public key: Y, g2, W or G does not match the deployment")
-    return ThresholdPublicKey(deployment, t, n, mpk, W, G, X, delta, phi, x)
+    return ThresholdPublicKey(deployment, t, n, mpk, W, G, X, delta, phi, x, rho)
 
 
 def check_public_shares(group: PairingGroup, t: int, n: int, key: Element,
-                        shares: Mapping[int, Element], name: str = "key") -> None:
+                        shares: Mapping[int, Element], name: str = "key",
+                        zero: bool = False) -> None:
     """Every ``ĝ^(f(j))`` of 1..n, and ``ĝ^(f(0))`` = ``key``, interpolated in the exponent
     from those of servers 1..t, so that any ``t`` servers' partial results combine to the
-    same value; no element the identity."""
+    same value; no share the identity, and the key the identity exactly when ``zero`` (a
+    sharing of zero)."""
     if sorted(shares) != list(range(1, n + 1)) or not 0 < t <= n:
         raise ThresholdError(f"{name}: need the public shares of servers 1..{n}")
-    base = list(range(1, t + 1))
     identity = group.identity(key.kind)
+    if (key == identity) is not zero:
+        raise ThresholdError(f"{name}: the public key must {'' if zero else 'not '}be the "
+                             "identity")
+    if identity in shares.values():
+        raise ThresholdError(f"{name}: a public share is the identity")
+    base = list(range(1, t + 1))
     for j, expected in [(0, key), *((j, shares[j]) for j in range(t + 1, n + 1))]:
         weights = lagrange_at(base, j, group.order)
-        if expected == identity or group.multi_exp(
-                [shares[i] for i in base], [weights[i] for i in base]) != expected:
+        if group.multi_exp([shares[i] for i in base], [weights[i] for i in base]) != expected:
             raise ThresholdError(f"{name}: the public shares do not lie on one polynomial "
                                  f"of degree below {t} through the public key")
-    if any(shares[i] == identity for i in base):
-        raise ThresholdError(f"{name}: a public share is the identity")
 
 
 @dataclass(frozen=True)
 class ServerSecrets:
-    """Server ``index``'s secret shares ``delta_i``, ``phi_i``, ``x_i`` and its PRF key."""
+    """Server ``index``'s secret shares ``delta_i``, ``phi_i``, ``x_i``, ``rho_i`` and its
+    PRF key."""
 
     index: int
     delta: int
     phi: int
     x: int
+    rho: int
     prf_key: bytes
 
     def __repr__(self) -> str:
@@ -197,6 +221,14 @@ def prf_scalar(group: PairingGroup, key: bytes, *parts: bytes) -> int:
 
 def _epoch(epoch: int) -> bytes:
     return epoch.to_bytes(8, "big")
+
+
+def identity_point(group: PairingGroup, identity: str, issuance: bytes) -> Element:
+    """``H(identity, issuance)`` onto G1 (domain tag ``IBE-PUBSUB-V3-RHO``): raised to
+    ``rho_i`` in member ``i``'s share, it binds the share to the identity it was issued
+    to."""
+    who = identity.encode()
+    return group.hash_to_g1(len(who).to_bytes(4, "big") + who + issuance, DST_IDENTITY)
 
 
 # -- Key shares --------------------------------------------------------------------------------
@@ -262,14 +294,16 @@ def keyshare_subscriber(pp: PublicParams, tpk: ThresholdPublicKey, secrets: Serv
                         identity: str, epoch: int, credentials: Sequence[Credential],
                         fine_credentials: Sequence[Credential] = ()) -> SubscriberKeyShare:
     """With ``I`` the issuance digest, ``gamma_s_i = PRF_i("gamma_s", identity, I)`` and
-    ``gamma_i = PRF_i(SUB, identity, I, credential)``: ``D_i = G^gamma_s_i * g2^delta_i``,
-    ``Gamma_i = ĝ^gamma_s_i``; per credential ``S1_i = g2^gamma_s_i * F^gamma_i``,
-    ``S2_i = ĝ^gamma_i``, ``T_i = F^phi_i``."""
+    ``gamma_i = PRF_i(SUB, identity, I, credential)``:
+    ``D_i = G^gamma_s_i * g2^delta_i * H(identity, I)^rho_i``, ``Gamma_i = ĝ^gamma_s_i``;
+    per credential ``S1_i = g2^gamma_s_i * F^gamma_i``, ``S2_i = ĝ^gamma_i``,
+    ``T_i = F^phi_i``."""
     group, g2, g_hat = pp.group, tpk.mpk.g2, tpk.mpk.g_hat
     who = identity.encode()
     issuance = issuance_digest(epoch, credentials, fine_credentials)
     gamma_s = prf_scalar(group, secrets.prf_key, b"gamma_s", who, issuance)
-    D = group.exp_secret(tpk.G, gamma_s) * group.exp_secret(g2, secrets.delta)
+    D = (group.exp_secret(tpk.G, gamma_s) * group.exp_secret(g2, secrets.delta)
+         * group.exp_secret(identity_point(group, identity, issuance), secrets.rho))
     g2_gamma_s = group.exp_secret(g2, gamma_s)
     keys = []
     for c in credentials:
@@ -289,13 +323,15 @@ def keyshare_subscriber(pp: PublicParams, tpk: ThresholdPublicKey, secrets: Serv
 def keyshare_publisher(pp: PublicParams, tpk: ThresholdPublicKey, secrets: ServerSecrets,
                        identity: str, credential: Credential, epoch: int
                        ) -> PublisherKeyShare:
-    """``P1_i = W^delta_i * F^gamma_i``, ``P2_i = ĝ^gamma_i``."""
+    """``P1_i = W^delta_i * F^gamma_i * H(identity, credential)^rho_i``,
+    ``P2_i = ĝ^gamma_i``."""
     group = pp.group
     name = identity_string(credential.attribute, PUB, epoch, credential)
     gamma = prf_scalar(group, secrets.prf_key, PUB.encode(), identity.encode(), name)
     return PublisherKeyShare(secrets.index, PublisherKey(
         credential=credential, epoch=epoch,
-        P1=group.exp_secret(tpk.W, secrets.delta) * group.exp_secret(pp.F(name), gamma),
+        P1=(group.exp_secret(tpk.W, secrets.delta) * group.exp_secret(pp.F(name), gamma)
+            * group.exp_secret(identity_point(group, identity, name), secrets.rho)),
         P2=group.exp_secret(tpk.mpk.g_hat, gamma)))
 
 
@@ -305,20 +341,22 @@ def _holds(group: PairingGroup, *pairs: tuple[Element, Element]) -> bool:
 
 
 def verify_subscriber_share(pp: PublicParams, tpk: ThresholdPublicKey,
-                            share: SubscriberKeyShare, epoch: int,
+                            share: SubscriberKeyShare, identity: str, epoch: int,
                             credentials: Sequence[Credential],
                             fine_credentials: Sequence[Credential] = ()) -> bool:
-    """Is ``share`` server ``share.index``'s answer to this request (``epoch``, the
-    credentials, in order), and valid: ``e(D_i, ĝ) = e(G, Gamma_i) e(g2, ĝ^delta_i)``; per
-    credential ``e(S1_i, ĝ) = e(g2, Gamma_i) e(F, S2_i)`` and ``e(T_i, ĝ) = e(F, ĝ^phi_i)``;
-    per fine credential ``e(T_i, ĝ) = e(F, ĝ^phi_i)``? The equations are checked at once,
-    each raised to a random 64-bit weight ``w`` (one multi-pairing of 4 + credentials
-    Miller loops):
+    """Is ``share`` server ``share.index``'s answer to this request (``identity``,
+    ``epoch``, the credentials, in order), and valid: with ``H = H(identity, I)``,
+    ``e(D_i, ĝ) = e(G, Gamma_i) e(g2, ĝ^delta_i) e(H, ĝ^rho_i)``; per credential
+    ``e(S1_i, ĝ) = e(g2, Gamma_i) e(F, S2_i)`` and ``e(T_i, ĝ) = e(F, ĝ^phi_i)``; per fine
+    credential ``e(T_i, ĝ) = e(F, ĝ^phi_i)``? The equations are checked at once, each
+    raised to a random 64-bit weight ``w`` (one multi-pairing of 5 + credentials Miller
+    loops):
     ``e(D^w0 prod S1^w prod T^w', ĝ) e(G^-w0 g2^-sum(w), Gamma) e(g2^-w0, ĝ^delta_i)
-    prod e(F^-w, S2) e(prod F^-w', ĝ^phi_i) = 1``."""
+    e(H^-w0, ĝ^rho_i) prod e(F^-w, S2) e(prod F^-w', ĝ^phi_i) = 1``."""
     group, mpk, key = pp.group, tpk.mpk, share.key
     delta_i, phi_i = tpk.delta_shares.get(share.index), tpk.phi_shares.get(share.index)
-    if (delta_i is None or phi_i is None or key.epoch != epoch
+    rho_i = tpk.rho_shares.get(share.index)
+    if (delta_i is None or phi_i is None or rho_i is None or key.epoch != epoch
             or [k.credential for k in key.credentials] != list(credentials)
             or [f.credential for f in key.fine_tokens] != list(fine_credentials)
             or any(k.epoch != epoch for k in (*key.credentials, *key.fine_tokens))):
@@ -344,22 +382,27 @@ def verify_subscriber_share(pp: PublicParams, tpk: ThresholdPublicKey,
         on_phi_w.append(w_t)
     pairs += [(group.multi_exp(on_g_hat, on_g_hat_w), mpk.g_hat),
               (~group.multi_exp([tpk.G, mpk.g2], [w0, sum(s1_w)]), share.Gamma),
-              (~(mpk.g2 ** w0), delta_i)]
+              (~(mpk.g2 ** w0), delta_i),
+              (~(identity_point(group, identity, issuance_digest(
+                  epoch, credentials, fine_credentials)) ** w0), rho_i)]
     if on_phi:
         pairs.append((~group.multi_exp(on_phi, on_phi_w), phi_i))
     return _holds(group, *pairs)
 
 
 def verify_publisher_share(pp: PublicParams, tpk: ThresholdPublicKey,
-                           share: PublisherKeyShare, credential: Credential, epoch: int
-                           ) -> bool:
-    """Is ``share`` server ``share.index``'s answer for this credential and epoch, and
-    valid: ``e(P1_i, ĝ) = e(W, ĝ^delta_i) e(F, P2_i)``?"""
-    delta_i, key = tpk.delta_shares.get(share.index), share.key
-    if delta_i is None or (key.credential, key.epoch) != (credential, epoch):
+                           share: PublisherKeyShare, identity: str, credential: Credential,
+                           epoch: int) -> bool:
+    """Is ``share`` server ``share.index``'s answer for this identity, credential and
+    epoch, and valid: ``e(P1_i, ĝ) = e(W, ĝ^delta_i) e(F, P2_i) e(H(identity, credential),
+    ĝ^rho_i)``?"""
+    delta_i, rho_i, key = (tpk.delta_shares.get(share.index), tpk.rho_shares.get(share.index),
+                           share.key)
+    if delta_i is None or rho_i is None or (key.credential, key.epoch) != (credential, epoch):
         return False
-    F = pp.F(identity_string(credential.attribute, PUB, epoch, credential))
-    return _holds(pp.group, (key.P1, tpk.mpk.g_hat), (~tpk.W, delta_i), (~F, key.P2))
+    name = identity_string(credential.attribute, PUB, epoch, credential)
+    return _holds(pp.group, (key.P1, tpk.mpk.g_hat), (~tpk.W, delta_i), (~pp.F(name), key.P2),
+                  (~identity_point(pp.group, identity, name), rho_i))
 
 
 def _weights(tpk: ThresholdPublicKey, indices: Sequence[int], order: int) -> dict[int, int]:

@@ -174,7 +174,7 @@ def _algorithm_runs(group: PairingGroup, schema: Schema, rng: random.Random,
         "keyshare_subscriber": lambda: T.keyshare_subscriber(tpp, tpk, secrets[1], "bench",
                                                              epoch, mine),
         "verify_subscriber_share": lambda: T.verify_subscriber_share(tpp, tpk, shares[0],
-                                                                     epoch, mine),
+                                                                     "bench", epoch, mine),
         "combine_subscriber_key": lambda: T.combine_subscriber_key(tpp, tpk, shares),
     }
 

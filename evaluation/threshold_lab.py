@@ -26,9 +26,10 @@ from ibe_pubsub.keyserver import Member, SetupMember, SetupPlan, raw_public_key,
 Deliver = Callable[[int, int, str, bytes], bytes]
 
 
-def _key_generation(group: PairingGroup, t: int, n: int) -> list[DkgResult]:
+def _key_generation(group: PairingGroup, t: int, n: int, zero: bool = False
+                    ) -> list[DkgResult]:
     """Every server honest: dealings, shares, no complaints, results."""
-    participants = [Participant(group, i, t, n) for i in range(1, n + 1)]
+    participants = [Participant(group, i, t, n, zero) for i in range(1, n + 1)]
     for dealer in participants:
         dealing, shares = dealer.dealing()
         for p in participants:
@@ -41,6 +42,7 @@ def local_deployment(group: PairingGroup, t: int, n: int, deployment: bytes
                      ) -> tuple[T.ThresholdPublicKey, dict[int, T.ServerSecrets]]:
     """The public key and every server's secrets of a fresh ``t``-of-``n`` deployment."""
     delta, phi, x = (_key_generation(group, t, n) for _ in range(3))
+    rho = _key_generation(group, t, n, zero=True)
     g2 = T.derive_g2(group, deployment)
     state = initial_beta_state(g2, group.generator(G2))
     for server in range(1, n + 1):
@@ -48,9 +50,11 @@ def local_deployment(group: PairingGroup, t: int, n: int, deployment: bytes
                                 beta_step(group, deployment, server, state), server)
     tpk = T.assemble_public_key(group, deployment, t, n, state, delta[0].public_key,
                                 delta[0].public_shares, phi[0].public_key,
-                                phi[0].public_shares, x[0].public_key, x[0].public_shares)
+                                phi[0].public_shares, x[0].public_key, x[0].public_shares,
+                                rho[0].public_shares)
     return tpk, {i: T.ServerSecrets(i, delta[i - 1].share, phi[i - 1].share,
-                                    x[i - 1].share, os.urandom(32)) for i in range(1, n + 1)}
+                                    x[i - 1].share, rho[i - 1].share, os.urandom(32))
+                 for i in range(1, n + 1)}
 
 
 def drive(members: Sequence[SetupMember], deliver: Deliver | None = None) -> None:

@@ -174,8 +174,8 @@ class PublisherEnrolment(Strict):
 
 class SubscriberShareEnrolment(SubscriberEnrolment):
     epoch: Literal["next"] | Annotated[int, Field(ge=0)] | None = Field(
-        default=None, description='null, "next" (in grace) or the number of the current or '
-        "next epoch: a client asks the other members for the epoch the first one answered")
+        default=None, description='null (the current epoch), "next" (in grace) or the number '
+        "of the current or next epoch")
 
 
 class PublisherShareEnrolment(PublisherEnrolment):
@@ -254,6 +254,8 @@ class PublisherBundle(BaseModel):
 
 class SubscriberShareOut(BaseModel):
     index: int = Field(description="this member's number in the deployment (1..n)")
+    identity: str = Field(description="the identity the shares were issued to (the caller): "
+                          "a client checks them under this name")
     epoch: int
     epoch_end: float
     expires_at: int
@@ -264,6 +266,8 @@ class SubscriberShareOut(BaseModel):
 
 class PublisherSharesOut(BaseModel):
     index: int
+    identity: str = Field(description="the identity the shares were issued to (the caller): "
+                          "a client checks them under this name")
     epoch: int
     epoch_end: float
     credentials: dict[str, list[str]]

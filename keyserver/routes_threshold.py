@@ -41,7 +41,8 @@ async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
                        credentials: list[Credential], fine: list[Credential]
                        ) -> dict[str, Any]:
     """This member's shares for one enrolment, in the /v3 response shape (``Issue``)."""
-    base: dict[str, Any] = {"index": _member(state).index, "epoch": epoch.number,
+    base: dict[str, Any] = {"index": _member(state).index, "identity": who,
+                            "epoch": epoch.number,
                             "epoch_end": epoch.end, "credentials": labels(credentials)}
     if role == "publisher":
         shares = await state.issuer.publisher_shares(who, epoch.number, credentials)

@@ -15,8 +15,9 @@ The rounds, each started once every member's message of the one before arrived:
 ``hello``
     a fresh X25519 key for this set-up.
 ``deal``
-    per secret (``delta``, ``phi``, ``x``): the Feldman commitments, and every member's
-    share encrypted to it.
+    per secret (``delta``, ``phi``, ``x``, and ``rho``, a sharing of zero that binds key
+    shares to their identity): the Feldman commitments (``rho``'s without ``C_0``, the
+    identity), and every member's share encrypted to it.
 ``complain``
     the complaints, and a digest of every ``deal`` this member took. Every member checks
     that all digests agree: a member that sent different deals to different members
@@ -79,7 +80,9 @@ from ibe_pubsub.credentials import (
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 
-SECRETS = ("delta", "phi", "x")
+SECRETS = ("delta", "phi", "x", "rho")
+#: The sharing of zero: its dealings' ``C_0`` is the identity, left off the wire.
+ZERO_SECRETS = frozenset({"rho"})
 ROUNDS = ("hello", "deal", "complain", "answer", "beta", "confirm", "done")
 #: Signed before the session exists: ``hello`` makes it. Every other round, ``beta`` too, is
 #: signed under the session, so no step of an earlier run of the plan can be replayed.
@@ -200,7 +203,8 @@ class SetupMember:
         self._g2 = T.derive_g2(group, self._deployment)
         self._exchange_key = X25519PrivateKey.generate()
         self._prf_key = random_bytes(32)
-        self._dkg = {name: Participant(group, self.index, plan.t, plan.n) for name in SECRETS}
+        self._dkg = {name: Participant(group, self.index, plan.t, plan.n, name in ZERO_SECRETS)
+                     for name in SECRETS}
         self._exchange_keys: dict[int, X25519PublicKey] = {}
         self._session: bytes | None = None
         self._complained: set[tuple[str, int, int]] = set()
@@ -374,7 +378,8 @@ class SetupMember:
                 cipher, context = self._share_cipher(self.index, recipient, name)
                 sealed[recipient] = cipher.encrypt(bytes(12), share.to_bytes(size, "big"),
                                                    context)
-            body[name] = [[bytes(c) for c in dealing.commitments], sealed]
+            sent = dealing.commitments[1:] if participant.zero else dealing.commitments
+            body[name] = [[bytes(c) for c in sent], sealed]
         return msgpack.packb(body)
 
     def _take_deals(self) -> None:
@@ -394,17 +399,19 @@ class SetupMember:
 
     def _dealing(self, dealer: int, data: bytes, name: str) -> tuple[Dealing, Any] | None:
         """Dealer ``dealer``'s dealing of ``name`` and its sealed shares, if they are
-        exactly ``t`` commitments, each a G2 element, and a map; None otherwise (no
-        dealing)."""
+        exactly ``t`` commitments (``t - 1`` for a sharing of zero, whose ``C_0`` is the
+        identity), each a G2 element, and a map; None otherwise (no dealing)."""
         size = self.group.sizes[G2]
+        zero = name in ZERO_SECRETS
         try:  # hostile bytes: whatever fails to parse is no dealing, never a crash
             commitments, sealed = _unpack(data)[name]
             if (not isinstance(sealed, dict) or not isinstance(commitments, list)
-                    or len(commitments) != self.plan.t
+                    or len(commitments) != self.plan.t - zero
                     or not all(isinstance(c, bytes) and len(c) == size for c in commitments)):
                 return None
-            return Dealing(dealer, tuple(self.group.deserialize(G2, c)
-                                         for c in commitments)), sealed
+            first = (self.group.identity(G2),) if zero else ()
+            return Dealing(dealer, first + tuple(self.group.deserialize(G2, c)
+                                                 for c in commitments)), sealed
         except Exception:  # any parse failure means "no dealing"
             return None
 
@@ -507,7 +514,7 @@ class SetupMember:
         return checked
 
     def _confirm(self) -> bytes:
-        """Finish the three key generations, assemble the public key, and publish its
+        """Finish the four key generations, assemble the public key, and publish its
         digest."""
         try:
             results = {name: p.finish() for name, p in self._dkg.items()}
@@ -519,12 +526,12 @@ class SetupMember:
                 if public_share == identity:  # only a dealer that saw the others' deals can
                     raise SetupError(f"member {member}'s share of {name} would be zero: it "
                                      "chose its polynomial to cancel the others'")
-        delta, phi, x = (results[name] for name in SECRETS)
+        delta, phi, x, rho = (results[name] for name in SECRETS)
         try:
             public_key = T.assemble_public_key(
                 self.group, self._deployment, self.plan.t, self.plan.n, self._beta[-1],
                 delta.public_key, delta.public_shares, phi.public_key, phi.public_shares,
-                x.public_key, x.public_shares)
+                x.public_key, x.public_shares, rho.public_shares)
         except CredentialsError as exc:
             raise SetupError(f"the public key cannot be assembled: {exc}") from exc
         self._outcome = results, public_key
@@ -539,9 +546,10 @@ class SetupMember:
                                  "different members): the set-up stops")
         assert self._outcome is not None
         results, public_key = self._outcome
-        delta, phi, x = (results[name] for name in SECRETS)
+        delta, phi, x, rho = (results[name] for name in SECRETS)
         self.result = SetupResult(
-            T.ServerSecrets(self.index, delta.share, phi.share, x.share, self._prf_key),
+            T.ServerSecrets(self.index, delta.share, phi.share, x.share, rho.share,
+                            self._prf_key),
             public_key, {name: r.qualified for name, r in results.items()})
 
 

@@ -39,9 +39,12 @@ log = logging.getLogger(__name__)
 #: Bounds on one member's answer: an enrolment has at most 256 credentials and as many
 #: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all.
 MAX_KEYS, MAX_ANSWER_BYTES = 512, 512 * 1024
+#: Longer than any identity name a key server registers.
+MAX_IDENTITY = 1024
 Share = TypeVar("Share")
 Shape = tuple[Any, ...]
-"""What the shares to combine must agree on: the epoch first, then the credentials."""
+"""What the shares to combine must agree on: the epoch first, then the credentials, the
+identity they were issued to (and a subscriber's expiry)."""
 
 
 @dataclass(frozen=True)
@@ -167,13 +170,14 @@ class ThresholdKeyClient:
         fine = tuple(f.credential for f in key.fine_tokens)
         _check_index(index, share.index)
         _check_count(len(credentials) + len(fine))
-        if not T.verify_subscriber_share(self.pp, self.tpk, share, key.epoch, credentials,
-                                         fine):
+        identity = _identity(answer)
+        if not T.verify_subscriber_share(self.pp, self.tpk, share, identity, key.epoch,
+                                         credentials, fine):
             raise _BadAnswer("its share does not verify against the deployment's public key")
         expires_at = answer["expires_at"]
         if not isinstance(expires_at, int):
             raise _BadAnswer("its expires_at is not an integer")
-        return (key.epoch, credentials, fine, expires_at), (share, expires_at)
+        return (key.epoch, credentials, fine, identity, expires_at), (share, expires_at)
 
     def _publisher(self, index: int, answer: Any) -> tuple[Shape,
                                                            list[T.PublisherKeyShare]]:
@@ -182,13 +186,13 @@ class ThresholdKeyClient:
                   for s in answer["shares"]]
         if not shares:
             raise _BadAnswer("it answered no share")
-        epoch = shares[0].key.epoch
+        epoch, identity = shares[0].key.epoch, _identity(answer)
         for share in shares:
             _check_index(index, share.index)
             if share.key.epoch != epoch or not T.verify_publisher_share(
-                    self.pp, self.tpk, share, share.key.credential, epoch):
+                    self.pp, self.tpk, share, identity, share.key.credential, epoch):
                 raise _BadAnswer("a share does not verify against the deployment's public key")
-        return (epoch, tuple(s.key.credential for s in shares)), shares
+        return (epoch, tuple(s.key.credential for s in shares), identity), shares
 
     # -- asking members until t agree ---------------------------------------------------------
 
@@ -314,6 +318,15 @@ def _decoded(text: Any) -> bytes:
     if not isinstance(text, str):
         raise _BadAnswer("its answer holds no base64 share")
     return base64.b64decode(text, validate=True)
+
+
+def _identity(answer: Any) -> str:
+    """The identity a member says it answered for: its shares are checked under it, and
+    only shares of one identity combine."""
+    identity = answer["identity"]
+    if not isinstance(identity, str) or not 0 < len(identity) <= MAX_IDENTITY:
+        raise _BadAnswer("its identity is not a name")
+    return identity
 
 
 def _check_index(asked: int, answered: int) -> None:

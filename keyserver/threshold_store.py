@@ -2,8 +2,8 @@
 
 * ``member.sealed`` (0600): the server's Ed25519 member key, which signs its set-up
   messages; its public half is what the other operators pin.
-* ``threshold.sealed`` (0600): this server's shares ``delta_i``, ``phi_i``, ``x_i`` and its
-  PRF key, written once the set-up finished.
+* ``threshold.sealed`` (0600): this server's shares ``delta_i``, ``phi_i``, ``x_i``,
+  ``rho_i`` and its PRF key, written once the set-up finished.
 * ``threshold.json`` (0600 like the rest, though nothing in it is secret): the public
   outcome, the same at every member: the plan (deployment, threshold, members) and the
   threshold public key. Clients need this file and nothing else from the set-up.
@@ -40,7 +40,11 @@ from ibe_pubsub.keyserver.setup_protocol import (
 
 MEMBER_KEY_FILE, SHARES_FILE = "member.sealed", "threshold.sealed"
 THRESHOLD_PUBLIC_FILE = "threshold.json"
-PUBLIC_FORMAT = "ibe-pubsub-threshold-v1"
+#: Version 2 added the sharing of zero ``rho`` (tag 18 and the sealed shares changed): files
+#: of an earlier set-up are refused with a message saying so, never half read.
+PUBLIC_FORMAT = "ibe-pubsub-threshold-v2"
+SHARES_KIND = "threshold shares v2"
+EARLIER = "(an earlier version's set-up, without rho: run the set-up again)"
 
 
 class ThresholdStoreError(KeyServerError, ValueError):
@@ -114,9 +118,10 @@ def save_setup(data_dir: Path, passphrase: str, plan: SetupPlan, result: SetupRe
     """Write this member's shares (sealed) and the public outcome."""
     secrets, size = result.secrets, 32
     _write_once(data_dir / SHARES_FILE, seal_secret(msgpack.packb({
-        "kind": "threshold shares", "index": secrets.index,
+        "kind": SHARES_KIND, "index": secrets.index,
         "delta": secrets.delta.to_bytes(size, "big"), "phi": secrets.phi.to_bytes(size, "big"),
-        "x": secrets.x.to_bytes(size, "big"), "prf_key": secrets.prf_key}), passphrase))
+        "x": secrets.x.to_bytes(size, "big"), "rho": secrets.rho.to_bytes(size, "big"),
+        "prf_key": secrets.prf_key}), passphrase))
     # 0600 like every file of the data directory (the server refuses others); it holds
     # nothing secret, and operators copy it to their clients.
     _write_once(data_dir / THRESHOLD_PUBLIC_FILE, (json.dumps(
@@ -129,7 +134,9 @@ def read_public_document(path: Path, group: PairingGroup
     try:
         doc = json.loads(path.read_text())
         if doc.get("format") != PUBLIC_FORMAT:
-            raise ThresholdStoreError(f"{path} is not a {PUBLIC_FORMAT} document")
+            raise ThresholdStoreError(f"{path} is not a {PUBLIC_FORMAT} document"
+                                      + (f" {EARLIER}" if doc.get("format") ==
+                                         "ibe-pubsub-threshold-v1" else ""))
         plan = SetupPlan(doc["deployment"], doc["t"], tuple(
             Member(m["url"], base64.b64decode(m["key"], validate=True))
             for m in doc["members"]))
@@ -167,8 +174,10 @@ def load_member(data_dir: Path, passphrase: str, group: PairingGroup) -> Thresho
         raise ThresholdStoreError(f"{data_dir / SHARES_FILE} holds the shares of server "
                                   f"{secrets.index}, not a member of the plan")
     g_hat, i = public_key.mpk.g_hat, secrets.index
-    if tuple(group.exp_secret(g_hat, s) for s in (secrets.delta, secrets.phi, secrets.x)) != (
-            public_key.delta_shares[i], public_key.phi_shares[i], public_key.x_shares[i]):
+    if tuple(group.exp_secret(g_hat, s) for s in (
+            secrets.delta, secrets.phi, secrets.x, secrets.rho)) != (
+            public_key.delta_shares[i], public_key.phi_shares[i], public_key.x_shares[i],
+            public_key.rho_shares[i]):
         raise ThresholdStoreError(f"the shares in {data_dir / SHARES_FILE} are not server "
                                   f"{i}'s in {data_dir / THRESHOLD_PUBLIC_FILE}: this server "
                                   "would answer bad shares")
@@ -177,7 +186,7 @@ def load_member(data_dir: Path, passphrase: str, group: PairingGroup) -> Thresho
 
 def load_shares(data_dir: Path, passphrase: str) -> T.ServerSecrets:
     """This member's sealed shares."""
-    content = _unsealed_map(data_dir / SHARES_FILE, passphrase, "threshold shares")
+    content = _unsealed_map(data_dir / SHARES_FILE, passphrase, SHARES_KIND)
     return T.ServerSecrets(content["index"], *(int.from_bytes(content[name], "big")
-                                               for name in ("delta", "phi", "x")),
+                                               for name in ("delta", "phi", "x", "rho")),
                            content["prf_key"])

@@ -60,9 +60,9 @@ def test_bench_crypto_writes_json_and_plot(tmp_path):
     # verification: one multi-pairing
     assert ops["decrypt"]["final_exp"] == 2 and ops["decrypt"]["miller_loop"] >= 3
     assert ops["verify"]["final_exp"] == 1
-    # version 3: a share's equations in one multi-pairing of 4 + credentials Miller loops
+    # version 3: a share's equations in one multi-pairing of 5 + credentials Miller loops
     assert ops["verify_subscriber_share"]["final_exp"] == 1
-    assert ops["verify_subscriber_share"]["miller_loop"] == 4 + 1
+    assert ops["verify_subscriber_share"]["miller_loop"] == 5 + 1
     assert "combine_subscriber_key" in ops and "keyshare_subscriber" in ops
     assert "raw operations" in result.stderr  # progress goes to stderr
 

@@ -98,7 +98,7 @@ def credentials(pp, subscription):
 def publisher_key(pp, tpk, secrets, credential, servers):
     shares = [T.keyshare_publisher(pp, tpk, secrets[i], "pub", credential, EPOCH)
               for i in servers]
-    assert all(T.verify_publisher_share(pp, tpk, s, credential, EPOCH) for s in shares)
+    assert all(T.verify_publisher_share(pp, tpk, s, "pub", credential, EPOCH) for s in shares)
     return T.combine_publisher_key(pp, tpk, shares)
 
 
@@ -146,8 +146,8 @@ def test_keys_combined_from_any_three_servers_route_decrypt_and_sign(deployment)
     for servers in itertools.combinations(range(1, n + 1), t):
         subscription = 'symbol = "IBM" and price < 200'
         shares = shares_of(pp, tpk, secrets, subscription, servers)
-        assert all(T.verify_subscriber_share(pp, tpk, s, EPOCH, credentials(pp, subscription))
-                   for s in shares)
+        assert all(T.verify_subscriber_share(pp, tpk, s, "alice", EPOCH,
+                                             credentials(pp, subscription)) for s in shares)
         key = T.combine_subscriber_key(pp, tpk, shares)
         assert reads(pp, key, ciphertext), servers
         assert S.route_test(pp, key.for_attribute("symbol")[0].token, ciphertext)
@@ -239,6 +239,72 @@ def test_two_subscribers_cannot_pool_their_keys(deployment):
     assert reads(pp, pooled(full, full, "price"), ciphertext)
 
 
+def test_identities_below_t_cannot_pool_their_shares(deployment):
+    """The flaw of docs/scheme.md 16.8: alice gets shares at servers 1 and 2 only, bob at
+    server 3 only (each allowed at fewer than t), both for the same credentials. Their
+    three shares combined read nothing, and publisher shares pooled likewise sign nothing
+    that verifies. Control: the same pooling against servers without the sharing of zero
+    (rho_i = 0, the design before the fix) reads and signs."""
+    pp, tpk, secrets, ciphertext = deployment
+    subscription = 'symbol = "IBM" and price < 200'
+    credential = credentials(pp, "")[0]
+
+    def pool(server_secrets):
+        shares = (shares_of(pp, tpk, server_secrets, subscription, (1, 2), "alice")
+                  + shares_of(pp, tpk, server_secrets, subscription, (3,), "bob"))
+        publisher = [T.keyshare_publisher(pp, tpk, server_secrets[i], who, c, EPOCH)
+                     for c in credentials(pp, "") for i, who in
+                     ((1, "alice"), (2, "alice"), (3, "bob"))]
+        keys = [T.combine_publisher_key(pp, tpk, publisher[k:k + 3])
+                for k in range(0, len(publisher), 3)]
+        return (reads(pp, T.combine_subscriber_key(pp, tpk, shares), ciphertext),
+                S.verify(pp, S.encrypt_and_sign(pp, keys, EVENT)))
+
+    assert pool(secrets) == (False, False)
+    without_rho = {i: replace(s, rho=0) for i, s in secrets.items()}
+    assert pool(without_rho) == (True, True)  # control: the attack, on the unfixed design
+    # Each share verifies for its own identity, not for the other's.
+    alice = shares_of(pp, tpk, secrets, subscription, (1,), "alice")[0]
+    request = (EPOCH, credentials(pp, subscription))
+    assert T.verify_subscriber_share(pp, tpk, alice, "alice", *request)
+    assert not T.verify_subscriber_share(pp, tpk, alice, "bob", *request)
+    share = T.keyshare_publisher(pp, tpk, secrets[1], "alice", credential, EPOCH)
+    assert not T.verify_publisher_share(pp, tpk, share, "bob", credential, EPOCH)
+
+
+def test_the_sharing_of_zero_shares_zero_and_refuses_a_dealer_that_shares_more():
+    """rho: every dealing's C_0 is the identity, any t shares interpolate to 0, and the
+    public shares to the identity. A dealer whose C_0 is not the identity (it would share
+    a secret of its own) is disqualified; public shares through another point are
+    refused."""
+    group = load_group()
+    participants = [Participant(group, i, t, n, zero=True) for i in range(1, n + 1)]
+    for p in participants:
+        dealing, shares = p.dealing()
+        assert dealing.commitments[0] == group.identity(G2)
+        broadcast(participants, p.index, dealing)
+        for q in participants:
+            q.receive_share(p.index, shares[q.index])
+    results = finished(participants)
+    assert results[0].public_key == group.identity(G2)
+    for chosen in ((1, 2, 3), (2, 4, 5)):
+        weights = lagrange_at_zero(chosen, group.order)
+        assert sum(weights[i] * results[i - 1].share for i in chosen) % group.order == 0
+    T.check_public_shares(group, t, n, group.identity(G2), results[0].public_shares, "rho",
+                          zero=True)
+    honest = Participant(group, 1, t, n).dealing()[0]  # a C_0 that is not the identity
+    dealings = {p.index: p.dealing()[0] for p in participants}
+    assert qualified_dealers(group, {**dealings, 1: honest}, t, n, [], [], zero=True) == \
+        {2, 3, 4, 5}
+    assert qualified_dealers(group, dealings, t, n, [], [], zero=True) == set(range(1, 6))
+    g_hat = group.generator(G2)
+    delta = finished(run_dkg(group)[0])[0]
+    for key, shares in ((group.identity(G2), delta.public_shares),
+                        (g_hat, results[0].public_shares)):
+        with pytest.raises(T.ThresholdError):
+            T.check_public_shares(group, t, n, key, shares, "rho", zero=True)
+
+
 def draft_keyshare_subscriber(pp, tpk, secrets, identity, epoch, creds):
     """The draft's derivation, ``gamma_s_i = PRF_i(identity, epoch)`` and ``gamma_i =
     PRF_i(identity, epoch, credential)``: one binding per identity and epoch."""
@@ -300,7 +366,7 @@ def test_a_bad_share_is_detected_and_a_replacement_server_used(deployment):
         with_first(T=good[3].key.credentials[0].T),
         replace(good[3], index=2),  # another server's share under this server's number
     ]
-    request = (EPOCH, credentials(pp, subscription))
+    request = ("alice", EPOCH, credentials(pp, subscription))
     assert T.verify_subscriber_share(pp, tpk, bad, *request)
     # A wrong check value alone is refused too (the client cannot tell which part lies).
     assert not T.verify_subscriber_share(pp, tpk, replace(bad, Gamma=good[3].Gamma), *request)
@@ -313,16 +379,19 @@ def test_a_bad_share_is_detected_and_a_replacement_server_used(deployment):
                  ciphertext)
     credential = credentials(pp, "")[0]
     share = T.keyshare_publisher(pp, tpk, secrets[2], "pub", credential, EPOCH)
-    assert T.verify_publisher_share(pp, tpk, share, credential, EPOCH)
+    assert T.verify_publisher_share(pp, tpk, share, "pub", credential, EPOCH)
     assert not T.verify_publisher_share(pp, tpk, replace(share, key=replace(
-        share.key, P1=share.key.P1 * g1)), credential, EPOCH)
-    assert not T.verify_publisher_share(pp, tpk, replace(share, index=4), credential, EPOCH)
-    # A valid share, for another request, is not taken for this one.
-    assert not T.verify_publisher_share(pp, tpk, share, credential, EPOCH + 1)
+        share.key, P1=share.key.P1 * g1)), "pub", credential, EPOCH)
+    assert not T.verify_publisher_share(pp, tpk, replace(share, index=4), "pub", credential,
+                                        EPOCH)
+    # A valid share, for another request or another identity, is not taken for this one.
+    assert not T.verify_publisher_share(pp, tpk, share, "pub", credential, EPOCH + 1)
+    assert not T.verify_publisher_share(pp, tpk, share, "bob", credential, EPOCH)
     other = shares_of(pp, tpk, secrets, 'symbol = "IBM" and price < 200', (2,))[0]
-    assert T.verify_subscriber_share(pp, tpk, other, EPOCH,
+    assert T.verify_subscriber_share(pp, tpk, other, "alice", EPOCH,
                                      credentials(pp, 'symbol = "IBM" and price < 200'))
     assert not T.verify_subscriber_share(pp, tpk, other, *request)
+    assert not T.verify_subscriber_share(pp, tpk, bad, "bob", *request[1:])
 
 
 def test_a_bad_partial_signature_is_detected(deployment):
@@ -486,7 +555,7 @@ def test_public_shares_off_one_polynomial_are_refused(deployment):
     def assemble(delta_key, delta_shares):
         return T.assemble_public_key(group, DEPLOYMENT, t, n, state, delta_key, delta_shares,
                                      phi.public_key, phi.public_shares, x.public_key,
-                                     x.public_shares)
+                                     x.public_shares, tpk.rho_shares)
 
     assert assemble(delta.public_key, delta.public_shares).t == t  # control
     for key, shares in ((delta.public_key * g_hat, delta.public_shares),
@@ -506,6 +575,7 @@ def test_the_encoded_public_key_decodes_to_itself_and_tampering_is_refused(deplo
     group, g_hat = pp.group, pp.group.generator(G2)
     assert T.decode_public_key(group, T.encode_public_key(tpk)) == tpk  # control
     for tampered in (replace(tpk, phi_shares={**tpk.phi_shares, 5: tpk.phi_shares[5] * g_hat}),
+                     replace(tpk, rho_shares={**tpk.rho_shares, 2: tpk.rho_shares[2] * g_hat}),
                      replace(tpk, delta_shares={**tpk.delta_shares,
                                                 2: tpk.delta_shares[2] * g_hat}),
                      replace(tpk, x_shares={**tpk.x_shares, 4: tpk.x_shares[4] * g_hat}),

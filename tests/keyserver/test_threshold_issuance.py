@@ -300,12 +300,13 @@ def hostile_member(target, behave):
         server.shutdown()
 
 
-def with_share(handler, body, change):
-    """The real member's answer with its share replaced by ``change(share)``."""
+def with_share(handler, body, change, **fields):
+    """The real member's answer with its share replaced by ``change(share)`` (and
+    ``fields`` replaced)."""
     document = handler.forward(body)
     share = change(T.decode_subscriber_share(GROUP, base64.b64decode(document["share"])))
     document |= {"share": base64.b64encode(T.encode_subscriber_share(share)).decode(),
-                 "epoch": share.key.epoch}
+                 "epoch": share.key.epoch} | fields
     handler.reply(json.dumps(document).encode())
 
 
@@ -348,8 +349,9 @@ def trickle(handler, _body):
 
 def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
     """Member 4, asked first, answers: a valid share of its own for epoch + 5 (made with
-    its real secrets: the others must not be asked for that epoch), JSON nested 100,000
-    deep, an infinite expires_at, 600 KiB, or one byte every 0.3 s."""
+    its real secrets: the others must not be asked for that epoch), mallory's valid share
+    (under ivan's name, or under mallory's), JSON nested 100,000 deep, an infinite
+    expires_at, 600 KiB, or one byte every 0.3 s."""
     ivan = deployment.register("ivan", "subscriber")
     secrets = load_shares(deployment.dirs[3], PASSPHRASE)
 
@@ -361,12 +363,20 @@ def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
                                          [f.credential for f in key.fine_tokens])
         with_share(handler, body, own_share)
 
+    def mallorys(share):
+        key = share.key
+        return T.keyshare_subscriber(deployment.pp, deployment.tpk, secrets, "mallory",
+                                     key.epoch, [k.credential for k in key.credentials],
+                                     [f.credential for f in key.fine_tokens])
+
     def infinite_expiry(handler, body):
         document = handler.forward(body) | {"expires_at": float("inf")}
         handler.reply(json.dumps(document).encode())
 
     behaviours = {
         future_epoch: "agrees with fewer than 3",
+        (lambda h, b: with_share(h, b, mallorys)): "does not verify",
+        (lambda h, b: with_share(h, b, mallorys, identity="mallory")): "fewer than 3",
         (lambda h, _: h.reply(b"[" * 100_000)): "not a share",
         infinite_expiry: "not an integer",
         (lambda h, _: h.reply(b" " * 600 * 1024 + b"{}")): "exceeds",
@@ -421,11 +431,11 @@ def test_keys_exist_only_where_t_members_allow_the_identity(deployment, publishe
                 run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
 
 
-def test_the_design_flaw_identities_below_t_pool_their_shares(deployment, published):
-    """docs/scheme.md 16.8, shown against real members: alice is registered at members 1
-    and 2, bob at member 3; each alone is refused, and their three shares combine into a
-    key that reads the event. When the proposed fix lands, this test must fail and be
-    turned around."""
+def test_identities_below_t_cannot_pool_their_shares(deployment, published):
+    """docs/scheme.md 16.8, against real members: alice is registered at members 1 and 2,
+    bob at member 3; each alone is refused, and their three shares combined read nothing
+    (before the sharing of zero, they did). Control: three shares of one identity, fetched
+    the same way, read."""
     alice = deployment.register("alice-pool", "subscriber", at=[1, 2])
     bob = deployment.register("bob-pool", "subscriber", at=[3])
     for tokens in (alice, bob):
@@ -433,8 +443,12 @@ def test_the_design_flaw_identities_below_t_pool_their_shares(deployment, publis
             run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
     pooled = (raw_shares(deployment, alice, [1, 2], 'symbol = "IBM"')
               + raw_shares(deployment, bob, [3], 'symbol = "IBM"'))
-    assert reads(deployment.pp, T.combine_subscriber_key(deployment.pp, deployment.tpk,
-                                                         pooled), published)
+    assert not reads(deployment.pp, T.combine_subscriber_key(deployment.pp, deployment.tpk,
+                                                             pooled), published)
+    carol = deployment.register("carol-pool", "subscriber", at=[1, 2, 3])
+    own = raw_shares(deployment, carol, [1, 2, 3], 'symbol = "IBM"')
+    assert reads(deployment.pp, T.combine_subscriber_key(deployment.pp, deployment.tpk, own),
+                 published)
 
 
 def test_two_members_killed_mid_burst_fail_no_issuance(deployment, published):

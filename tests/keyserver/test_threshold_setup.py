@@ -87,7 +87,8 @@ def check_outcome(tpk, secrets):
     for servers in ((1, 2, 3), (3, 4, 5)):
         shares = [T.keyshare_subscriber(pp, tpk, secrets[i], "alice", EPOCH, wanted)
                   for i in servers]
-        assert all(T.verify_subscriber_share(pp, tpk, s, EPOCH, wanted) for s in shares)
+        assert all(T.verify_subscriber_share(pp, tpk, s, "alice", EPOCH, wanted)
+                   for s in shares)
         assert reads(pp, T.combine_subscriber_key(pp, tpk, shares), ciphertext)
     two = [T.keyshare_subscriber(pp, tpk, secrets[i], "alice", EPOCH, wanted) for i in (1, 2)]
     weights = lagrange_at_zero((1, 2), GROUP.order)
@@ -97,6 +98,9 @@ def check_outcome(tpk, secrets):
                                       [weights[1], weights[2]]))
         for m, k in enumerate(two[0].key.credentials)))
     assert not reads(pp, mixed, ciphertext)
+    pooled = [T.keyshare_subscriber(pp, tpk, secrets[i], who, EPOCH, wanted)
+              for i, who in ((1, "alice"), (2, "alice"), (3, "bob"))]
+    assert not reads(pp, T.combine_subscriber_key(pp, tpk, pooled), ciphertext)
     partials = [T.partial_sign(GROUP, secrets[i], b"schema") for i in (1, 3, 5)]
     assert T.verify_signature(GROUP, tpk.X, b"schema",
                               T.combine_signatures(GROUP, tpk, partials))
@@ -157,11 +161,13 @@ def test_a_dealer_that_sends_a_bad_share_is_accused_and_stays_only_if_it_answers
 
 
 class IdentityCommitment(SetupMember):
-    """Deals a polynomial whose constant term commits to the identity: disqualified."""
+    """Deals an ``x`` whose constant term commits to the identity, and a ``rho`` with a
+    constant term of its own (a C_0 sent along): disqualified for both."""
 
     def _deal(self) -> bytes:
         body = msgpack.unpackb(super()._deal(), strict_map_key=False)
         body["x"][0][0] = bytes(GROUP.identity(G2))
+        body["rho"][0].insert(0, bytes(GROUP.generator(G2)))
         return msgpack.packb(body)
 
 
@@ -169,7 +175,8 @@ def test_a_malformed_dealing_is_disqualified_and_the_others_finish(keys):
     members = members_of(plan_of(keys), keys, {4: IdentityCommitment})
     drive(members)
     qualified = members[0].result.qualified
-    assert qualified["x"] == {1, 2, 3, 5} and qualified["delta"] == set(range(1, 6))
+    assert qualified["x"] == qualified["rho"] == {1, 2, 3, 5}
+    assert qualified["delta"] == set(range(1, 6))
     check_outcome(members[0].result.public_key,
                   {m.result.secrets.index: m.result.secrets for m in members})
 
@@ -179,8 +186,8 @@ class Equivocator(SetupMember):
 
     def _deal(self) -> bytes:
         first, honest = super()._deal(), self._dkg
-        self._dkg = {name: Participant(self.group, self.index, self.plan.t, self.plan.n)
-                     for name in honest}
+        self._dkg = {name: Participant(self.group, self.index, self.plan.t, self.plan.n,
+                                      p.zero) for name, p in honest.items()}
         self.second = self._envelope("deal", super()._deal())
         self._dkg = honest
         return first
