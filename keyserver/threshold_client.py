@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 #: Bounds on one member's answer: an enrolment has at most 256 credentials and as many
 #: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all.
 MAX_KEYS, MAX_ANSWER_BYTES = 512, 512 * 1024
+KEEPALIVE_SECONDS = 2.0
 #: Longer than any identity name a key server registers.
 MAX_IDENTITY = 1024
 Share = TypeVar("Share")
@@ -125,7 +126,10 @@ class ThresholdKeyClient:
             verify = ssl.create_default_context(cafile=verify)
         self.pp, self.tpk, self.members, self.spread = pp, tpk, tuple(members), spread
         self.timeout, self.hedge = timeout, hedge
-        self._http = httpx.AsyncClient(timeout=timeout, verify=verify)
+        # Idle connections are dropped well before a member closes them (uvicorn: after 5 s),
+        # so that a request never goes out on a connection the member is closing.
+        self._http = httpx.AsyncClient(timeout=timeout, verify=verify,
+                                       limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS))
 
     async def __aenter__(self) -> ThresholdKeyClient:
         return self
