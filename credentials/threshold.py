@@ -25,12 +25,13 @@ again for the same keys returns the same shares (what the fallback to another se
 needs), and any other request gets an independent binding, as in version 2.
 
 **Shares are bound to their identity** by a sharing of zero, ``rho`` (``rho(0) = 0``):
-member ``i`` multiplies ``D_i`` by ``H(identity, I)^rho_i`` and ``P1_i`` by
-``H(identity, credential)^rho_i``. Over ``t`` shares of one identity and issuance the
-factors combine to ``H^0 = 1``; shares issued to different identities leave
-``(H_A / H_B)^c`` with ``c`` a combination of ``rho_i`` nobody knows, so identities that
-each get fewer than ``t`` shares cannot pool them into a key (without it they could:
-docs/scheme.md, section 16.8).
+member ``i`` multiplies ``D_i`` by ``H(identity, I)^rho_i``, each routing token's ``T_i``
+by ``H(identity, I, credential)^rho_i`` and ``P1_i`` by ``H(identity, credential)^rho_i``.
+Over ``t`` shares of one identity and issuance the factors combine to ``H^0 = 1``;
+shares issued to different identities leave ``(H_A / H_B)^c`` with ``c`` a combination
+of ``rho_i`` nobody knows, so identities that each get fewer than ``t`` shares cannot
+pool them into a key or a routing token (without it they could: docs/scheme.md, section
+16.8).
 """
 
 from __future__ import annotations
@@ -297,13 +298,18 @@ def keyshare_subscriber(pp: PublicParams, tpk: ThresholdPublicKey, secrets: Serv
     ``gamma_i = PRF_i(SUB, identity, I, credential)``:
     ``D_i = G^gamma_s_i * g2^delta_i * H(identity, I)^rho_i``, ``Gamma_i = ĝ^gamma_s_i``;
     per credential ``S1_i = g2^gamma_s_i * F^gamma_i``, ``S2_i = ĝ^gamma_i``,
-    ``T_i = F^phi_i``."""
+    ``T_i = F^phi_i * H(identity, I, credential)^rho_i`` (fine tokens' ``T_i`` likewise)."""
     group, g2, g_hat = pp.group, tpk.mpk.g2, tpk.mpk.g_hat
     who = identity.encode()
     issuance = issuance_digest(epoch, credentials, fine_credentials)
     gamma_s = prf_scalar(group, secrets.prf_key, b"gamma_s", who, issuance)
     D = (group.exp_secret(tpk.G, gamma_s) * group.exp_secret(g2, secrets.delta)
          * group.exp_secret(identity_point(group, identity, issuance), secrets.rho))
+
+    def token(F: Element, name: bytes) -> Element:
+        return group.exp_secret(F, secrets.phi) * group.exp_secret(
+            identity_point(group, identity, issuance + name), secrets.rho)
+
     g2_gamma_s = group.exp_secret(g2, gamma_s)
     keys = []
     for c in credentials:
@@ -312,11 +318,12 @@ def keyshare_subscriber(pp: PublicParams, tpk: ThresholdPublicKey, secrets: Serv
         F = pp.F(name)
         keys.append(SubscriberCredentialKey(
             credential=c, epoch=epoch, S1=g2_gamma_s * group.exp_secret(F, gamma),
-            S2=group.exp_secret(g_hat, gamma), T=group.exp_secret(F, secrets.phi)))
-    fine = tuple(RoutingToken(c, epoch, group.exp_secret(
-        pp.F(identity_string(c.attribute, SUB, epoch, c)), secrets.phi))
-        for c in fine_credentials)
-    return SubscriberKeyShare(secrets.index, SubscriberKey(epoch, D, tuple(keys), fine),
+            S2=group.exp_secret(g_hat, gamma), T=token(F, name)))
+    fine = []
+    for c in fine_credentials:
+        name = identity_string(c.attribute, SUB, epoch, c)
+        fine.append(RoutingToken(c, epoch, token(pp.F(name), name)))
+    return SubscriberKeyShare(secrets.index, SubscriberKey(epoch, D, tuple(keys), tuple(fine)),
                               group.exp_secret(g_hat, gamma_s))
 
 
@@ -345,14 +352,15 @@ def verify_subscriber_share(pp: PublicParams, tpk: ThresholdPublicKey,
                             credentials: Sequence[Credential],
                             fine_credentials: Sequence[Credential] = ()) -> bool:
     """Is ``share`` server ``share.index``'s answer to this request (``identity``,
-    ``epoch``, the credentials, in order), and valid: with ``H = H(identity, I)``,
+    ``epoch``, the credentials, in order), and valid: with ``H = H(identity, I)`` and
+    ``H_c = H(identity, I, credential)``,
     ``e(D_i, ĝ) = e(G, Gamma_i) e(g2, ĝ^delta_i) e(H, ĝ^rho_i)``; per credential
-    ``e(S1_i, ĝ) = e(g2, Gamma_i) e(F, S2_i)`` and ``e(T_i, ĝ) = e(F, ĝ^phi_i)``; per fine
-    credential ``e(T_i, ĝ) = e(F, ĝ^phi_i)``? The equations are checked at once, each
-    raised to a random 64-bit weight ``w`` (one multi-pairing of 5 + credentials Miller
-    loops):
+    ``e(S1_i, ĝ) = e(g2, Gamma_i) e(F, S2_i)`` and
+    ``e(T_i, ĝ) = e(F, ĝ^phi_i) e(H_c, ĝ^rho_i)``; per fine credential the same for its
+    ``T_i``? The equations are checked at once, each raised to a random 64-bit weight
+    ``w`` (one multi-pairing of 5 + credentials Miller loops):
     ``e(D^w0 prod S1^w prod T^w', ĝ) e(G^-w0 g2^-sum(w), Gamma) e(g2^-w0, ĝ^delta_i)
-    e(H^-w0, ĝ^rho_i) prod e(F^-w, S2) e(prod F^-w', ĝ^phi_i) = 1``."""
+    e(H^-w0 prod H_c^-w', ĝ^rho_i) prod e(F^-w, S2) e(prod F^-w', ĝ^phi_i) = 1``."""
     group, mpk, key = pp.group, tpk.mpk, share.key
     delta_i, phi_i = tpk.delta_shares.get(share.index), tpk.phi_shares.get(share.index)
     rho_i = tpk.rho_shares.get(share.index)
@@ -361,30 +369,36 @@ def verify_subscriber_share(pp: PublicParams, tpk: ThresholdPublicKey,
             or [f.credential for f in key.fine_tokens] != list(fine_credentials)
             or any(k.epoch != epoch for k in (*key.credentials, *key.fine_tokens))):
         return False
+    issuance = issuance_digest(epoch, credentials, fine_credentials)
     w0 = system_random.randbits(BATCH_WEIGHT_BITS) | 1
     on_g_hat, on_g_hat_w = [key.D], [w0]
+    on_rho, on_rho_w = [identity_point(group, identity, issuance)], [w0]
     pairs: list[tuple[Element, Element]] = []
     on_phi, on_phi_w, s1_w = [], [], []
-    for k in key.credentials:
-        F = pp.F(identity_string(k.credential.attribute, SUB, epoch, k.credential))
-        w, w_t = (system_random.randbits(BATCH_WEIGHT_BITS) | 1 for _ in "st")
-        on_g_hat += [k.S1, k.T]
-        on_g_hat_w += [w, w_t]
-        pairs.append((~(F ** w), k.S2))
-        on_phi.append(F)
-        on_phi_w.append(w_t)
-        s1_w.append(w)
-    for token in key.fine_tokens:
-        w_t = system_random.randbits(BATCH_WEIGHT_BITS) | 1
-        on_g_hat.append(token.T)
+
+    def token(T: Element, credential: Credential, w_t: int) -> None:
+        name = identity_string(credential.attribute, SUB, epoch, credential)
+        on_g_hat.append(T)
         on_g_hat_w.append(w_t)
-        on_phi.append(pp.F(identity_string(token.attribute, SUB, epoch, token.credential)))
+        on_phi.append(pp.F(name))
         on_phi_w.append(w_t)
+        on_rho.append(identity_point(group, identity, issuance + name))
+        on_rho_w.append(w_t)
+
+    for k in key.credentials:
+        w, w_t = (system_random.randbits(BATCH_WEIGHT_BITS) | 1 for _ in "st")
+        on_g_hat.append(k.S1)
+        on_g_hat_w.append(w)
+        s1_w.append(w)
+        pairs.append((~(pp.F(identity_string(k.credential.attribute, SUB, epoch,
+                                               k.credential)) ** w), k.S2))
+        token(k.T, k.credential, w_t)
+    for fine in key.fine_tokens:
+        token(fine.T, fine.credential, system_random.randbits(BATCH_WEIGHT_BITS) | 1)
     pairs += [(group.multi_exp(on_g_hat, on_g_hat_w), mpk.g_hat),
               (~group.multi_exp([tpk.G, mpk.g2], [w0, sum(s1_w)]), share.Gamma),
               (~(mpk.g2 ** w0), delta_i),
-              (~(identity_point(group, identity, issuance_digest(
-                  epoch, credentials, fine_credentials)) ** w0), rho_i)]
+              (~group.multi_exp(on_rho, on_rho_w), rho_i)]
     if on_phi:
         pairs.append((~group.multi_exp(on_phi, on_phi_w), phi_i))
     return _holds(group, *pairs)

@@ -242,9 +242,10 @@ def test_two_subscribers_cannot_pool_their_keys(deployment):
 def test_identities_below_t_cannot_pool_their_shares(deployment):
     """The flaw of docs/scheme.md 16.8: alice gets shares at servers 1 and 2 only, bob at
     server 3 only (each allowed at fewer than t), both for the same credentials. Their
-    three shares combined read nothing, and publisher shares pooled likewise sign nothing
-    that verifies. Control: the same pooling against servers without the sharing of zero
-    (rho_i = 0, the design before the fix) reads and signs."""
+    three shares combined read nothing, their routing tokens route nothing (a review found
+    those pooled too, before ``T_i`` was bound), and publisher shares pooled likewise sign
+    nothing that verifies. Control: the same pooling against servers without the sharing
+    of zero (rho_i = 0, the design before the fix) reads, routes and signs."""
     pp, tpk, secrets, ciphertext = deployment
     subscription = 'symbol = "IBM" and price < 200'
     credential = credentials(pp, "")[0]
@@ -257,12 +258,14 @@ def test_identities_below_t_cannot_pool_their_shares(deployment):
                      ((1, "alice"), (2, "alice"), (3, "bob"))]
         keys = [T.combine_publisher_key(pp, tpk, publisher[k:k + 3])
                 for k in range(0, len(publisher), 3)]
-        return (reads(pp, T.combine_subscriber_key(pp, tpk, shares), ciphertext),
+        pooled = T.combine_subscriber_key(pp, tpk, shares)
+        return (reads(pp, pooled, ciphertext),
+                S.route_test(pp, pooled.for_attribute("symbol")[0].token, ciphertext),
                 S.verify(pp, S.encrypt_and_sign(pp, keys, EVENT)))
 
-    assert pool(secrets) == (False, False)
+    assert pool(secrets) == (False, False, False)
     without_rho = {i: replace(s, rho=0) for i, s in secrets.items()}
-    assert pool(without_rho) == (True, True)  # control: the attack, on the unfixed design
+    assert pool(without_rho) == (True, True, True)  # control: the attack, unfixed design
     # Each share verifies for its own identity, not for the other's.
     alice = shares_of(pp, tpk, secrets, subscription, (1,), "alice")[0]
     request = (EPOCH, credentials(pp, subscription))
