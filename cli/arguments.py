@@ -195,20 +195,25 @@ def add_key_server(parser: argparse.ArgumentParser, admin: bool = False) -> None
                         "(default: the system's CAs)")
 
 
+def read_admin_token_file(path: str) -> str:
+    """The admin token in ``path`` (a key server's DATA/admin.token)."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise CommandError(f"cannot read the admin token from {path}: "
+                           f"{exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"{path} is not an admin token file (not text)") from exc
+    if not token:
+        raise CommandError(f"{path} is empty")
+    return token
+
+
 def admin_token(args: argparse.Namespace) -> str:
     """The admin token given by :func:`add_admin_token`'s options (the token itself first)."""
     token = args.admin_token
     if not token and args.admin_token_file:
-        try:
-            token = Path(args.admin_token_file).read_text().strip()
-        except OSError as exc:
-            raise CommandError(f"cannot read the admin token from {args.admin_token_file}: "
-                               f"{exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise CommandError(f"{args.admin_token_file} is not an admin token file "
-                               "(not text)") from exc
-        if not token:
-            raise CommandError(f"{args.admin_token_file} is empty")
+        token = read_admin_token_file(args.admin_token_file)
     if not token:
         raise CommandError("the admin token is required: --admin-token-file FILE, "
                            "$IBE_PUBSUB_ADMIN_TOKEN or --admin-token")

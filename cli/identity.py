@@ -8,6 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ibe_pubsub.cli import threshold_identity
 from ibe_pubsub.cli.arguments import CommandError, add_key_server, admin_token
 
 if TYPE_CHECKING:
@@ -113,4 +114,5 @@ def register(subparsers: Any) -> None:
     rev.add_argument("--id", type=int, help="identity id")
     rev.add_argument("--name", help="identity name")
     rev.set_defaults(handler=cmd_identity_revoke)
+    threshold_identity.register(sub)
 

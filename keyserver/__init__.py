@@ -30,9 +30,13 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "public_key_fingerprint", "raw_public_key",
     ),
     "state": ("ServerConfig",),
+    "threshold_admin": (
+        "MemberOutcome", "check_members", "register_at_members", "revoke_at_members",
+        "write_access_file",
+    ),
     "threshold_client": (
         "CombinedPublisherKeys", "CombinedSubscriberKey", "Failure", "MemberAccess",
-        "ThresholdEnrolmentError", "ThresholdKeyClient",
+        "ThresholdEnrolmentError", "ThresholdKeyClient", "read_access_file",
     ),
     "threshold_store": (
         "MEMBER_KEY_FILE", "SHARES_FILE", "THRESHOLD_PUBLIC_FILE", "ThresholdMember",

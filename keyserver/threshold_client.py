@@ -10,7 +10,8 @@ own token. Shares are combined only among members that issued for the same epoch
 same credentials: keys exist only where ``t`` members agree.
 
     tpk = read_public_document(Path("threshold.json"), group)[1]
-    async with ThresholdKeyClient(pp, tpk, [MemberAccess(1, url1, token1), ...]) as client:
+    members = read_access_file(Path("alice.json"))  # `identity threshold-add --access-file`
+    async with ThresholdKeyClient(pp, tpk, members) as client:
         combined = await client.enrol_subscriber("symbol = IBM")
         key = combined.key        # a SubscriberKey like version 2's
 """
@@ -26,6 +27,7 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 #: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all.
 MAX_KEYS, MAX_ANSWER_BYTES = 512, 512 * 1024
 KEEPALIVE_SECONDS = 2.0
+#: The access file's format (``ibe-pubsub identity threshold-add --access-file``).
+ACCESS_FORMAT = "ibe-pubsub-threshold-access-v1"
 #: Longer than any identity name a key server registers.
 MAX_IDENTITY = 1024
 Share = TypeVar("Share")
@@ -55,6 +59,19 @@ class MemberAccess:
     index: int
     url: str
     token: str
+
+
+def read_access_file(path: Path) -> list[MemberAccess]:
+    """The members an identity may ask and its token at each, as ``identity threshold-add``
+    wrote them."""
+    try:
+        document = json.loads(path.read_text())
+        if not isinstance(document, dict) or document.get("format") != ACCESS_FORMAT:
+            raise KeyServerError(f"{path} is not a {ACCESS_FORMAT} file")
+        return [MemberAccess(int(m["index"]), str(m["url"]), str(m["token"]))
+                for m in document["members"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KeyServerError(f"{path}: not a readable access file ({exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -277,7 +294,7 @@ class ThresholdKeyClient:
 
         def disagreeing(chosen: Shape | None) -> list[Failure]:
             return [Failure(i, f"its share (epoch {shape[0]}) agrees with fewer than {t} "
-                               "members' on the epoch and credentials")
+                               "members' on the epoch, credentials and identity")
                     for shape, shares in groups.items() if shape != chosen for i in shares]
 
         for _ in range(t):

@@ -47,6 +47,7 @@ from ibe_pubsub.keyserver import (
     ThresholdEnrolmentError,
     ThresholdKeyClient,
     load_shares,
+    read_access_file,
     read_public_document,
 )
 
@@ -221,10 +222,11 @@ def test_the_documented_client_program_enrols(deployment, tmp_path):
     text = (REPO_ROOT / "docs" / "operations.md").read_text()
     program = text.split("<!-- threshold-example -->\n```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "enrol.py").write_text(program)
-    zoe = deployment.register("zoe", "subscriber", at=[1, 3, 4, 5])
-    (tmp_path / "tokens.json").write_text(json.dumps({i: z["token"] for i, z in zoe.items()}))
+    added = threshold_identity(deployment, "add", "zoe", [1, 3, 4, 5], "--role", "subscriber",
+                               "--access-file", str(tmp_path / "zoe.json"))
+    assert added.returncode == 0, added.stderr
     done = subprocess.run([sys.executable, "enrol.py", str(deployment.dirs[0] / "threshold.json"),
-                           "tokens.json", 'symbol = "IBM" and price < 200'], cwd=tmp_path,
+                           "zoe.json", 'symbol = "IBM" and price < 200'], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     match = re.fullmatch(r"epoch (\d+): keys for (\d+) credentials, combined from members "
@@ -429,6 +431,68 @@ def test_keys_exist_only_where_t_members_allow_the_identity(deployment, publishe
         else:
             with pytest.raises(ThresholdEnrolmentError, match="revoked"):
                 run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
+
+
+def threshold_identity(deployment, command, name, members, *extra):
+    """``ibe-pubsub identity threshold-<command>`` with the admin tokens of ``members``."""
+    tokens = [arg for i in members for arg in (
+        "--admin-token-file", f"{i}={deployment.dirs[i - 1] / 'admin.token'}")]
+    return subprocess.run(cli_command(
+        "identity", f"threshold-{command}", "--deployment",
+        str(deployment.dirs[0] / "threshold.json"), "--name", name, *tokens, *extra),
+        env=child_env(), capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_one_command_registers_at_every_member_and_revokes(deployment, published, tmp_path):
+    """threshold-add registers at each member whose admin token it has and writes the
+    access file a client reads; threshold-revoke at n - t + 1 members stops the identity
+    (at 2, the control, it still gets keys). A member that refuses is named, the others
+    still register."""
+    access = tmp_path / "judy.json"
+    added = threshold_identity(deployment, "add", "judy", range(1, n + 1), "--role",
+                               "subscriber", "--allow", 'symbol = "IBM"',
+                               "--access-file", str(access))
+    assert added.returncode == 0, added.stderr
+    assert "registered at 5 of 5 members" in added.stderr
+    assert access.stat().st_mode & 0o777 == 0o600
+    members = read_access_file(access)
+    assert [m.index for m in members] == [1, 2, 3, 4, 5]
+
+    async def enrol():
+        async with ThresholdKeyClient(deployment.pp, deployment.tpk, members) as client:
+            return await client.enrol_subscriber('symbol = "IBM"')
+
+    assert reads(deployment.pp, run(enrol()).key, published)
+    again = threshold_identity(deployment, "add", "judy", [1], "--role", "subscriber",
+                               "--access-file", str(access))
+    assert again.returncode != 0 and "exists already" in again.stderr
+    revoked = threshold_identity(deployment, "revoke", "judy", [1, 2])
+    assert revoked.returncode == 0, revoked.stderr
+    assert "once 3 (n - t + 1)" in revoked.stderr
+    assert reads(deployment.pp, run(enrol()).key, published)  # the control: 3 still answer
+    revoked = threshold_identity(deployment, "revoke", "judy", [3])
+    assert revoked.returncode == 0, revoked.stderr
+    with pytest.raises(ThresholdEnrolmentError, match="revoked"):
+        run(enrol())
+    # Member 2's token file holds another identity's token: member 2 refuses and is named.
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text(deployment.register("kate-decoy", "subscriber", at=[2])[2]["token"])
+    partly = subprocess.run(cli_command(
+        "identity", "threshold-add", "--deployment", str(deployment.dirs[0] / "threshold.json"),
+        "--name", "kate", "--role", "subscriber", "--access-file", str(tmp_path / "kate.json"),
+        "--admin-token-file", f"1={deployment.dirs[0] / 'admin.token'}",
+        "--admin-token-file", f"2={wrong}"),
+        env=child_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert partly.returncode != 0 and "members [2] did not register 'kate'" in partly.stderr
+    assert "fewer than t = 3" in partly.stderr
+    assert [m.index for m in read_access_file(tmp_path / "kate.json")] == [1]
+    for bad, message in ((["--admin-token-file", "9=x"], "not in the deployment"),
+                         (["--admin-token-file", "one"], "INDEX=FILE")):
+        refused = subprocess.run(cli_command(
+            "identity", "threshold-revoke", "--deployment",
+            str(deployment.dirs[0] / "threshold.json"), "--name", "judy", *bad),
+            env=child_env(), capture_output=True, text=True, timeout=120, check=False)
+        assert refused.returncode != 0 and message in refused.stderr, refused.stderr
 
 
 def test_identities_below_t_cannot_pool_their_shares(deployment, published):
