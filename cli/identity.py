@@ -73,12 +73,9 @@ def _bounds(row: dict[str, Any]) -> str:
 
 def cmd_identity_revoke(args: argparse.Namespace) -> int:
     def revoke(client: KeyServerClient) -> dict[str, Any]:
-        identity_id = args.id
+        identity_id = args.id if args.id is not None else client.identity_id(args.name)
         if identity_id is None:
-            match = [r for r in client.list_identities() if r["name"] == args.name]
-            if not match:
-                raise CommandError(f"no identity named {args.name!r}")
-            identity_id = match[0]["id"]
+            raise CommandError(f"no identity named {args.name!r}")
         return client.revoke(identity_id)
 
     if (args.id is None) == (args.name is None):

@@ -378,8 +378,7 @@ def verify_subscriber_share(pp: PublicParams, tpk: ThresholdPublicKey,
     pairs: list[tuple[Element, Element]] = []
     on_phi, on_phi_w, s1_w = [], [], []
 
-    def token(T: Element, credential: Credential, w_t: int) -> None:
-        name = identity_string(credential.attribute, SUB, epoch, credential)
+    def token(T: Element, name: bytes, w_t: int) -> None:
         on_g_hat.append(T)
         on_g_hat_w.append(w_t)
         on_phi.append(pp.F(name))
@@ -388,15 +387,16 @@ def verify_subscriber_share(pp: PublicParams, tpk: ThresholdPublicKey,
         on_rho_w.append(w_t)
 
     for k in key.credentials:
+        name = identity_string(k.credential.attribute, SUB, epoch, k.credential)
         w, w_t = (system_random.randbits(BATCH_WEIGHT_BITS) | 1 for _ in "st")
         on_g_hat.append(k.S1)
         on_g_hat_w.append(w)
         s1_w.append(w)
-        pairs.append((~(pp.F(identity_string(k.credential.attribute, SUB, epoch,
-                                               k.credential)) ** w), k.S2))
-        token(k.T, k.credential, w_t)
+        pairs.append((~(pp.F(name) ** w), k.S2))
+        token(k.T, name, w_t)
     for fine in key.fine_tokens:
-        token(fine.T, fine.credential, system_random.randbits(BATCH_WEIGHT_BITS) | 1)
+        token(fine.T, identity_string(fine.attribute, SUB, epoch, fine.credential),
+              system_random.randbits(BATCH_WEIGHT_BITS) | 1)
     pairs += [(group.multi_exp(on_g_hat, on_g_hat_w), mpk.g_hat),
               (~group.multi_exp([tpk.G, mpk.g2], [w0, sum(s1_w)]), share.Gamma),
               (~(mpk.g2 ** w0), delta_i),

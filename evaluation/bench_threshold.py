@@ -29,8 +29,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from ibe_pubsub.credentials import PublicParams, default_schema, load_group
 from ibe_pubsub.evaluation.bench_keyserver import (
     PASSPHRASE,
@@ -52,14 +50,17 @@ from ibe_pubsub.evaluation.launcher import (
 from ibe_pubsub.evaluation.threshold_lab import write_local_setup
 from ibe_pubsub.keyserver import (
     THRESHOLD_PUBLIC_FILE,
+    KeyServerError,
     MemberAccess,
+    SetupPlan,
     ThresholdKeyClient,
     issue_subscriber_key,
     read_public_document,
+    register_at_members,
 )
 
 
-def start_members(root: Path, t: int, n: int) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
+def start_members(root: Path, t: int, n: int) -> list[subprocess.Popen[bytes]]:
     """``n`` members ready to serve: ``keyserver init`` each, the set-up, ``serve``."""
     dirs = [root / f"member-{i}" for i in range(1, n + 1)]
     inits = [subprocess.Popen(cli_command("keyserver", "init", "--data", str(d)),
@@ -78,25 +79,24 @@ def start_members(root: Path, t: int, n: int) -> tuple[list[str], list[subproces
         for process in processes:
             stop(process)
         raise
-    return urls, processes
+    return processes
 
 
-def register(urls: list[str], roots: list[Path], count: int) -> list[dict[int, str]]:
-    """``count`` subscriber identities, each registered at every member: their tokens."""
-    tokens: list[dict[int, str]] = [{} for _ in range(count)]
-    for index, (url, root) in enumerate(zip(urls, roots, strict=True), start=1):
-        admin = (root / "admin.token").read_text().strip()
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"},
-                          timeout=60) as http:
-            for k in range(count):
-                answer = http.post("/v1/admin/identities",
-                                   json={"name": f"bench-{k}", "role": "subscriber"})
-                answer.raise_for_status()
-                tokens[k][index] = answer.json()["token"]
-    return tokens
+def register(plan: SetupPlan, roots: list[Path], count: int) -> list[list[MemberAccess]]:
+    """``count`` subscriber identities, each registered at every member: what each asks."""
+    admin = {i: (root / "admin.token").read_text().strip()
+             for i, root in enumerate(roots, start=1)}
+    accesses = []
+    for k in range(count):
+        outcomes = register_at_members(plan, admin, f"bench-{k}", "subscriber", timeout=60)
+        failed = [o.error for o in outcomes if o.error]
+        if failed:
+            raise KeyServerError(f"registering bench-{k} failed: {failed}")
+        accesses.append([MemberAccess(o.index, o.url, str(o.token)) for o in outcomes])
+    return accesses
 
 
-async def _drive(pp: PublicParams, tpk: Any, urls: list[str], tokens: list[dict[int, str]],
+async def _drive(pp: PublicParams, tpk: Any, accesses: list[list[MemberAccess]],
                  settings: BenchSettings) -> dict[str, Any]:
     latencies: list[float] = []
     keys: list[int] = []
@@ -104,9 +104,8 @@ async def _drive(pp: PublicParams, tpk: Any, urls: list[str], tokens: list[dict[
     start = time.perf_counter()
     deadline = start + settings.seconds
 
-    async def client_loop(own: dict[int, str]) -> None:
+    async def client_loop(members: list[MemberAccess]) -> None:
         nonlocal failures
-        members = [MemberAccess(i, url, own[i]) for i, url in enumerate(urls, start=1)]
         async with ThresholdKeyClient(pp, tpk, members, timeout=300) as client:
             while time.perf_counter() < deadline:
                 t0 = time.perf_counter()
@@ -116,10 +115,10 @@ async def _drive(pp: PublicParams, tpk: Any, urls: list[str], tokens: list[dict[
                 keys.append(len(combined.key.credentials))
                 failures += len(combined.failures)
 
-    await asyncio.gather(*(client_loop(own) for own in tokens))
+    await asyncio.gather(*(client_loop(members) for members in accesses))
     elapsed = time.perf_counter() - start
     ordered = sorted(latencies)
-    return {"enrolments": len(ordered), "seconds": elapsed, "clients": len(tokens),
+    return {"enrolments": len(ordered), "seconds": elapsed, "clients": len(accesses),
             "keys": sum(keys), "keys_per_second": sum(keys) / elapsed,
             "members_skipped": failures, "latency_p50": statistics.median(ordered),
             "latency_p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
@@ -128,16 +127,16 @@ async def _drive(pp: PublicParams, tpk: Any, urls: list[str], tokens: list[dict[
 
 def measure_threshold(settings: BenchSettings, t: int, n: int, root: Path) -> dict[str, Any]:
     root.mkdir()
-    urls, processes = start_members(root, t, n)
+    processes = start_members(root, t, n)
     try:
         roots = [root / f"member-{i}" for i in range(1, n + 1)]
         group = load_group()
-        _, tpk = read_public_document(roots[0] / THRESHOLD_PUBLIC_FILE, group)
+        plan, tpk = read_public_document(roots[0] / THRESHOLD_PUBLIC_FILE, group)
         pp = PublicParams(group, tpk.mpk, default_schema())
-        tokens = register(urls, roots, settings.clients)
+        accesses = register(plan, roots, settings.clients)
         members_start = sum(tree_cpu_seconds(p.pid) for p in processes)
         client_start = time.process_time()
-        result = asyncio.run(_drive(pp, tpk, urls, tokens, settings))
+        result = asyncio.run(_drive(pp, tpk, accesses, settings))
         client = time.process_time() - client_start
         members = sum(tree_cpu_seconds(p.pid) for p in processes) - members_start
     finally:

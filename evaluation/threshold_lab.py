@@ -1,5 +1,5 @@
 """A threshold deployment (docs/scheme.md, section 16) with every server in this process,
-for benchmarks and tests only: it runs the three key generations and the ``beta``
+for benchmarks and tests only: it runs the four key generations and the ``beta``
 ceremony by handing each server's messages to the others directly, so this one process
 ends up with every server's secret shares, which a real deployment never allows."""
 

@@ -167,6 +167,11 @@ class KeyServerClient:
     def revoke(self, identity_id: int) -> dict[str, Any]:
         return self.request("POST", f"/v1/admin/identities/{int(identity_id)}/revoke")
 
+    def identity_id(self, name: str) -> int | None:
+        """The id of the identity named ``name``, or None if this server has none."""
+        match = [row["id"] for row in self.list_identities() if row["name"] == name]
+        return match[0] if match else None
+
     def audit(self, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/admin/audit", params={"after": after, "limit": limit})
 

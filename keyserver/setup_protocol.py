@@ -402,7 +402,7 @@ class SetupMember:
         exactly ``t`` commitments (``t - 1`` for a sharing of zero, whose ``C_0`` is the
         identity), each a G2 element, and a map; None otherwise (no dealing)."""
         size = self.group.sizes[G2]
-        zero = name in ZERO_SECRETS
+        zero = self._dkg[name].zero
         try:  # hostile bytes: whatever fails to parse is no dealing, never a crash
             commitments, sealed = _unpack(data)[name]
             if (not isinstance(sealed, dict) or not isinstance(commitments, list)

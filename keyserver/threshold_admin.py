@@ -75,10 +75,10 @@ def revoke_at_members(plan: SetupPlan, admin_tokens: Mapping[int, str], name: st
     """``name`` revoked at each member of ``admin_tokens``; a member where it is unknown,
     or that cannot be reached, is reported."""
     def revoke(client: KeyServerClient) -> None:
-        match = [row for row in client.list_identities() if row["name"] == name]
-        if not match:
+        identity_id = client.identity_id(name)
+        if identity_id is None:
             raise KeyServerRequestError(0, f"no identity named {name!r} at this member")
-        client.revoke(match[0]["id"])
+        client.revoke(identity_id)
 
     return _at_each(plan, admin_tokens, verify, timeout, revoke)
 
