@@ -21,6 +21,7 @@ from ibe_pubsub.cli.arguments import (
     add_log_format,
     identity_token,
     known_servers,
+    non_negative_duration,
     non_negative_float,
     positive_duration,
     positive_int,
@@ -105,6 +106,12 @@ def register(subparsers: Any) -> None:
                      help="seconds to wait for the roots to register")
     pub.add_argument("--flush-timeout", type=non_negative_float, default=30.0,
                      help="seconds to wait for the roots to take every event")
+    pub.add_argument("--server-wait", type=non_negative_duration, default=30.0,
+                     metavar="DURATION",
+                     help="at an epoch rollover, when the old keys can serve no more, wait up "
+                     "to this long for a key server that refuses connections or answers "
+                     "502/503/504 (restarting) to issue the new keys, sending nothing "
+                     "meanwhile; then stop with an error (default 30s; 0: do not wait)")
     pub.add_argument("--published-ids", metavar="FILE",
                      help="where the ids this publisher sent are recorded, to warn when a "
                      "later run re-uses one (subscribers drop an id they delivered before; "
@@ -159,7 +166,8 @@ async def _publish(args: argparse.Namespace) -> int:
             PublishRefused) as exc:
         await publisher.close(0)
         raise CommandError(str(exc)) from exc
-    sender = Feed(Publisher(publisher), source, period, args.sent_out, args.flush_timeout)
+    sender = Feed(Publisher(publisher, server_wait=args.server_wait), source, period,
+                  args.sent_out, args.flush_timeout)
     stop = asyncio.Event()
     received = _stop_on_signals(stop)
     try:

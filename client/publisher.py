@@ -10,7 +10,10 @@ keeps the events in the order they were published.
 
 Keys last an epoch: the first ``publish`` after the rollover enrols again for the new
 epoch's keys (and link certificate), once the events under way are encrypted; until that
-succeeds, the old keys serve until the end of their grace window.
+succeeds, the old keys serve until the end of their grace window (a stream's, until the end
+of their epoch). A key server that is down (restarting) when the old keys can serve no
+more is waited for, up to ``server_wait`` seconds: ``publish`` waits, as it does for slow
+roots, rather than fail because the rollover met a restart.
 
 Back-pressure, so that memory stays bounded and the transport never drops: at most
 ``max_in_flight`` events are between ``publish`` being called and their frames being
@@ -51,6 +54,9 @@ MAX_QUEUED = 256
 ROOM_POLL = 0.005
 #: Seconds before enrolling for the new epoch's keys is tried again.
 RENEW_RETRY = 2.0
+#: Seconds ``publish`` waits at most for a key server that is down when the keys must be
+#: renewed (the default of ``server_wait``, as a peer's ``--server-wait``).
+SERVER_WAIT = 30.0
 #: Seconds before a stream's keys expire when it stops encrypting with them (an event
 #: checked just before would be encrypted just after).
 STREAM_MARGIN = 0.5
@@ -60,8 +66,9 @@ class Publisher:
     """Publishes events inside its advertisement; make one with :meth:`connect`."""
 
     def __init__(self, publisher: EventPublisher, max_in_flight: int = MAX_IN_FLIGHT,
-                 max_queued: int = MAX_QUEUED) -> None:
+                 max_queued: int = MAX_QUEUED, server_wait: float = SERVER_WAIT) -> None:
         self.event_publisher = publisher
+        self.server_wait = server_wait
         self.ids = EventIds()
         self.max_in_flight = max_in_flight
         #: Events taken by ``publish`` and not yet queued (at most ``max_in_flight``).
@@ -95,11 +102,13 @@ class Publisher:
                       ca_file: str | None = None, insecure_transport: bool = False,
                       stream_window: float | None = None, stream_max_events: int | None = None,
                       root_timeout: float = 30.0, max_in_flight: int = MAX_IN_FLIGHT,
-                      max_queued: int = MAX_QUEUED) -> Publisher:
+                      max_queued: int = MAX_QUEUED, server_wait: float = SERVER_WAIT
+                      ) -> Publisher:
         """Enrol for ``advertisement`` (``""``: everything the identity may publish; or take
         the keys of ``bundle``) and find the root of every tree (waiting up to
         ``root_timeout`` s); ConnectError if refused. With ``stream_window`` (seconds),
-        events go out as a stream (see ``publish --stream-window``)."""
+        events go out as a stream (see ``publish --stream-window``). ``server_wait``: how
+        long ``publish`` waits for a key server that is down when new keys are needed."""
         if advertisement is None and bundle is None:
             raise ConfigError("an advertisement (or a bundle) is required")
         pinned, known = server_trust(server_key, known_servers)
@@ -116,7 +125,7 @@ class Publisher:
         except BaseException:
             await publisher.close(0)
             raise
-        return cls(publisher, max_in_flight, max_queued)
+        return cls(publisher, max_in_flight, max_queued, server_wait)
 
     @property
     def schema(self) -> Schema:
@@ -182,32 +191,64 @@ class Publisher:
 
     async def _current_keys(self) -> None:
         """Keys of the current epoch: after the rollover, enrol again once the worker is
-        idle. PublishRefused once the old keys expired (end of epoch and grace) without
-        new ones, since every peer would drop what they encrypt."""
+        idle. PublishRefused once the old keys can serve no more (see :meth:`_usable`)
+        without new ones, since every peer would drop what they encrypt."""
         while not self._keys_ready.is_set():
             await self._keys_ready.wait()
-        keys, params = self.event_publisher.keys, self.event_publisher.params
-        assert keys is not None and params is not None
+        keys = self.event_publisher.keys
+        assert keys is not None
         await self._stream_rollover(keys.epoch_end)
-        now = time.time()
-        if now >= max(keys.epoch_end, self._renew_after):
+        if time.time() >= max(keys.epoch_end, self._renew_after):
             self._keys_ready.clear()
             try:
                 while self._encrypting:
                     await asyncio.sleep(ROOM_POLL)
-                with wrapped(PublishRefused):
-                    await self.event_publisher.enrol()
-            except PublishRefused as exc:
-                log.warning("could not get the new epoch's publisher keys: %s", exc)
+                await self._renew()
             finally:
                 self._keys_ready.set()
             keys = self.event_publisher.keys
             assert keys is not None
-            if time.time() >= keys.epoch_end:  # refused, or the server's epoch not over yet
-                self._renew_after = time.time() + RENEW_RETRY
-        if time.time() >= keys.epoch_end + params.grace:
+        if not self._usable():
             raise PublishRefused(f"the publisher's keys of epoch {keys.epoch} have expired "
                                  "and no new ones could be had")
+
+    async def _renew(self) -> None:
+        """Enrol for the new epoch's keys. While the key server is down (it refuses
+        connections or answers 502/503/504) or still in the old epoch, and the old keys can
+        serve no more, try again every RENEW_RETRY s, for up to ``server_wait`` s in all."""
+        give_up = time.monotonic() + self.server_wait
+        while True:
+            refused, why = False, "the key server is still in the old epoch"
+            try:
+                with wrapped(PublishRefused):
+                    await self.event_publisher.enrol()
+            except PublishRefused as exc:
+                refused = not getattr(exc.__cause__, "down", False)
+                why = str(exc)
+            keys = self.event_publisher.keys
+            assert keys is not None
+            if time.time() < keys.epoch_end:
+                return
+            self._renew_after = time.time() + RENEW_RETRY
+            if (refused or self._usable() or self._closed
+                    or time.monotonic() + RENEW_RETRY > give_up):
+                log.warning("could not get the new epoch's publisher keys: %s", why)
+                return
+            log.warning("could not get the new epoch's publisher keys yet (%s): publish waits, "
+                        "trying again every %.0f s for %.0f s more at most", why, RENEW_RETRY,
+                        give_up - time.monotonic())
+            await asyncio.sleep(RENEW_RETRY)
+
+    def _usable(self) -> bool:
+        """Whether the current keys may still encrypt: a stream's until its session
+        certificates expire (the end of the epoch, less STREAM_MARGIN), others until the
+        end of the grace window after their epoch."""
+        keys, params = self.event_publisher.keys, self.event_publisher.params
+        assert keys is not None and params is not None
+        stream = self.event_publisher.stream
+        if stream is not None:
+            return time.time() < stream.expires_at - STREAM_MARGIN
+        return time.time() < keys.epoch_end + params.grace
 
     async def _stream_rollover(self, epoch_end: float) -> None:
         """A stream publishes nothing once its session certificates expire, at the epoch's

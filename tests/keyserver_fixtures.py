@@ -5,7 +5,8 @@ process on a free 127.0.0.1 port). Reusable by every area's tests:
   ``KeyServer(base_url, admin_token, data_dir)`` (a named tuple).
 * ``keyserver_factory``: ``start(init_args=(), serve_args=(), data_dir=None)`` starts a
   server of its own (e.g. ``init_args=("--epoch-seconds", "4", "--grace-seconds", "2")``);
-  all are stopped at the end of the test. ``restart(server)`` restarts one on its data.
+  all are stopped at the end of the test. ``restart(server)`` restarts one on its data
+  (on a new port, or on its own with ``same_port=True``).
 * ``postgres_url`` (session): a throwaway PostgreSQL cluster (skips if none can start).
 
 Helpers: ``bearer_client`` (an httpx client carrying a token) and ``rss_mib`` (a process's
@@ -66,11 +67,12 @@ class KeyServers:
         self._names = itertools.count()
 
     def start(self, init_args: Sequence[str] = (), serve_args: Sequence[str] = (),
-              data_dir: Path | None = None, passphrase: str = PASSPHRASE) -> KeyServer:
+              data_dir: Path | None = None, passphrase: str = PASSPHRASE,
+              port: int | None = None) -> KeyServer:
         if data_dir is None:
             data_dir = self.root / f"ks{next(self._names)}"
             init_keyserver(data_dir, passphrase, init_args)
-        port = free_port()
+        port = port or free_port()
         base_url = f"http://127.0.0.1:{port}"
         process = start_keyserver(data_dir, port, passphrase, serve_args,
                                   log=data_dir / "server.log")
@@ -85,9 +87,11 @@ class KeyServers:
     def stop(self, server: KeyServer) -> None:
         stop(self.processes.pop(server.base_url))
 
-    def restart(self, server: KeyServer, serve_args: Sequence[str] = ()) -> KeyServer:
+    def restart(self, server: KeyServer, serve_args: Sequence[str] = (),
+                same_port: bool = False) -> KeyServer:
         self.stop(server)
-        return self.start(serve_args=serve_args, data_dir=server.data_dir)
+        port = int(server.base_url.rsplit(":", 1)[1]) if same_port else None
+        return self.start(serve_args=serve_args, data_dir=server.data_dir, port=port)
 
     def stop_all(self) -> None:
         for process in self.processes.values():

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from ibe_pubsub.client import Publisher, Subscriber
+from ibe_pubsub.client import Publisher, PublishRefused, Subscriber
+from ibe_pubsub.evaluation.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,3 +39,60 @@ def test_publishing_goes_on_across_a_rollover(short_epochs):
             assert pub.dropped == 0
 
     asyncio.run(run())
+
+
+def test_a_stream_publisher_waits_for_a_key_server_restarting_at_the_rollover(
+        keyserver_factory, tmp_path):
+    """The key server is stopped just before a rollover and comes back only after the old
+    keys' stream and grace window are over: ``publish`` waits for it (``server_wait``) and
+    every event reaches the subscriber. The control, the same publisher with
+    ``server_wait=0``, is refused at the rollover."""
+    epoch, grace = 20, 4
+    server = keyserver_factory.start(init_args=("--epoch-seconds", str(epoch),
+                                                "--grace-seconds", str(grace)))
+    cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers",
+                      peer_args=("--http", "0"))
+    trust = {"known_servers": cluster.workdir / "known_servers.json", "stream_window": 1.0}
+    quote = {"symbol": "IBM", "price": 1.0, "volume": 5}
+    try:
+        cluster.wait_ready([cluster.start_root("root", ["symbol", "price", "volume"])])
+        tokens = [cluster.identity(name, role) for name, role in (
+            ("sub", "subscriber"), ("patient", "publisher"), ("impatient", "publisher"))]
+
+        async def run() -> None:
+            async with await Subscriber.connect(server.base_url, tokens[0], "",
+                                                known_servers=trust["known_servers"]) as sub, \
+                    await Publisher.connect(server.base_url, tokens[1], "", **trust) as patient, \
+                    await Publisher.connect(server.base_url, tokens[2], "", server_wait=0,
+                                            **trust) as impatient:
+                end = patient.event_publisher.keys.epoch_end
+                if end - time.time() < grace:  # too close to see the peers renew first
+                    end += epoch
+                await asyncio.sleep(end - 0.5 - time.time())  # the peers have renewed
+                await asyncio.to_thread(keyserver_factory.stop, server)
+
+                async def restart() -> None:
+                    await asyncio.sleep(end + grace + 1 - time.time())
+                    await asyncio.to_thread(keyserver_factory.start, data_dir=server.data_dir,
+                                            port=int(server.base_url.rsplit(":", 1)[1]))
+
+                restarted = asyncio.ensure_future(restart())
+                with pytest.raises(PublishRefused, match="expired"):
+                    while time.time() < end + grace:
+                        await impatient.publish(quote)
+                        await asyncio.sleep(0.1)
+                ids = []
+                while time.time() < end + grace + 3:
+                    ids.append(await patient.publish(quote))
+                    await asyncio.sleep(0.1)
+                await restarted
+                assert ids and time.time() > end + grace + 1  # it waited for the restart
+                assert patient.event_publisher.keys.epoch_end > end
+                received: set[str] = set()
+                while not set(ids) <= received:
+                    received.add((await sub.next(timeout=30)).id)
+                assert patient.dropped == 0
+
+        asyncio.run(run())
+    finally:
+        cluster.stop_all()
