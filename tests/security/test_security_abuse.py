@@ -117,6 +117,7 @@ def _enrol_token(admin: KeyServerClient, name: str, role: str = "subscriber") ->
     return admin.create_identity(name, role)["token"]
 
 
+@pytest.mark.serial  # it bounds /healthz delays: alone on the machine, as the Makefile says
 def test_body_floods_are_refused_before_reading_and_cost_no_memory(keyserver_factory):
     # rate limits would cut the flood short; what is tested here is the gate's order
     unlimited = ("--address-rate", "1e6", "--address-burst", "1000000", "--rate", "1e6",
