@@ -14,6 +14,7 @@ from ibe_pubsub.cli.arguments import (
     CommandError,
     check_port_free,
     non_negative_float,
+    non_negative_int,
     positive_int,
 )
 from ibe_pubsub.credentials import notice
@@ -77,14 +78,15 @@ def cmd_threshold_setup(args: argparse.Namespace) -> int:
         if (data_dir / SHARES_FILE).exists():
             raise ThresholdStoreError(f"{data_dir / SHARES_FILE} exists: this server took part "
                                       "in a set-up already")
-        plan = SetupPlan(args.deployment, args.threshold, parse_members(args.members))
+        plan = SetupPlan(args.deployment, args.threshold, parse_members(args.members),
+                         args.epoch_seconds, args.grace_seconds)
         signing_key = load_member_key(data_dir, passphrase)
         member = SetupMember(load_group(), plan, signing_key)
         host, port = _listen_address(args, plan.members[member.index - 1].url)
         check_port_free(host, port)
         notice(f"threshold set-up of {plan.deployment!r}, {plan.t} of {plan.n}: this server "
-               f"is member {member.index}; plan {plan.digest().hex()[:16]} (the same at "
-               "every member)")
+               f"is member {member.index}; {plan.epoch_seconds} s epochs, {plan.grace} s grace; "
+               f"plan {plan.digest().hex()[:16]} (the same at every member)")
         result = asyncio.run(run_setup(member, host, port, args.timeout, args.linger,
                                        lambda line: notice(f"threshold set-up: {line}")))
         save_setup(data_dir, passphrase, plan, result)
@@ -130,6 +132,13 @@ def register(sub: Any) -> None:
                        help="every member in order, this one included: its member key "
                        "and the http(s) address where it serves its set-up messages (in a "
                        "TOML file, a list of KEY@URL strings)")
+    setup.add_argument("--epoch-seconds", type=positive_int, default=3600,
+                       help="the epoch length every member was initialised with (keyserver "
+                       "init --epoch-seconds; default 3600): a member refuses to serve with "
+                       "another")
+    setup.add_argument("--grace-seconds", type=non_negative_int,
+                       help="the grace window every member was initialised with (default: "
+                       "keyserver init's for that epoch length)")
     setup.add_argument("--listen", metavar="HOST:PORT",
                        help="where to serve (default: this member's address in --members)")
     setup.add_argument("--timeout", type=non_negative_float, default=600.0,

@@ -21,7 +21,14 @@ from ibe_pubsub.credentials import (
     initial_beta_state,
 )
 from ibe_pubsub.credentials import threshold as T
-from ibe_pubsub.keyserver import Member, SetupMember, SetupPlan, raw_public_key, save_setup
+from ibe_pubsub.keyserver import (
+    DEFAULT_EPOCH_SECONDS,
+    Member,
+    SetupMember,
+    SetupPlan,
+    raw_public_key,
+    save_setup,
+)
 
 Deliver = Callable[[int, int, str, bytes], bytes]
 
@@ -76,12 +83,14 @@ def drive(members: Sequence[SetupMember], deliver: Deliver | None = None) -> Non
 
 
 def write_local_setup(group: PairingGroup, data_dirs: Sequence[Path], urls: Sequence[str],
-                      passphrase: str, deployment: str, t: int) -> None:
+                      passphrase: str, deployment: str, t: int,
+                      epoch_seconds: int = DEFAULT_EPOCH_SECONDS) -> None:
     """The set-up among members at ``urls``, run here and written to each data directory
     as ``keyserver threshold-setup`` writes it (fresh member keys, never saved)."""
     keys = [Ed25519PrivateKey.generate() for _ in urls]
     plan = SetupPlan(deployment, t, tuple(Member(url, raw_public_key(k))
-                                          for url, k in zip(urls, keys, strict=True)))
+                                          for url, k in zip(urls, keys, strict=True)),
+                     epoch_seconds)
     members = [SetupMember(group, plan, k) for k in keys]
     drive(members)
     for data_dir, member in zip(data_dirs, members, strict=True):

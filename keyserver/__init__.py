@@ -15,7 +15,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "creation": ("initialise",),
     "db": ("Base",),
     "enrolment": ("plan_subscriber",),
-    "epochs": ("check_lengths", "default_grace"),
+    "epochs": ("DEFAULT_EPOCH_SECONDS", "check_lengths", "default_grace"),
     "exceptions": ("KeyServerError", "ServerSettingsError"),
     "issuer": ("IssuerPool", "issue_subscriber", "issue_subscriber_key"),
     "keystore": (

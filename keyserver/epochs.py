@@ -43,6 +43,10 @@ class Epoch:
         return now >= self.end - self.grace
 
 
+#: ``keyserver init``'s epoch length, and a threshold set-up's.
+DEFAULT_EPOCH_SECONDS = 3600
+
+
 def default_grace(length: int) -> int:
     """Five minutes, but at most a quarter of the epoch."""
     return min(300, length // 4)

@@ -20,7 +20,13 @@ from ibe_pubsub.keyserver.db import (
     Setting,
     TreeGrant,
 )
-from ibe_pubsub.keyserver.epochs import RESCHEDULE_LEAD, EpochClock, default_grace, max_grace
+from ibe_pubsub.keyserver.epochs import (
+    DEFAULT_EPOCH_SECONDS,
+    RESCHEDULE_LEAD,
+    EpochClock,
+    default_grace,
+    max_grace,
+)
 
 EPOCH_SETTING = "epoch_schedule"
 
@@ -44,7 +50,7 @@ def load_clock(session: Session, now: float, length: int | None, grace: int | No
     boundary far enough away for the other replicas to learn of it first)."""
     stored = get_setting(session, EPOCH_SETTING)
     if stored is None:
-        length = length or 3600
+        length = length or DEFAULT_EPOCH_SECONDS
         clock = EpochClock.start(now, length, default_grace(length) if grace is None else grace)
     else:
         clock = EpochClock.from_json(stored)

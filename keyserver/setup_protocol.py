@@ -78,7 +78,8 @@ from ibe_pubsub.credentials import (
     initial_beta_state,
 )
 from ibe_pubsub.credentials import threshold as T
-from ibe_pubsub.keyserver.exceptions import KeyServerError
+from ibe_pubsub.keyserver.epochs import DEFAULT_EPOCH_SECONDS, check_lengths, default_grace
+from ibe_pubsub.keyserver.exceptions import KeyServerError, ServerSettingsError
 
 SECRETS = ("delta", "phi", "x", "rho")
 #: The sharing of zero: its dealings' ``C_0`` is the identity, left off the wire.
@@ -114,13 +115,23 @@ class Member:
 @dataclass(frozen=True)
 class SetupPlan:
     """What every operator agrees on before the set-up: the deployment's label, the
-    threshold, and the members in order (member ``i`` is server ``i``, from 1)."""
+    threshold, the members in order (member ``i`` is server ``i``, from 1), and the epoch
+    length and grace window every member numbers its epochs by (``None``: the default
+    grace for that length, as ``keyserver init`` takes it)."""
 
     deployment: str
     t: int
     members: tuple[Member, ...]
+    epoch_seconds: int = DEFAULT_EPOCH_SECONDS
+    grace_seconds: int | None = None
 
     def __post_init__(self) -> None:
+        if self.grace_seconds is None:
+            object.__setattr__(self, "grace_seconds", default_grace(self.epoch_seconds))
+        try:
+            check_lengths(self.epoch_seconds, self.grace)
+        except ServerSettingsError as exc:
+            raise SetupError(str(exc)) from exc
         n = len(self.members)
         if not self.deployment:
             raise SetupError("the deployment needs a label")
@@ -139,12 +150,17 @@ class SetupPlan:
     def n(self) -> int:
         return len(self.members)
 
+    @property
+    def grace(self) -> int:
+        assert self.grace_seconds is not None  # set in __post_init__
+        return self.grace_seconds
+
     def digest(self) -> bytes:
         """SHA-256 of the plan: every message carries it, so members with different plans
         never mix their messages."""
         return hashlib.sha256(msgpack.packb(
-            ["ibe-pubsub-setup-plan-v1", self.deployment, self.t,
-             [[m.url, m.key] for m in self.members]])).digest()
+            ["ibe-pubsub-setup-plan-v2", self.deployment, self.t,
+             [[m.url, m.key] for m in self.members], self.epoch_seconds, self.grace])).digest()
 
     def index_of(self, key: bytes) -> int:
         """The member number of the holder of ``key``."""

@@ -112,6 +112,22 @@ def open_database(url: str, length: int | None, grace: int | None,
     return engine, sessions, clock
 
 
+def check_member_epochs(clock: EpochClock, member: ThresholdMember, engine: Engine) -> None:
+    """A member numbers its epochs as its set-up says (threshold.json): one initialised with
+    another length or grace would number them apart from the others, and no client could
+    combine its shares with theirs."""
+    own = clock.segments[0]
+    plan = member.plan
+    if (own.length, own.grace) != (plan.epoch_seconds, plan.grace):
+        engine.dispose()
+        raise ServerSettingsError(
+            f"this member was initialised with {own.length} s epochs and a {own.grace} s "
+            f"grace window, but its deployment's set-up (threshold.json) has "
+            f"{plan.epoch_seconds} s and {plan.grace} s: every member must number epochs "
+            f"alike (keyserver init --epoch-seconds {plan.epoch_seconds} --grace-seconds "
+            f"{plan.grace} for a new member, or threshold-setup with this member's values)")
+
+
 def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember | None = None
                 ) -> AppState:
     if member is not None and (config.epoch_seconds, config.grace_seconds) != (None, None):
@@ -123,6 +139,8 @@ def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember |
     engine, sessions, clock = open_database(config.url, config.epoch_seconds,
                                             config.grace_seconds,
                                             lambda session, _: bind(session, store.fingerprint))
+    if member is not None:
+        check_member_epochs(clock, member, engine)
     pool = IssuerPool(store, config.workers, member)
     pool.warm_up()
     # By default one identity may fill all workers but one, so another finds one free.

@@ -110,6 +110,7 @@ def parse_members(text: str) -> tuple[Member, ...]:
 def public_document(plan: SetupPlan, public_key: T.ThresholdPublicKey) -> dict[str, Any]:
     return {"format": PUBLIC_FORMAT, "deployment": plan.deployment, "t": plan.t,
             "members": [{"url": m.url, "key": member_key_text(m.key)} for m in plan.members],
+            "epoch_seconds": plan.epoch_seconds, "grace_seconds": plan.grace,
             "public_key": base64.b64encode(T.encode_public_key(public_key)).decode(),
             "fingerprint": public_key_fingerprint(public_key)}
 
@@ -139,10 +140,11 @@ def read_public_document(path: Path, group: PairingGroup
                                          "ibe-pubsub-threshold-v1" else ""))
         plan = SetupPlan(doc["deployment"], doc["t"], tuple(
             Member(m["url"], base64.b64decode(m["key"], validate=True))
-            for m in doc["members"]))
+            for m in doc["members"]), doc["epoch_seconds"], doc["grace_seconds"])
         public_key = T.decode_public_key(group, base64.b64decode(doc["public_key"],
                                                                  validate=True))
-    except (OSError, ValueError, KeyError, TypeError, binascii.Error, CodecError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, binascii.Error, CodecError,
+            SetupError) as exc:
         raise ThresholdStoreError(f"{path}: {exc}") from exc
     if (public_key.deployment, public_key.t, public_key.n) != (
             plan.deployment.encode(), plan.t, plan.n):

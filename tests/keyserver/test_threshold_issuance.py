@@ -198,6 +198,16 @@ def test_a_member_with_another_set_ups_public_key_refuses_to_start(deployment, t
     refused = serve_expecting_exit(copy, PASSPHRASE, timeout=60)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "not server 1's" in refused.stderr and "bad shares" in refused.stderr
+    # The right set-up, but a member initialised with another epoch length than the
+    # deployment's: it would number epochs apart from the others.
+    shutil.copy(deployment.dirs[0] / "threshold.json", copy / "threshold.json")
+    document = json.loads((copy / "threshold.json").read_text())
+    (copy / "threshold.json").write_text(json.dumps(document | {"epoch_seconds": 600,
+                                                                "grace_seconds": 150}))
+    refused = serve_expecting_exit(copy, PASSPHRASE, timeout=60)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "initialised with 3600 s epochs and a 300 s grace" in refused.stderr
+    assert "has 600 s and 150 s" in refused.stderr
 
 
 def test_keys_combined_from_different_member_sets_read_exactly_what_they_match(

@@ -244,6 +244,14 @@ def test_members_with_different_plans_stop_at_once_naming_the_other(keys):
     other = SetupMember(GROUP, plan_of(keys, deployment="another"), keys[1])
     with pytest.raises(SetupError, match="member 2 runs a different plan"):
         members[0].receive(other.published("hello"))
+    # The epoch length is part of the plan: members that would number epochs apart stop too.
+    plan = plan_of(keys)
+    shorter = SetupMember(GROUP, SetupPlan(plan.deployment, plan.t, plan.members, 600),
+                          keys[2])
+    with pytest.raises(SetupError, match="member 3 runs a different plan"):
+        members[0].receive(shorter.published("hello"))
+    with pytest.raises(SetupError, match="half the epoch"):
+        SetupPlan(plan.deployment, plan.t, plan.members, 600, 400)
 
 
 def test_plans_that_give_one_server_the_keys_are_refused(keys):
@@ -417,8 +425,10 @@ def test_five_keyserver_processes_run_the_setup_and_agree(member_dirs):
                       f"members = {json.dumps(members.split(','))}\n")
     runs = [cli("keyserver", "threshold-setup", "--data", str(dirs[0]), "--config",
                 str(config), env=env)]
+    config.write_text(config.read_text() + "epoch-seconds = 600\n")
     runs += [cli("keyserver", "threshold-setup", "--data", str(d), "--deployment", "acme",
-                 "--threshold", str(t), "--members", members, "--timeout", "120", env=env)
+                 "--threshold", str(t), "--members", members, "--timeout", "120",
+                 "--epoch-seconds", "600", env=env)
              for d in dirs[1:]]
     outputs = [p.communicate(timeout=180) for p in runs]
     assert all(p.returncode == 0 for p in runs), outputs
@@ -433,6 +443,7 @@ def test_five_keyserver_processes_run_the_setup_and_agree(member_dirs):
     passphrase = env["IBE_PUBSUB_PASSPHRASE"]
     plan, tpk = read_public_document(dirs[0] / "threshold.json", GROUP)
     assert plan.t == t and plan.n == n and tpk.deployment == b"acme"
+    assert (documents[0]["epoch_seconds"], documents[0]["grace_seconds"]) == (600, 150)
     secrets = {i: load_shares(d, passphrase) for i, d in enumerate(dirs, start=1)}
     assert all(s.index == i for i, s in secrets.items())
     check_outcome(tpk, secrets)
