@@ -33,7 +33,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "exceptions": ("CredentialsError", "DecompositionError"),
     "faces": ("lazy_exports",),
-    "groups": ("G1", "G2", "GroupError", "PairingGroup"),
+    "groups": ("G1", "G2", "Element", "GroupError", "PairingGroup"),
     "keys": (
         "MasterPublicKey", "MasterSecretKey", "PublisherKey", "RoutingToken", "SCHEME_VERSION",
         "SubscriberKey",

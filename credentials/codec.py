@@ -201,6 +201,8 @@ TAG_ROUTE_ENTRY = 17
 #: The public key of a threshold deployment and one server's key shares (scheme version 3,
 #: credentials.threshold).
 TAG_THRESHOLD_PUBLIC_KEY, TAG_SUBSCRIBER_KEY_SHARE, TAG_PUBLISHER_KEY_SHARE = 18, 19, 20
+#: One server's partial threshold signature (scheme version 3).
+TAG_PARTIAL_SIGNATURE = 21
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from ibe_pubsub.credentials.ceremony import BetaState
 from ibe_pubsub.credentials.codec import (
+    TAG_PARTIAL_SIGNATURE,
     TAG_PUBLISHER_KEY_SHARE,
     TAG_SUBSCRIBER_KEY_SHARE,
     TAG_THRESHOLD_PUBLIC_KEY,
@@ -487,6 +488,18 @@ class PartialSignature:
 
     index: int
     sigma: Element
+
+
+def encode_partial_signature(partial: PartialSignature) -> bytes:
+    """Tag 21: the server's index (``u8``) and ``sigma_i`` (G1)."""
+    return Writer(TAG_PARTIAL_SIGNATURE).u8(partial.index).element(partial.sigma).done()
+
+
+def decode_partial_signature(group: PairingGroup, data: bytes) -> PartialSignature:
+    r = Reader(group, data, TAG_PARTIAL_SIGNATURE, "partial signature")
+    partial = PartialSignature(r.u8(), r.element(G1))
+    r.end()
+    return partial
 
 
 def _message_point(group: PairingGroup, message: bytes) -> Element:

@@ -106,7 +106,8 @@ async def _drive(pp: PublicParams, tpk: Any, accesses: list[list[MemberAccess]],
 
     async def client_loop(members: list[MemberAccess]) -> None:
         nonlocal failures
-        async with ThresholdKeyClient(pp, tpk, members, timeout=300) as client:
+        async with ThresholdKeyClient(tpk, members, schema=pp.schema, group=pp.group,
+                                      timeout=300) as client:
             while time.perf_counter() < deadline:
                 t0 = time.perf_counter()
                 combined = await client.enrol_subscriber(

@@ -281,8 +281,18 @@ class ThresholdOut(BaseModel):
     t: int
     n: int
     members: list[dict[str, str]]
+    epoch_seconds: int = Field(description="the epoch length every member numbers epochs by")
+    grace_seconds: int
     public_key: str = Field(description="base64 threshold public key (tag 18)")
     fingerprint: str
+
+
+class ThresholdSchemaOut(BaseModel):
+    index: int = Field(description="this member's number")
+    schema_: dict[str, Any] = Field(alias="schema")
+    schema_id: str
+    signature: str = Field(description="base64 partial signature of the schema (tag 21), "
+                                       "by this member's share of the signing key")
 
 
 class RootCertificate(BaseModel):

@@ -18,6 +18,7 @@ from ibe_pubsub.keyserver.api_models import (
     SubscriberShareEnrolment,
     SubscriberShareOut,
     ThresholdOut,
+    ThresholdSchemaOut,
 )
 from ibe_pubsub.keyserver.auth import AnIdentity, State
 from ibe_pubsub.keyserver.enrolment import labels, target_epoch
@@ -62,6 +63,17 @@ def threshold(state: State) -> dict[str, Any]:
     member = _member(state)
     return public_document(member.plan, member.public_key) | {
         "index": member.index, "n": member.plan.n}
+
+
+@router.get("/schema", response_model=ThresholdSchemaOut, response_model_by_alias=True,
+            responses=error_responses(404))
+def schema(state: State) -> dict[str, Any]:
+    """The schema this member was initialised with and its partial signature of it (tag
+    21, made once): a client takes the schema that ``t`` members signed, checked against
+    the deployment's signing key ``X``, instead of trusting any one member."""
+    member, schema = _member(state), state.store.schema
+    return {"index": member.index, "schema": schema.to_dict(), "schema_id": schema.id,
+            "signature": state.schema_signature}
 
 
 @router.post("/enrol/subscriber", response_model=SubscriberShareOut,

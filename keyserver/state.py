@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +13,8 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from ibe_pubsub.credentials import schema_message
+from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.binding import bind
 from ibe_pubsub.keyserver.db import make_engine, make_sessions, sqlite_url
 from ibe_pubsub.keyserver.epochs import Epoch, EpochClock
@@ -84,6 +88,15 @@ class AppState:
 
     def epoch(self, now: float | None = None) -> Epoch:
         return self.clock.current(time.time() if now is None else now)
+
+    @functools.cached_property
+    def schema_signature(self) -> str:
+        """A member's partial signature of its schema (base64, tag 21), made once: the
+        route that serves it is public."""
+        assert self.member is not None
+        group = self.store.group
+        partial = T.partial_sign(group, self.member.secrets, schema_message(self.store.schema))
+        return base64.b64encode(T.encode_partial_signature(partial)).decode()
 
     def close(self) -> None:
         self.schedule.close()

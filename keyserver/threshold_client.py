@@ -7,11 +7,13 @@ shares.
 
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
-same credentials: keys exist only where ``t`` members agree.
+same credentials: keys exist only where ``t`` members agree. The schema, unless given, is
+the one ``t`` members signed with their shares of the deployment's signing key, so no
+single member can hand a client another event space.
 
     tpk = read_public_document(Path("threshold.json"), group)[1]
     members = read_access_file(Path("alice.json"))  # `identity threshold-add --access-file`
-    async with ThresholdKeyClient(pp, tpk, members) as client:
+    async with ThresholdKeyClient(tpk, members) as client:
         combined = await client.enrol_subscriber("symbol = IBM")
         key = combined.key        # a SubscriberKey like version 2's
 """
@@ -32,7 +34,16 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from ibe_pubsub.credentials import PublicParams, PublisherKey, SubscriberKey
+from ibe_pubsub.credentials import (
+    Element,
+    PairingGroup,
+    PublicParams,
+    PublisherKey,
+    Schema,
+    SubscriberKey,
+    load_group,
+    schema_message,
+)
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.client import KeyServerRequestError
 from ibe_pubsub.keyserver.exceptions import KeyServerError
@@ -98,6 +109,17 @@ class CombinedPublisherKeys:
     failures: tuple[Failure, ...]
 
 
+@dataclass(frozen=True)
+class SignedSchema:
+    """The schema ``t`` members signed, and their combined signature ``H_sig(m)^x``
+    (checked against the deployment's ``X``)."""
+
+    schema: Schema
+    signature: Element
+    members: tuple[int, ...]
+    failures: tuple[Failure, ...]
+
+
 class ThresholdEnrolmentError(KeyServerError):
     """Fewer than ``t`` members answered shares that verify and agree; ``failures`` says
     which members and why."""
@@ -128,10 +150,12 @@ class ThresholdKeyClient:
     ask (at least ``t``). ``spread`` starts at a random member so that many clients share
     the load; without it members are asked in the order given. A member is given up after
     ``timeout`` seconds, and when no member answered for ``hedge`` seconds one more is
-    asked."""
+    asked. Without ``schema``, the first enrolment takes the one ``t`` members signed
+    (:meth:`signed_schema`)."""
 
-    def __init__(self, pp: PublicParams, tpk: T.ThresholdPublicKey,
-                 members: Sequence[MemberAccess], timeout: float = 30.0, spread: bool = True,
+    def __init__(self, tpk: T.ThresholdPublicKey, members: Sequence[MemberAccess], *,
+                 schema: Schema | None = None, group: PairingGroup | None = None,
+                 timeout: float = 30.0, spread: bool = True,
                  verify: bool | str | ssl.SSLContext = True, hedge: float = 2.0) -> None:
         indices = [m.index for m in members]
         if len(set(indices)) != len(indices) or any(not 0 < i <= tpk.n for i in indices):
@@ -141,7 +165,9 @@ class ThresholdKeyClient:
             raise KeyServerError(f"combining needs {tpk.t} members, {len(members)} given")
         if isinstance(verify, str):
             verify = ssl.create_default_context(cafile=verify)
-        self.pp, self.tpk, self.members, self.spread = pp, tpk, tuple(members), spread
+        self.group = group or load_group()
+        self._pp = PublicParams(self.group, tpk.mpk, schema) if schema is not None else None
+        self.tpk, self.members, self.spread = tpk, tuple(members), spread
         self.timeout, self.hedge = timeout, hedge
         # Idle connections are dropped well before a member closes them (uvicorn: after 5 s),
         # so that a request never goes out on a connection the member is closing.
@@ -157,12 +183,43 @@ class ThresholdKeyClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    @property
+    def pp(self) -> PublicParams:
+        """The public parameters: the deployment's master public key and the schema."""
+        if self._pp is None:
+            raise KeyServerError("no schema yet: give one, or await params() first")
+        return self._pp
+
+    async def params(self) -> PublicParams:
+        """The public parameters, with the schema ``t`` members signed unless one was
+        given (asked for once)."""
+        if self._pp is None:
+            signed = await self.signed_schema()
+            self._pp = PublicParams(self.group, self.tpk.mpk, signed.schema)
+        return self._pp
+
+    async def signed_schema(self) -> SignedSchema:
+        """The schema of ``t`` members whose partial signatures of it verify, combined into
+        the deployment's signature (``/v3/schema``; public, no token). A member that signs
+        another schema, or whose signature does not verify, is replaced like one that
+        answers a bad share."""
+        found = await self._collect("/v3/schema", None, self._schema,
+                                    lambda _: "schema agrees", "the schema")
+        schema = next(iter(found.shares.values()))[0]
+        signature = T.combine_signatures(self.group, self.tpk,
+                                         [partial for _, partial in found.shares.values()])
+        if not T.verify_signature(self.group, self.tpk.X, schema_message(schema), signature):
+            raise KeyServerError("the members' schema signatures combine into one that does "
+                                 "not verify")  # cannot happen once each partial verified
+        return SignedSchema(schema, signature, tuple(found.shares), tuple(found.failures))
+
     async def enrol_subscriber(self, subscription: str, fine_depth: int = 1,
                                max_credentials: int | None = None,
                                epoch: str | int | None = None) -> CombinedSubscriberKey:
         """Keys for ``subscription`` combined from ``t`` members' verified shares."""
         body = {"subscription": subscription, "fine_depth": fine_depth,
                 "max_credentials": max_credentials, "epoch": epoch}
+        await self.params()
         found = await self._collect("/v3/enrol/subscriber", body, self._subscriber)
         shares = [share for share, _ in found.shares.values()]
         key = T.combine_subscriber_key(self.pp, self.tpk, shares)
@@ -174,6 +231,7 @@ class ThresholdKeyClient:
         """One publisher key per credential of ``advertisement``, combined likewise."""
         body = {"advertisement": advertisement, "max_credentials": max_credentials,
                 "epoch": epoch}
+        await self.params()
         found = await self._collect("/v3/enrol/publisher", body, self._publisher)
         per_member = list(found.shares.values())
         keys = tuple(T.combine_publisher_key(self.pp, self.tpk, [shares[k] for shares in
@@ -215,17 +273,29 @@ class ThresholdKeyClient:
                 raise _BadAnswer("a share does not verify against the deployment's public key")
         return (epoch, tuple(s.key.credential for s in shares), identity), shares
 
+    def _schema(self, index: int, answer: Any) -> tuple[Shape, tuple[Schema, T.PartialSignature]]:
+        schema = Schema.from_dict(answer["schema"])
+        partial = T.decode_partial_signature(self.group, _decoded(answer["signature"]))
+        _check_index(index, partial.index)
+        if not T.verify_partial_signature(self.group, self.tpk, schema_message(schema),
+                                          partial):
+            raise _BadAnswer("its schema signature does not verify against the deployment's "
+                             "public key")
+        return (0, schema.canonical_bytes()), (schema, partial)
+
     # -- asking members until t agree ---------------------------------------------------------
 
-    async def _ask(self, member: MemberAccess, path: str, body: dict[str, Any]) -> Any:
-        """The member's JSON answer, read up to ``MAX_ANSWER_BYTES``."""
+    async def _ask(self, member: MemberAccess, path: str, body: dict[str, Any] | None) -> Any:
+        """The member's JSON answer, read up to ``MAX_ANSWER_BYTES``: to a POST of ``body``
+        with this identity's token, or to a GET of a public route (``body`` None)."""
         data = bytearray()
+        request = ({"method": "GET"} if body is None else {
+            "method": "POST", "content": json.dumps(body).encode("ascii"),
+            "headers": {"Authorization": f"Bearer {member.token}",
+                        "content-type": "application/json"}})
         try:
-            async with self._http.stream(
-                    "POST", member.url.rstrip("/") + path,
-                    content=json.dumps(body).encode("ascii"),
-                    headers={"Authorization": f"Bearer {member.token}",
-                             "content-type": "application/json"}) as response:
+            async with self._http.stream(url=member.url.rstrip("/") + path,
+                                         **request) as response:
                 async for chunk in response.aiter_bytes():
                     data += chunk
                     if len(data) > MAX_ANSWER_BYTES:
@@ -240,7 +310,7 @@ class ThresholdKeyClient:
             raise _BadAnswer(str(KeyServerRequestError(response.status_code, answer)))
         return answer
 
-    async def _answer(self, member: MemberAccess, path: str, body: dict[str, Any],
+    async def _answer(self, member: MemberAccess, path: str, body: dict[str, Any] | None,
                       read: Callable[[int, Any], tuple[Shape, Share]]
                       ) -> Failure | tuple[Shape, Share]:
         """The member's verified share, or why there is none: whatever a member answers,
@@ -261,8 +331,11 @@ class ThresholdKeyClient:
             random.shuffle(members)
         return deque(members)
 
-    async def _collect(self, path: str, body: dict[str, Any],
-                       read: Callable[[int, Any], tuple[Shape, Share]]
+    async def _collect(self, path: str, body: dict[str, Any] | None,
+                       read: Callable[[int, Any], tuple[Shape, Share]],
+                       describe: Callable[[Shape], str] = lambda shape:
+                       f"share (epoch {shape[0]}) agrees",
+                       agreed: str = "the epoch, credentials and identity"
                        ) -> _Collected[Share]:
         """Ask ``t`` members at once; ask one more for each that fails or disagrees, and
         one more whenever no member answered for ``hedge`` seconds, until ``t`` verified
@@ -293,8 +366,8 @@ class ThresholdKeyClient:
             return None
 
         def disagreeing(chosen: Shape | None) -> list[Failure]:
-            return [Failure(i, f"its share (epoch {shape[0]}) agrees with fewer than {t} "
-                               "members' on the epoch, credentials and identity")
+            return [Failure(i, f"its {describe(shape)} with fewer than {t} members' on "
+                               f"{agreed}")
                     for shape, shares in groups.items() if shape != chosen for i in shares]
 
         for _ in range(t):

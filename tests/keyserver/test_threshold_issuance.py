@@ -30,7 +30,8 @@ from repository import REPO_ROOT
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.credentials.backends import load_group
-from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials.certificates import schema_message
+from ibe_pubsub.credentials.schema import Schema, default_schema
 from ibe_pubsub.credentials.shamir import lagrange_at_zero
 from ibe_pubsub.evaluation.launcher import (
     child_env,
@@ -103,8 +104,9 @@ class Deployment:
                 for i in order]
 
     def client(self, tokens, order=None, urls=None, spread=False, timeout=20, hedge=2.0):
-        return ThresholdKeyClient(self.pp, self.tpk, self.access(tokens, order, urls),
-                                  spread=spread, timeout=timeout, hedge=hedge)
+        return ThresholdKeyClient(self.tpk, self.access(tokens, order, urls),
+                                  schema=self.pp.schema, group=GROUP, spread=spread,
+                                  timeout=timeout, hedge=hedge)
 
     def close(self) -> None:
         for process in self.processes.values():
@@ -284,7 +286,12 @@ class Hostile(BaseHTTPRequestHandler):
     def do_POST(self):
         self.behave(self.rfile.read(int(self.headers["Content-Length"])))
 
+    def do_GET(self):
+        self.behave(None)
+
     def forward(self, body):
+        if body is None:
+            return httpx.get(self.target + self.path).json()
         return httpx.post(self.target + self.path, content=body, headers={
             "Authorization": self.headers["Authorization"],
             "content-type": "application/json"}).json()
@@ -469,7 +476,7 @@ def test_one_command_registers_at_every_member_and_revokes(deployment, published
     assert [m.index for m in members] == [1, 2, 3, 4, 5]
 
     async def enrol():
-        async with ThresholdKeyClient(deployment.pp, deployment.tpk, members) as client:
+        async with ThresholdKeyClient(deployment.tpk, members) as client:  # schema signed
             return await client.enrol_subscriber('symbol = "IBM"')
 
     assert reads(deployment.pp, run(enrol()).key, published)
@@ -578,3 +585,59 @@ def test_bench_keyserver_threshold_smoke(tmp_path):
                              env=child_env(), capture_output=True, text=True, timeout=60,
                              check=False)
     assert refused.returncode == 2 and "3-of-4" in refused.stderr
+
+
+def test_the_schema_is_the_one_t_members_signed(deployment, keyserver):
+    """Each member serves its schema with a partial signature that verifies against its
+    ``ĝ^x_i``; any 3 combine into the one signature that verifies against ``X`` (2 do not).
+    The client takes the schema 3 members signed: a member 4 that answers another schema,
+    under its true signature or under its own real signature of the other schema, is
+    skipped; with members 4 and 5 doing so and member 3 down, no schema is taken."""
+    answers = [httpx.get(deployment.url(i) + "/v3/schema").json() for i in range(1, n + 1)]
+    assert [a["index"] for a in answers] == [1, 2, 3, 4, 5]
+    schema = Schema.from_dict(answers[0]["schema"])
+    assert schema == default_schema() and answers[0]["schema_id"] == schema.id
+    message = schema_message(schema)
+    partials = [T.decode_partial_signature(GROUP, base64.b64decode(a["signature"]))
+                for a in answers]
+    assert all(T.verify_partial_signature(GROUP, deployment.tpk, message, p) for p in partials)
+    first, last = (T.combine_signatures(GROUP, deployment.tpk, ps)
+                   for ps in (partials[:3], partials[2:]))
+    assert first == last and T.verify_signature(GROUP, deployment.tpk.X, message, first)
+    two = lagrange_at_zero([1, 2], GROUP.order)  # as if 2 were enough
+    assert not T.verify_signature(GROUP, deployment.tpk.X, message, GROUP.multi_exp(
+        [p.sigma for p in partials[:2]], [two[1], two[2]]))
+
+    other = Schema.from_dict(schema.to_dict() | {"name": "another"})
+    secrets = {i: load_shares(deployment.dirs[i - 1], PASSPHRASE) for i in (4, 5)}
+
+    def other_schema(signed_by=None):
+        def behave(handler, _body):
+            document = handler.forward(None) | {"schema": other.to_dict(),
+                                                "schema_id": other.id}
+            if signed_by is not None:
+                partial = T.partial_sign(GROUP, secrets[signed_by], schema_message(other))
+                document["signature"] = base64.b64encode(
+                    T.encode_partial_signature(partial)).decode()
+            handler.reply(json.dumps(document).encode())
+        return behave
+
+    async def signed(urls, order=(4, 1, 2, 3, 5)):
+        async with ThresholdKeyClient(deployment.tpk, deployment.access({}, order, urls),
+                                      spread=False, timeout=5) as client:
+            return await client.signed_schema()
+
+    for behave, reason in ((other_schema(), "does not verify"),
+                           (other_schema(signed_by=4), "agrees with fewer than 3")):
+        with hostile_member(deployment.url(4), behave) as url:
+            got = run(signed({4: url}))
+            assert got.schema == schema and got.members == (1, 2, 3)
+            assert got.signature == first
+            assert [f.index for f in got.failures] == [4] and reason in got.failures[0].reason
+    # The control: two members signing the other schema are not enough for it.
+    with hostile_member(deployment.url(4), other_schema(signed_by=4)) as four, \
+            hostile_member(deployment.url(5), other_schema(signed_by=5)) as five, \
+            pytest.raises(ThresholdEnrolmentError, match="member 3: unreachable"):
+        run(signed({4: four, 5: five, 3: "http://127.0.0.1:9"}))
+    single = httpx.get(keyserver.base_url + "/v3/schema")
+    assert single.status_code == 404 and single.json()["error"]["code"] == "not_threshold"
