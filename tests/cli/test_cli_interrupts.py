@@ -61,18 +61,19 @@ def _waiting_peer(url: str, token: str, workdir: Path, awaited: str) -> subproce
 
 
 def _stopped(process: subprocess.Popen[str], sig: signal.Signals, status: int) -> None:
-    """``sig`` ends ``process`` with ``status`` in under 2 s, without a traceback."""
+    """``sig`` ends ``process`` with ``status`` in under 5 s (2 s on a quiet machine; it
+    would wait 30 s or more), without a traceback."""
     sent = time.monotonic()
     process.send_signal(sig)
     try:
-        _, rest = process.communicate(timeout=10)
+        _, rest = process.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
         raise
     took = time.monotonic() - sent
     print(f"{sig.name}: stopped in {took:.2f} s")
     assert process.returncode == status, rest
-    assert took < 2.0
+    assert took < 5.0
     assert "Traceback" not in rest and "no peer of tree" not in rest, rest
     if sig == signal.SIGINT:  # Ctrl-C: said as every command says it
         assert rest.splitlines()[-1] == "ibe-pubsub: interrupted", rest

@@ -137,9 +137,10 @@ def test_no_root_to_join_is_a_connect_timeout_naming_the_trees(server, tmp_path)
     pub_token = admin.create_identity("lonely-pub", "publisher")["token"]
     admin.close()
     known = tmp_path / "known_servers.json"
-    with pytest.raises(ConnectTimeout, match=r"did not join within 2 s: not attached in tree"):
+    # Long enough for its keys on a slow machine: what is left to wait for is a root.
+    with pytest.raises(ConnectTimeout, match=r"did not join within 8 s: not attached in tree"):
         asyncio.run(Subscriber.connect(server.base_url, sub_token, "volume > 5",
-                                       known_servers=known, ready_timeout=2))
+                                       known_servers=known, ready_timeout=8))
     with pytest.raises(ConnectError, match="no root registered for price, symbol, volume"):
         asyncio.run(Publisher.connect(server.base_url, pub_token, "", known_servers=known,
                                       root_timeout=1))

@@ -78,9 +78,13 @@ def test_a_crashed_subscriber_restarts_without_waiting_on_its_own_dead_entry(
     finally:
         cluster.stop_all()
     joined = json.loads(again.ready_file.read_text())["join_seconds"]
-    print(f"restarted at {again.address} (was {first.address}), joined in {joined:.2f} s")
+    before = json.loads(first.ready_file.read_text())["join_seconds"]
+    print(f"restarted at {again.address} (was {first.address}), joined in {joined:.2f} s "
+          f"(its first start: {before:.2f} s)")
     assert again.address == first.address
-    assert joined < 1.0  # 2.2 s when it dialled its own dead entry first
+    # Dialling its own dead entry first cost a 2 s join timeout (2.2 s in all, on a machine
+    # where a join took 0.2 s): within 1.5 s of its first join, however slow the machine.
+    assert joined < before + 1.5
     assert "gave up on" not in again.log_tail(100)
 
 

@@ -186,7 +186,8 @@ def test_frames_on_a_newer_connection_wait_for_the_older_ones_end():
         third = await connect()
         third.write(frames.encode(frames.data(b"5")))
         second.write(frames.encode(frames.data(b"4")))
-        await asyncio.sleep(0.3)
+        await ib.wait_for(4)
+        await asyncio.sleep(0.3)  # 5 would be here by now if it were not held
         assert payloads() == [b"1", b"2", b"3", b"4"]
         second.close()  # closing ends it too
         await ib.wait_for(5)

@@ -185,17 +185,20 @@ def _fresh_epoch(admin: KeyServerClient, room: float) -> float:
 
 def test_a_holder_takes_the_next_bundle_or_stops_when_its_keys_expire(issued, keyserver_factory,
                                                                       tmp_path):
-    server = keyserver_factory.start(init_args=("--epoch-seconds", "10",
+    # 20 s epochs: issuing and starting three peers must end before the grace window, with
+    # room to spare on a slow, busy machine.
+    server = keyserver_factory.start(init_args=("--epoch-seconds", "20",
                                                 "--grace-seconds", str(GRACE)))
     admin = KeyServerClient(server.base_url, server.admin_token)
     keys, later = tmp_path / "keys", tmp_path / "keys-next"
-    end = _fresh_epoch(admin, room=7)
+    end = _fresh_epoch(admin, room=14)
     issue_bulk(admin, issued.decomposed, keys, IssueOptions())
     cluster = Cluster(server.base_url, server.admin_token, tmp_path / "peers")
     try:
         cluster.wait_ready([cluster.start_root("roots", ATTRIBUTES)])
         cluster.wait_ready([cluster.start_subscriber("renewed", None, bundle=keys / "b-sub.json"),
                             cluster.start_subscriber("stale", None, bundle=keys / "e-sub.json")])
+        assert time.time() < end - GRACE, "the peers started after the grace window began"
         time.sleep(max(0.0, end - GRACE + 0.5 - time.time()))
         issue_bulk(admin, issued.decomposed, later, IssueOptions(epoch="next"))
         shutil.copyfile(later / "b-sub.json", keys / "b-sub.json.new")
