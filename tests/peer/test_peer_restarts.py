@@ -105,7 +105,12 @@ def test_a_peer_started_while_its_key_server_restarts_waits_for_it(keyserver_fac
         assert impatient.process.wait(30) == 2
         assert "connection refused" in impatient.log_tail()
         root = cluster.start_root("patient", ["symbol"], token=token)
-        time.sleep(3)  # the key server is down for a while, as in a restart
+        deadline = time.monotonic() + 30  # it says it waits, and stays (a restart)
+        while "waiting for keys from the key server at" not in root.log_tail(50):
+            assert root.process.poll() is None and time.monotonic() < deadline, \
+                root.log_tail()
+            time.sleep(0.2)
+        time.sleep(1)
         assert root.process.poll() is None
         process = start_keyserver(server.data_dir, port, PASSPHRASE,
                                   log=server.data_dir / "server.log")
