@@ -61,11 +61,15 @@ def cmd_threshold_setup(args: argparse.Namespace) -> int:
     from ibe_pubsub.keyserver import (
         SHARES_FILE,
         THRESHOLD_PUBLIC_FILE,
+        ServerConfig,
+        ServerSettingsError,
         SetupError,
         SetupMember,
         SetupPlan,
         ThresholdStoreError,
         UnsealError,
+        check_member_epochs,
+        initialised_epochs,
         load_member_key,
         parse_members,
         public_key_fingerprint,
@@ -80,6 +84,11 @@ def cmd_threshold_setup(args: argparse.Namespace) -> int:
                                       "in a set-up already")
         plan = SetupPlan(args.deployment, args.threshold, parse_members(args.members),
                          args.epoch_seconds, args.grace_seconds)
+        # Before the set-up, not when serving after it: shares sealed under a plan this
+        # member cannot serve would need the whole set-up again.
+        own = initialised_epochs(ServerConfig(data_dir, database_url=args.database_url))
+        if own is not None:
+            check_member_epochs(own, plan)
         signing_key = load_member_key(data_dir, passphrase)
         member = SetupMember(load_group(), plan, signing_key)
         host, port = _listen_address(args, plan.members[member.index - 1].url)
@@ -90,7 +99,7 @@ def cmd_threshold_setup(args: argparse.Namespace) -> int:
         result = asyncio.run(run_setup(member, host, port, args.timeout, args.linger,
                                        lambda line: notice(f"threshold set-up: {line}")))
         save_setup(data_dir, passphrase, plan, result)
-    except (SetupError, ThresholdStoreError, UnsealError, OSError) as exc:
+    except (SetupError, ThresholdStoreError, UnsealError, ServerSettingsError, OSError) as exc:
         raise CommandError(str(exc)) from exc
     qualified = "; ".join(f"{name}: {', '.join(map(str, sorted(q)))}"
                           for name, q in result.qualified.items())
@@ -139,6 +148,9 @@ def register(sub: Any) -> None:
     setup.add_argument("--grace-seconds", type=non_negative_int,
                        help="the grace window every member was initialised with (default: "
                        "keyserver init's for that epoch length)")
+    setup.add_argument("--database-url",
+                       help="the database keyserver init was given (default: SQLite in "
+                       "--data), whose epoch settings must be the plan's")
     setup.add_argument("--listen", metavar="HOST:PORT",
                        help="where to serve (default: this member's address in --members)")
     setup.add_argument("--timeout", type=non_negative_float, default=600.0,

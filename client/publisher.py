@@ -218,6 +218,8 @@ class Publisher:
         serve no more, try again every RENEW_RETRY s, for up to ``server_wait`` s in all."""
         give_up = time.monotonic() + self.server_wait
         while True:
+            if self._closed:  # its key server client is closed too
+                raise PublishRefused("the publisher was closed while it waited for new keys")
             refused, why = False, "the key server is still in the old epoch"
             try:
                 with wrapped(PublishRefused):
@@ -230,8 +232,7 @@ class Publisher:
             if time.time() < keys.epoch_end:
                 return
             self._renew_after = time.time() + RENEW_RETRY
-            if (refused or self._usable() or self._closed
-                    or time.monotonic() + RENEW_RETRY > give_up):
+            if refused or self._usable() or time.monotonic() + RENEW_RETRY > give_up:
                 log.warning("could not get the new epoch's publisher keys: %s", why)
                 return
             log.warning("could not get the new epoch's publisher keys yet (%s): publish waits, "

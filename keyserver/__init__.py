@@ -29,7 +29,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "Member", "RefusedMessage", "SetupError", "SetupMember", "SetupPlan", "SetupResult",
         "public_key_fingerprint", "raw_public_key",
     ),
-    "state": ("ServerConfig",),
+    "state": ("ServerConfig", "check_member_epochs", "initialised_epochs"),
     "threshold_admin": (
         "MemberOutcome", "check_members", "register_at_members", "revoke_at_members",
         "write_access_file",

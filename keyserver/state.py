@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ibe_pubsub.credentials import schema_message
@@ -27,8 +28,9 @@ from ibe_pubsub.keyserver.metrics import Metrics
 from ibe_pubsub.keyserver.migrate import upgrade
 from ibe_pubsub.keyserver.ratelimit import RateLimiter
 from ibe_pubsub.keyserver.refusals import RefusalLog
-from ibe_pubsub.keyserver.repository import load_clock
+from ibe_pubsub.keyserver.repository import EPOCH_SETTING, get_setting, load_clock
 from ibe_pubsub.keyserver.schedule import SharedClock
+from ibe_pubsub.keyserver.setup_protocol import SetupPlan
 from ibe_pubsub.keyserver.threshold_store import ThresholdMember
 
 MIB = 1024 * 1024
@@ -125,20 +127,36 @@ def open_database(url: str, length: int | None, grace: int | None,
     return engine, sessions, clock
 
 
-def check_member_epochs(clock: EpochClock, member: ThresholdMember, engine: Engine) -> None:
-    """A member numbers its epochs as its set-up says (threshold.json): one initialised with
-    another length or grace would number them apart from the others, and no client could
-    combine its shares with theirs."""
-    own = clock.segments[0]
-    plan = member.plan
-    if (own.length, own.grace) != (plan.epoch_seconds, plan.grace):
-        engine.dispose()
+def check_member_epochs(own: tuple[int, int], plan: SetupPlan) -> None:
+    """A member numbers its epochs as its set-up's plan says (threshold.json): one
+    initialised with another length or grace (``own``) would number them apart from the
+    others, and no client could combine its shares with theirs."""
+    if own != (plan.epoch_seconds, plan.grace):
         raise ServerSettingsError(
-            f"this member was initialised with {own.length} s epochs and a {own.grace} s "
-            f"grace window, but its deployment's set-up (threshold.json) has "
-            f"{plan.epoch_seconds} s and {plan.grace} s: every member must number epochs "
-            f"alike (keyserver init --epoch-seconds {plan.epoch_seconds} --grace-seconds "
-            f"{plan.grace} for a new member, or threshold-setup with this member's values)")
+            f"this member was initialised with {own[0]} s epochs and a {own[1]} s grace "
+            f"window, but the deployment's plan has {plan.epoch_seconds} s and {plan.grace} "
+            "s: every member must number epochs alike (run threshold-setup with "
+            "--epoch-seconds and --grace-seconds equal to every member's keyserver init "
+            "values; a member initialised otherwise needs a new data directory)")
+
+
+def initialised_epochs(config: ServerConfig) -> tuple[int, int] | None:
+    """The epoch length and grace ``keyserver init`` stored in this server's database, or
+    None where there is none to read (no database yet, or not migrated)."""
+    if config.database_url is None and not (config.data_dir / DATABASE_FILE).exists():
+        return None
+    engine = make_engine(config.url)
+    try:
+        with make_sessions(engine)() as session:
+            stored = get_setting(session, EPOCH_SETTING)
+    except SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
+    if stored is None:
+        return None
+    first = EpochClock.from_json(stored).segments[0]
+    return first.length, first.grace
 
 
 def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember | None = None
@@ -153,7 +171,12 @@ def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember |
                                             config.grace_seconds,
                                             lambda session, _: bind(session, store.fingerprint))
     if member is not None:
-        check_member_epochs(clock, member, engine)
+        first = clock.segments[0]
+        try:
+            check_member_epochs((first.length, first.grace), member.plan)
+        except ServerSettingsError:
+            engine.dispose()
+            raise
     pool = IssuerPool(store, config.workers, member)
     pool.warm_up()
     # By default one identity may fill all workers but one, so another finds one free.

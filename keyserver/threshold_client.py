@@ -210,7 +210,8 @@ class ThresholdKeyClient:
                                          [partial for _, partial in found.shares.values()])
         if not T.verify_signature(self.group, self.tpk.X, schema_message(schema), signature):
             raise KeyServerError("the members' schema signatures combine into one that does "
-                                 "not verify")  # cannot happen once each partial verified
+                                 "not verify")  # only with a threshold.json whose g_hat
+                                                # is not the group's generator
         return SignedSchema(schema, signature, tuple(found.shares), tuple(found.failures))
 
     async def enrol_subscriber(self, subscription: str, fine_depth: int = 1,

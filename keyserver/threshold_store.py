@@ -155,7 +155,8 @@ def read_public_document(path: Path, group: PairingGroup
 @dataclass(frozen=True)
 class ThresholdMember:
     """What a key server that took part in a set-up serves with: the plan, the threshold
-    public key and its own shares (which only its issuer workers use)."""
+    public key and its own shares (its issuer workers issue key shares with them; the web
+    process signs its schema with ``x_i``, once)."""
 
     plan: SetupPlan
     public_key: T.ThresholdPublicKey

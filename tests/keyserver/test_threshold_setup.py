@@ -537,3 +537,28 @@ def test_a_member_address_that_drips_its_answer_cannot_hold_the_timeout(keys):
         assert "TimeoutError" in str(failed.value)
 
     asyncio.run(main())
+
+
+def test_a_member_initialised_with_other_epochs_refuses_the_plan_before_the_setup(
+        tmp_path, member_dirs):
+    """Its database says 600 s epochs: a plan of the default 3600 s is refused at once,
+    before any share is sealed; the plan with its own epochs passes that check (and then
+    waits for the other members, who never come)."""
+    env, _, keys = member_dirs
+    data = tmp_path / "m600"
+    for command in (("keyserver", "init", "--data", str(data), "--epoch-seconds", "600"),
+                    ("keyserver", "member-key", "--data", str(data))):
+        made = cli(*command, env=env)
+        out, err = made.communicate(timeout=120)
+        assert made.returncode == 0, err
+    members = members_flag([out.strip(), *keys[1:]], free_ports(n))
+    setup = ("keyserver", "threshold-setup", "--data", str(data), "--deployment", "acme",
+             "--threshold", str(t), "--members", members, "--timeout", "3")
+    refused = cli(*setup, env=env)
+    _, err = refused.communicate(timeout=60)
+    assert refused.returncode == 2 and "Traceback" not in err
+    assert "initialised with 600 s epochs and a 150 s grace" in err and "3600 s and 300" in err
+    assert not (data / "threshold.sealed").exists()
+    agreed = cli(*setup, "--epoch-seconds", "600", env=env)
+    _, err = agreed.communicate(timeout=60)
+    assert agreed.returncode == 2 and "did not finish within 3 s" in err, err
