@@ -131,6 +131,13 @@ def test_a_stalled_subscriber_does_not_stall_the_tree_and_learns_what_it_missed(
     rate, seconds, fill = 300.0, 10.0, 3.0
     assert seconds - fill > MAX_QUEUE_DELAY + 2.0
     body = b"x" * max(len(BODY), _socket_buffers() // int(rate * fill))
+    # The same feed with nobody stalled first: on a machine too slow for 300 events/s the
+    # queues alone delay events, stall or not (medians of 1.2 to 1.5 s were seen in full
+    # runs on one 4 times slower than the machine the fixed bounds were set on).
+    unstalled = _publish(tree, "unstalled", int(rate * seconds), rate=rate, body=body)
+    assert _wait_for(tree.steady, set(unstalled)) == set(unstalled)
+    assert _wait_for(tree.stalled, set(unstalled)) == set(unstalled)
+    base = _delays(tree.steady, unstalled)
     tree.stalled.process.send_signal(signal.SIGSTOP)
     try:
         sent = _publish(tree, "paced", int(rate * seconds), rate=rate, body=body)
@@ -140,8 +147,9 @@ def test_a_stalled_subscriber_does_not_stall_the_tree_and_learns_what_it_missed(
     # HOLD_LIMIT, then went on without it.
     assert _wait_for(tree.steady, set(sent)) == set(sent), tree.steady.log_tail()
     delays = _delays(tree.steady, sent)
-    assert delays[-1] < HOLD_LIMIT + SLACK, delays[-20:]
-    assert delays[len(delays) // 2] < 1.0, delays[-20:]
+    assert delays[-1] < max(HOLD_LIMIT + SLACK, base[-1] + 0.5), (delays[-20:], base[-20:])
+    assert delays[len(delays) // 2] < max(1.0, base[len(base) // 2] + 0.5), (
+        delays[-20:], base[len(base) // 2])
 
     time.sleep(3.0)  # the stalled subscriber reads what is left for it
     got = {d["id"] for d in tree.stalled.delivered()} & set(sent)
