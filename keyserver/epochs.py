@@ -99,6 +99,11 @@ class EpochClock:
         offset = max(0, math.floor((now - seg.start) / seg.length))
         return self.epoch(seg.first_epoch + offset)
 
+    @property
+    def initial(self) -> tuple[int, int]:
+        """The length and grace ``keyserver init`` set (a threshold member's, for good)."""
+        return self.segments[0].length, self.segments[0].grace
+
     def aligned(self, now: float) -> EpochClock:
         """The first segment's length and grace (``keyserver init``'s), with epoch ``k``
         running from ``k * length`` (Unix time): members of a threshold deployment, each

@@ -155,8 +155,7 @@ def initialised_epochs(config: ServerConfig) -> tuple[int, int] | None:
         engine.dispose()
     if stored is None:
         return None
-    first = EpochClock.from_json(stored).segments[0]
-    return first.length, first.grace
+    return EpochClock.from_json(stored).initial
 
 
 def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember | None = None
@@ -167,16 +166,14 @@ def build_state(config: ServerConfig, store: KeyStore, member: ThresholdMember |
             "initialised with (keyserver init --epoch-seconds), the same at every member: "
             "its epochs are numbered by that length from Unix time, and another length "
             "would renumber them")
+
+    def bind_and_check(session: Session, clock: EpochClock) -> None:
+        bind(session, store.fingerprint)
+        if member is not None:
+            check_member_epochs(clock.initial, member.plan)
+
     engine, sessions, clock = open_database(config.url, config.epoch_seconds,
-                                            config.grace_seconds,
-                                            lambda session, _: bind(session, store.fingerprint))
-    if member is not None:
-        first = clock.segments[0]
-        try:
-            check_member_epochs((first.length, first.grace), member.plan)
-        except ServerSettingsError:
-            engine.dispose()
-            raise
+                                            config.grace_seconds, bind_and_check)
     pool = IssuerPool(store, config.workers, member)
     pool.warm_up()
     # By default one identity may fill all workers but one, so another finds one free.
