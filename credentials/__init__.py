@@ -58,8 +58,11 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "AnyEvent", "Event", "NotAuthorized", "PublicParams", "build_connection_request",
         "keygen_publisher", "keygen_routing_token", "keygen_subscriber", "scheme", "setup",
     ),
+    "server_keys": ("Ed25519Server", "ServerVerifier"),
     "streams": ("Stream", "StreamWindow", "streams"),
-    "threshold": ("ServerSecrets", "ThresholdError", "ThresholdPublicKey", "threshold"),
+    "threshold": (
+        "ServerSecrets", "ThresholdError", "ThresholdPublicKey", "ThresholdServer", "threshold",
+    ),
     "strings": ("strings",),
     "vectors": ("VECTORS_FILE", "build_vectors", "vectors_json"),
 })

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials.server_keys import Ed25519Server, ServerVerifier
 
 SCHEMA_TAG = b"ibe-pubsub/v1/schema"
 ROOT_TAG = b"ibe-pubsub/v1/root-certificate"
@@ -50,11 +50,7 @@ def _fields(*parts: bytes) -> bytes:
 
 
 def _verify(server_key: bytes, message: bytes, signature: bytes) -> bool:
-    try:
-        Ed25519PublicKey.from_public_bytes(server_key).verify(signature, message)
-    except (InvalidSignature, ValueError):
-        return False
-    return True
+    return Ed25519Server(server_key).verify(message, signature)
 
 
 def schema_message(schema: Schema) -> bytes:
@@ -115,9 +111,9 @@ class RootCertificate:
         message = root_certificate_message(attribute, transport_key, epoch, expires_at)
         return cls(attribute, transport_key, epoch, expires_at, signing_key.sign(message))
 
-    def verify(self, server_key: bytes, attribute: str | None = None,
+    def verify(self, server: ServerVerifier, attribute: str | None = None,
                now: float | None = None) -> bool:
-        """True iff the key server signed it (for ``attribute`` and unexpired at ``now``,
+        """True iff the key service signed it (for ``attribute`` and unexpired at ``now``,
         when given)."""
         if attribute is not None and attribute != self.attribute:
             return False
@@ -128,7 +124,7 @@ class RootCertificate:
                                                self.expires_at)
         except ValueError:
             return False
-        return _verify(server_key, message, self.signature)
+        return server.verify(message, self.signature)
 
     def to_bytes(self) -> bytes:
         return msgpack.packb([self.attribute, self.transport_key, self.epoch, self.expires_at,

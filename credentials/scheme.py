@@ -50,11 +50,10 @@ import hashlib
 import secrets
 from collections.abc import Collection, Generator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgpack
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials.codec import (
     TAG_BYTES,
@@ -91,6 +90,7 @@ from ibe_pubsub.credentials.messages import (
     StreamEvent,
 )
 from ibe_pubsub.credentials.schema import Attribute, Schema, SchemaError
+from ibe_pubsub.credentials.server_keys import ServerVerifier
 from ibe_pubsub.credentials.symmetric import (
     H4,
     KDF,
@@ -99,6 +99,8 @@ from ibe_pubsub.credentials.symmetric import (
     mac,
     mac_equal,
     open_sealed,
+    prf_bytes,
+    prf_scalar,
     seal,
 )
 
@@ -612,44 +614,109 @@ REQUEST_INFO = b"cr"
 REQUEST_PLAINTEXT_BYTES = SW_BYTES + 2
 
 
-def build_connection_request(pp: PublicParams, signing_key: Ed25519PrivateKey,
-                             credential: Credential, epoch: int, expires_at: int
-                             ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
-    """For each c' covering c (position j = len(c')), fresh t and SW:
+class _Draws(Protocol):
+    """Where a connection request's randomness comes from: fresh (version 2) or a PRF of a
+    seed (version 3, so that every member builds the same request)."""
+
+    def scalar(self, *label: bytes) -> int: ...
+
+    def bytes(self, length: int, *label: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class _Fresh:
+    group: PairingGroup
+
+    def scalar(self, *_: bytes) -> int:
+        return self.group.random_scalar()
+
+    def bytes(self, length: int, *_: bytes) -> bytes:
+        return self.group.random_bytes(length)
+
+
+@dataclass(frozen=True)
+class _Seeded:
+    group: PairingGroup
+    key: bytes
+
+    def scalar(self, *label: bytes) -> int:
+        return prf_scalar(self.group, self.key, *label)
+
+    def bytes(self, length: int, *label: bytes) -> bytes:
+        return prf_bytes(self.key, length, *label)
+
+
+#: Bytes of a version-3 request seed (:func:`derive_connection_request`).
+REQUEST_SEED_BYTES = 32
+
+
+def _unsigned_request(pp: PublicParams, credential: Credential, epoch: int, expires_at: int,
+                      draw: _Draws) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
+    """For each c' covering c (position j = len(c')), t and SW from ``draw``:
     CR_c' = (U = ĝ^t, AEAD_{KDF(e(F(Pu_SUB(A, c')), h)^t, "cr")}(SW || len(c)));
-    random entries for the deeper positions; the key server signs the whole request.
-    Returns the SWs of the real entries too."""
+    random entries (U = ĝ^r, a random box) for the deeper positions; no signature yet."""
     group = pp.group
     attribute = pp.schema.attribute(credential.attribute)
     position = credential.position.to_bytes(2, "big")
     entries, sws = [], []
     for j, c in enumerate(credential.ancestors()):
-        t, sw = group.random_scalar(), group.random_bytes(SW_BYTES)
+        at = j.to_bytes(2, "big")
+        t, sw = draw.scalar(b"t", at), draw.bytes(SW_BYTES, b"sw", at)
         K = pp.F_h(identity_string(c.attribute, SUB, epoch, c)) ** t
         entries.append(RequestEntry(
             U=group.exp_secret(pp.mpk.g_hat, t),
             sealed=seal(KDF(K, REQUEST_INFO), sw + position,
-                        _request_ad(c.attribute, epoch, j), group.random_bytes(NONCE_BYTES))))
+                        _request_ad(c.attribute, epoch, j), draw.bytes(NONCE_BYTES, b"nonce", at))))
         sws.append(sw)
     sealed_size = len(entries[0].sealed)
-    entries += [RequestEntry(U=group.random_element(G2), sealed=group.random_bytes(sealed_size))
-                for _ in range(len(entries), attribute.positions)]
-    unsigned = ConnectionRequest(attribute=credential.attribute, epoch=epoch,
-                                 expires_at=expires_at, nonce=group.random_bytes(16),
-                                 entries=tuple(entries), signature=b"")
-    signature = signing_key.sign(encode_request_body(unsigned))
-    return replace(unsigned, signature=signature), tuple(sws)
+    for j in range(len(entries), attribute.positions):
+        at = j.to_bytes(2, "big")
+        entries.append(RequestEntry(U=group.exp_secret(group.generator(G2),
+                                                       draw.scalar(b"padding", at)),
+                                    sealed=draw.bytes(sealed_size, b"padding box", at)))
+    return ConnectionRequest(attribute=credential.attribute, epoch=epoch, expires_at=expires_at,
+                             nonce=draw.bytes(16, b"request nonce"), entries=tuple(entries),
+                             signature=b""), tuple(sws)
+
+
+def build_connection_request(pp: PublicParams, signing_key: Ed25519PrivateKey,
+                             credential: Credential, epoch: int, expires_at: int
+                             ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
+    """Version 2: the entries with fresh t and SW; the key server signs the whole request
+    (Ed25519). Returns the SWs of the real entries too."""
+    unsigned, sws = _unsigned_request(pp, credential, epoch, expires_at, _Fresh(pp.group))
+    return replace(unsigned, signature=signing_key.sign(encode_request_body(unsigned))), sws
+
+
+def derive_connection_request(pp: PublicParams, credential: Credential, epoch: int,
+                              expires_at: int, seed: bytes
+                              ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
+    """Version 3: the same entries with every t, SW, nonce and padding drawn from
+    ``PRF(seed; A, c, epoch, expiry, label)``, so that every member given the requester's
+    seed builds the same bytes, and signs them only for a credential the identity may hold
+    (the requester knows its own SWs and t's, as in version 2 it knows the SWs). Unsigned:
+    the members' partial signatures of :func:`encode_request_body` combine into its
+    signature."""
+    if len(seed) != REQUEST_SEED_BYTES:
+        raise SchemeError(f"a request seed is {REQUEST_SEED_BYTES} bytes")
+    key = prf_bytes(seed, 32, b"connection-request", credential.attribute.encode(),
+                    credential.encode(), epoch.to_bytes(8, "big"),
+                    int(expires_at).to_bytes(8, "big"))
+    return _unsigned_request(pp, credential, epoch, expires_at, _Seeded(pp.group, key))
 
 
 def check_connection_request(pp: PublicParams, request: ConnectionRequest,
-                             server_key: Ed25519PublicKey, now: float,
+                             server: ServerVerifier, now: float,
                              epochs: Collection[int]) -> None:
-    """Raise :class:`RequestRejected` unless the key server signed it, for a schema attribute,
-    an accepted epoch, not expired, with one entry per position of the attribute."""
+    """Raise :class:`RequestRejected` unless the key server (or ``t`` members of a threshold
+    deployment) signed it, for a schema attribute, an accepted epoch, not expired, with one
+    entry per position of the attribute."""
     try:
-        server_key.verify(request.signature, encode_request_body(request))
-    except (InvalidSignature, CodecError) as exc:
-        raise RequestRejected("connection request signature does not verify") from exc
+        signed = server.verify(encode_request_body(request), request.signature)
+    except CodecError:
+        signed = False
+    if not signed:
+        raise RequestRejected("connection request signature does not verify")
     try:
         attribute = pp.schema.attribute(request.attribute)
     except SchemaError as exc:

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ibe_pubsub.credentials.exceptions import CredentialsError
-from ibe_pubsub.credentials.groups import Element
+from ibe_pubsub.credentials.groups import Element, PairingGroup
 
 NONCE_BYTES = 12
 #: Prepended to every KDF ``info``: keys of this scheme version never serve another.
@@ -33,6 +33,24 @@ def KDF(x: Element, info: bytes, length: int = 32) -> bytes:
     """KDF(x, info) = HKDF-SHA256(ikm = ser(x), no salt, info = KDF_PREFIX || info)."""
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None,
                 info=KDF_PREFIX + info).derive(bytes(x))
+
+
+def _parts(parts: tuple[bytes, ...]) -> bytes:
+    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+
+
+def prf_scalar(group: PairingGroup, key: bytes, *parts: bytes) -> int:
+    """``PRF(key; parts)`` in Zq*: HMAC-SHA512 over the length-prefixed parts, reduced (64
+    bytes for a 255-bit order, so the bias is below 2^-256)."""
+    digest = hmac.new(key, _parts(parts), hashlib.sha512).digest()
+    return int.from_bytes(digest, "big") % (group.order - 1) + 1
+
+
+def prf_bytes(key: bytes, length: int, *parts: bytes) -> bytes:
+    """``length`` bytes of ``PRF(key; parts)``: HKDF-SHA256 expanded from ``key`` with the
+    length-prefixed parts as ``info``."""
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None,
+                info=KDF_PREFIX + b"prf/" + _parts(parts)).derive(key)
 
 
 def seal(key: bytes, plaintext: bytes, associated_data: bytes, nonce: bytes | None = None

@@ -38,10 +38,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import secrets as system_random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ibe_pubsub.credentials.ceremony import BetaState
 from ibe_pubsub.credentials.codec import (
@@ -57,11 +56,12 @@ from ibe_pubsub.credentials.codec import (
     decode_subscriber_key,
     encode_mpk,
     encode_publisher_key,
+    encode_request_body,
     encode_subscriber_key,
 )
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.exceptions import CredentialsError
-from ibe_pubsub.credentials.groups import G1, G2, GT, Element, PairingGroup
+from ibe_pubsub.credentials.groups import G1, G2, GT, Element, GroupError, PairingGroup
 from ibe_pubsub.credentials.keys import (
     MasterPublicKey,
     PublisherKey,
@@ -69,8 +69,16 @@ from ibe_pubsub.credentials.keys import (
     SubscriberCredentialKey,
     SubscriberKey,
 )
-from ibe_pubsub.credentials.scheme import PUB, SUB, PublicParams, identity_string
+from ibe_pubsub.credentials.messages import ConnectionRequest
+from ibe_pubsub.credentials.scheme import (
+    PUB,
+    SUB,
+    PublicParams,
+    derive_connection_request,
+    identity_string,
+)
 from ibe_pubsub.credentials.shamir import lagrange_at, lagrange_at_zero
+from ibe_pubsub.credentials.symmetric import prf_scalar
 
 #: Weights of the small-exponent batch test of a share's equations: a wrong share passes
 #: with probability at most 2^-63.
@@ -213,13 +221,6 @@ class ServerSecrets:
 
     def __repr__(self) -> str:
         return f"ServerSecrets(index={self.index}, ...)"
-
-
-def prf_scalar(group: PairingGroup, key: bytes, *parts: bytes) -> int:
-    """``PRF_i(parts)`` in Zq*: HMAC-SHA512 over the length-prefixed parts, reduced."""
-    message = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
-    digest = hmac.new(key, message, hashlib.sha512).digest()
-    return int.from_bytes(digest, "big") % (group.order - 1) + 1
 
 
 def _epoch(epoch: int) -> bytes:
@@ -534,3 +535,37 @@ def verify_signature(group: PairingGroup, X: Element, message: bytes, signature:
     """``e(sigma, ĝ) = e(M(message), X)``: one public key for the whole deployment."""
     return _holds(group, (signature, group.generator(G2)),
                   (~_message_point(group, message), X))
+
+
+
+def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, credential: Credential,
+                         epoch: int, expires_at: int, seed: bytes) -> PartialSignature:
+    """Member ``i``'s share of the signature of the connection request that
+    :func:`~credentials.scheme.derive_connection_request` builds from the requester's seed:
+    ``M(body)^x_i``. The member builds the request itself, for a credential the identity
+    may hold, so a requester cannot have anything else signed."""
+    request, _ = derive_connection_request(pp, credential, epoch, expires_at, seed)
+    return partial_sign(pp.group, secrets, encode_request_body(request))
+
+
+def signed_request(group: PairingGroup, tpk: ThresholdPublicKey, request: ConnectionRequest,
+                   partials: Sequence[PartialSignature]) -> ConnectionRequest:
+    """The request with ``t`` partial signatures of its body combined into ``M(body)^x``
+    (its ``signature``: the G1 point's 48 bytes), which peers check against ``X``."""
+    return replace(request, signature=bytes(combine_signatures(group, tpk, partials)))
+
+
+@dataclass(frozen=True)
+class ThresholdServer:
+    """A threshold deployment as a :class:`~credentials.server_keys.ServerVerifier`: its
+    signatures are ``M(message)^x`` (G1, 48 bytes compressed), checked against ``X``."""
+
+    group: PairingGroup
+    X: Element
+
+    def verify(self, message: bytes, signature: bytes) -> bool:
+        try:
+            sigma = self.group.deserialize(G1, signature)
+        except GroupError:
+            return False
+        return verify_signature(self.group, self.X, message, sigma)

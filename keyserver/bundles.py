@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ibe_pubsub.credentials import (
     ConnectionRequest,
     Credential,
+    Ed25519Server,
     PairingGroup,
     PeerCertificate,
     PeerCertificateError,
@@ -242,6 +243,6 @@ def decode_root_certificate(doc: dict[str, Any], server_key: bytes) -> RootCerti
                                int(doc["expires_at"]), _b64(doc["certificate"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"root certificate does not decode: {exc}") from exc
-    if not cert.verify(server_key):
+    if not cert.verify(Ed25519Server(server_key)):
         raise BundleError("the root certificate's signature does not verify")
     return cert

@@ -23,6 +23,7 @@ from ibe_pubsub.credentials import (
     RequestOpening,
     RootCertificate,
     Schema,
+    ServerVerifier,
     StreamEvent,
     codec,
     scheme,
@@ -36,14 +37,15 @@ def _root_signed(request: ConnectionRequest, context: bytes) -> bytes:
 
 
 class RealCrypto:
-    """Pairing-based checks with the key server's Ed25519 public key as trust anchor.
+    """Pairing-based checks with the key service's public key as trust anchor (``server``:
+    a key server's Ed25519 key, or a threshold deployment's ``X``).
     Events of both kinds, version 2 and streams, are taken; a stream's are checked against
     ``clock`` (certificate expiry) and use this peer's per-epoch stream caches."""
 
-    def __init__(self, pp: PublicParams, server_key: Ed25519PublicKey,
+    def __init__(self, pp: PublicParams, server: ServerVerifier,
                  clock: Callable[[], float] = time.time) -> None:
         self.pp = pp
-        self.server_key = server_key
+        self.server = server
         self.meter = CostMeter()
         self.clock = clock
         self.streams = streams.StreamCaches()
@@ -72,7 +74,7 @@ class RealCrypto:
                       epochs: Collection[int]) -> None:
         with self.meter.timed("check_request"):
             try:
-                scheme.check_connection_request(self.pp, request, self.server_key, now, epochs)
+                scheme.check_connection_request(self.pp, request, self.server, now, epochs)
             except scheme.RequestRejected as exc:
                 raise CryptoRejected(str(exc)) from None
 
@@ -98,7 +100,7 @@ class RealCrypto:
         with self.meter.timed("check_root_proof"):
             try:
                 cert = RootCertificate.from_bytes(certificate)
-                if not cert.verify(self.server_key.public_bytes_raw(), attribute, now):
+                if not cert.verify(self.server, attribute, now):
                     return False
                 Ed25519PublicKey.from_public_bytes(cert.transport_key).verify(
                     proof, _root_signed(request, context))
@@ -190,6 +192,6 @@ class RealCrypto:
 
     def for_peer(self) -> RealCrypto:
         """Same parameters, trust anchor, clock and meter; stream caches of its own."""
-        suite = RealCrypto(self.pp, self.server_key, self.clock)
+        suite = RealCrypto(self.pp, self.server, self.clock)
         suite.meter = self.meter
         return suite

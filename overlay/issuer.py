@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ibe_pubsub.credentials import (
     Credential,
+    Ed25519Server,
     Event,
     Predicate,
     PublicParams,
@@ -101,7 +102,8 @@ class RealIssuer:
         self.pp = PublicParams(group, mpk, schema)
         self.schema = schema
         self.server_key = Ed25519PrivateKey.generate()
-        self.crypto = RealCrypto(self.pp, self.server_key.public_key())
+        self.crypto = RealCrypto(self.pp, Ed25519Server(
+            self.server_key.public_key().public_bytes_raw()))
         self._publisher_keys: dict[int, Sequence[scheme.PublisherKey]] = {}
         self.stream_window = stream_window
         self._streams: dict[tuple[str, int], Stream] = {}

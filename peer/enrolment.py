@@ -12,10 +12,11 @@ import base64
 import logging
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials import (
     Credential,
+    Ed25519Server,
     EventFilter,
     Predicate,
     PublisherKey,
@@ -68,7 +69,7 @@ def fetch_params(client: KeyServerClient, pinned_key: bytes | None = None,
 
 
 def real_crypto(params: ServerParams) -> RealCrypto:
-    return RealCrypto(params.pp, Ed25519PublicKey.from_public_bytes(params.server_key))
+    return RealCrypto(params.pp, Ed25519Server(params.server_key))
 
 
 def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: EventFilter

@@ -18,6 +18,7 @@ from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.decomposition import decompose, enclosing_path
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import Schema
+from ibe_pubsub.credentials.server_keys import Ed25519Server
 
 EPOCH = 5
 SCHEMA = Schema.from_dict({
@@ -229,8 +230,9 @@ def test_forged_or_stale_connection_requests_are_rejected(world):
     server, impostor = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     cred = Credential("price", "num", "0101")
     now = time.time()
+    anchor = Ed25519Server(server.public_key().public_bytes_raw())
     good, _ = S.build_connection_request(pp, server, cred, EPOCH, int(now) + 60)
-    S.check_connection_request(pp, good, server.public_key(), now, {EPOCH})
+    S.check_connection_request(pp, good, anchor, now, {EPOCH})
     forged, _ = S.build_connection_request(pp, impostor, cred, EPOCH, int(now) + 60)
     spliced = dataclasses.replace(good, entries=good.entries[:-1])
     stale, _ = S.build_connection_request(pp, server, cred, EPOCH, int(now) - 1)
@@ -238,12 +240,12 @@ def test_forged_or_stale_connection_requests_are_rejected(world):
              (stale, {EPOCH}, "expired"), (good, {EPOCH + 1}, "epoch")]
     for request, epochs, reason in cases:
         with pytest.raises(S.RequestRejected, match=reason):
-            S.check_connection_request(pp, request, server.public_key(), now, epochs)
+            S.check_connection_request(pp, request, anchor, now, epochs)
     unsigned = dataclasses.replace(good, attribute="nope")
     unknown = dataclasses.replace(unsigned, signature=server.sign(
         codec.encode_request_body(unsigned)))
     with pytest.raises(S.RequestRejected, match="no attribute"):
-        S.check_connection_request(pp, unknown, server.public_key(), now, {EPOCH})
+        S.check_connection_request(pp, unknown, anchor, now, {EPOCH})
 
 
 def test_codec_round_trips_and_rejects_garbage(world):

@@ -31,6 +31,7 @@ from ibe_pubsub.credentials.messages import (
     EncryptedEvent,
     EventHeader,
 )
+from ibe_pubsub.credentials.server_keys import Ed25519Server
 from ibe_pubsub.credentials.symmetric import H4, KDF, seal
 from ibe_pubsub.credentials.vectors import identity_spelling, rejected_encodings
 
@@ -188,9 +189,10 @@ def test_a_request_entry_with_a_planted_identity_opens_for_no_token(world: Any) 
     outsider = S.keygen_routing_token(pp, msk, Credential("price", "num", "1001"), EPOCH)
     holder = S.keygen_routing_token(pp, msk, requester, EPOCH)
     request, _ = S.build_connection_request(pp, server, requester, EPOCH, 2**40)
+    anchor = Ed25519Server(server.public_key().public_bytes_raw())
     data = codec.encode_request(request)
     honest = codec.decode_request(pp.group, data)
-    S.check_connection_request(pp, honest, server.public_key(), time.time(), {EPOCH})
+    S.check_connection_request(pp, honest, anchor, time.time(), {EPOCH})
     assert S.open_connection_request(pp, holder, honest) is not None  # control
     assert S.open_connection_request(pp, outsider, honest) is None
     j = outsider.position
@@ -202,7 +204,7 @@ def test_a_request_entry_with_a_planted_identity_opens_for_no_token(world: Any) 
         bad.entries[j].U.raw  # noqa: B018 -- the first use parses
     assert S.open_connection_request(pp, outsider, bad) is None
     with pytest.raises(S.RequestRejected, match="signature"):
-        S.check_connection_request(pp, bad, server.public_key(), time.time(), {EPOCH})
+        S.check_connection_request(pp, bad, anchor, time.time(), {EPOCH})
 
 
 def test_certificates_and_stream_events_with_a_planted_identity_are_refused(world: Any) -> None:

@@ -13,7 +13,9 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.credentials.backends import load_group
@@ -26,6 +28,7 @@ from ibe_pubsub.credentials.ceremony import (
     initial_beta_state,
     proof_challenge,
 )
+from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.decomposition import decompose
 from ibe_pubsub.credentials.dkg import (
     Complaint,
@@ -38,6 +41,7 @@ from ibe_pubsub.credentials.dkg import (
 from ibe_pubsub.credentials.groups import G1, G2
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials.server_keys import Ed25519Server
 from ibe_pubsub.credentials.shamir import lagrange_at_zero
 from ibe_pubsub.evaluation.threshold_lab import local_deployment
 
@@ -192,6 +196,75 @@ def test_threshold_signatures_combine_from_any_three_and_verify_against_one_key(
     signature = signatures.pop()
     assert T.verify_signature(group, tpk.X, message, signature)
     assert not T.verify_signature(group, tpk.X, b"schema v2", signature)
+
+
+
+def request_partials(pp, secrets, credential, seed, servers, expires_at=2**40):
+    return [T.partial_sign_request(pp, secrets[i], credential, EPOCH, expires_at, seed)
+            for i in servers]
+
+
+def test_members_sign_one_connection_request_built_from_the_requesters_seed(deployment):
+    """Every member derives the same request from the seed; t partials combine into a
+    signature peers check against X; the request opens for a covering credential only."""
+    pp, tpk, secrets, _ = deployment
+    group, anchor = pp.group, T.ThresholdServer(pp.group, tpk.X)
+    requester, seed = Credential("symbol", "str", "IBM"), b"\x01" * S.REQUEST_SEED_BYTES
+    request, sws = S.derive_connection_request(pp, requester, EPOCH, 2**40, seed)
+    assert S.derive_connection_request(pp, requester, EPOCH, 2**40, seed) == (request, sws)
+    other_seed, _ = S.derive_connection_request(pp, requester, EPOCH, 2**40, b"\x02" * 32)
+    other_credential, _ = S.derive_connection_request(pp, Credential("symbol", "str", "IBN"),
+                                                      EPOCH, 2**40, seed)
+    for other in (other_seed, other_credential):  # no t, SW or padding shared
+        assert not {bytes(e.U) for e in other.entries} & {bytes(e.U) for e in request.entries}
+    signed = {T.signed_request(group, tpk, request,
+                               request_partials(pp, secrets, requester, seed, chosen))
+              for chosen in itertools.combinations(range(1, n + 1), t)}
+    assert len(signed) == 1
+    signed_one = signed.pop()
+    S.check_connection_request(pp, signed_one, anchor, 0, {EPOCH})
+    holder = T.combine_subscriber_key(pp, tpk, [T.keyshare_subscriber(
+        pp, tpk, secrets[i], "bob", EPOCH, [Credential("symbol", "str", "IB")])
+        for i in (1, 2, 3)]).credentials[0].token
+    opening = S.open_connection_request(pp, holder, signed_one)
+    assert opening is not None and opening.sw == sws[holder.position]
+    outsider = T.combine_subscriber_key(pp, tpk, [T.keyshare_subscriber(
+        pp, tpk, secrets[i], "eve", EPOCH, [Credential("symbol", "str", "IC")])
+        for i in (1, 2, 3)]).credentials[0].token
+    assert S.open_connection_request(pp, outsider, signed_one) is None
+
+
+def test_a_connection_request_without_t_members_signatures_is_refused(deployment):
+    """What a peer refuses: t - 1 partials, partials of another request, a request changed
+    after signing, the single-server scheme's Ed25519 signature, and bytes that are no
+    point. The control: the same request with t partials passes."""
+    pp, tpk, secrets, _ = deployment
+    group, anchor = pp.group, T.ThresholdServer(pp.group, tpk.X)
+    requester, seed = Credential("price", "num", "0110"), b"\x03" * S.REQUEST_SEED_BYTES
+    request, _ = S.derive_connection_request(pp, requester, EPOCH, 2**40, seed)
+    good = T.signed_request(group, tpk, request,
+                            request_partials(pp, secrets, requester, seed, (2, 4, 5)))
+    S.check_connection_request(pp, good, anchor, 0, {EPOCH})  # control
+    few = request_partials(pp, secrets, requester, seed, (1, 2))
+    weights = lagrange_at_zero([1, 2], group.order)  # two, as if they were all
+    two = replace(request, signature=bytes(group.multi_exp([p.sigma for p in few],
+                                                           [weights[1], weights[2]])))
+    mixed = T.signed_request(group, tpk, request, [
+        *few, T.partial_sign_request(pp, secrets[3], Credential("price", "num", "0111"),
+                                     EPOCH, 2**40, seed)])
+    probing = replace(good, entries=(*good.entries[:-1], good.entries[0]))
+    server = Ed25519PrivateKey.generate()
+    ed25519 = replace(request, signature=server.sign(codec.encode_request_body(request)))
+    junk = [replace(good, signature=s) for s in (b"", b"\x00" * 48, good.signature[:-1],
+                                                  bytes(group.identity(G1)))]
+    for bad in (two, mixed, probing, ed25519, *junk):
+        with pytest.raises(S.RequestRejected, match="signature"):
+            S.check_connection_request(pp, bad, anchor, 0, {EPOCH})
+    with pytest.raises(S.RequestRejected, match="signature"):  # and the other way round
+        S.check_connection_request(pp, good, Ed25519Server(server.public_key()
+                                                           .public_bytes_raw()), 0, {EPOCH})
+    with pytest.raises(S.SchemeError, match="32 bytes"):
+        S.derive_connection_request(pp, requester, EPOCH, 2**40, seed[:-1])
 
 
 # -- attacks by a subscriber -------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.certificates import fingerprint
@@ -23,6 +23,7 @@ from ibe_pubsub.credentials.scheme import (
     open_connection_request,
     verify,
 )
+from ibe_pubsub.credentials.server_keys import Ed25519Server
 from ibe_pubsub.evaluation.launcher import free_port
 from ibe_pubsub.keyserver.bundles import (
     BundleError,
@@ -101,7 +102,7 @@ def test_issued_keys_encrypt_decrypt_and_requests_verify(keyserver):
     assert verify(pp, event)
     assert decrypt(pp, sub.key, event).body == b"hello"
 
-    server_key = Ed25519PublicKey.from_public_bytes(params.server_key)
+    server_key = Ed25519Server(params.server_key)
     for issued in sub.requests:
         check_connection_request(pp, issued.request, server_key, time.time(), {sub.epoch})
         assert len(issued.secrets) == issued.credential.position + 1
