@@ -176,6 +176,11 @@ class SubscriberShareEnrolment(SubscriberEnrolment):
     epoch: Literal["next"] | Annotated[int, Field(ge=0)] | None = Field(
         default=None, description='null (the current epoch), "next" (in grace) or the number '
         "of the current or next epoch")
+    request_seed: Text | None = Field(
+        default=None, max_length=64,
+        description="base64 of 32 random bytes the client chose (the same at every member): "
+        "the member derives each credential's connection request from it and returns its "
+        "partial signature of it; null: no connection requests")
 
 
 class PublisherShareEnrolment(PublisherEnrolment):
@@ -252,6 +257,13 @@ class PublisherBundle(BaseModel):
     publisher_keys: list[str]
 
 
+class RequestSignatureOut(BaseModel):
+    attribute: str
+    credential: str
+    signature: str = Field(description="base64 partial signature (tag 21) of the body of the "
+                           "connection request derived from the request_seed")
+
+
 class SubscriberShareOut(BaseModel):
     index: int = Field(description="this member's number in the deployment (1..n)")
     identity: str = Field(description="the identity the shares were issued to (the caller): "
@@ -262,6 +274,9 @@ class SubscriberShareOut(BaseModel):
     credentials: dict[str, list[str]]
     fine_credentials: dict[str, list[str]]
     share: str = Field(description="base64 subscriber key share (wire format tag 19)")
+    request_signatures: list[RequestSignatureOut] = Field(
+        default=[], description="with a request_seed: this member's partial signature of "
+        "each credential's connection request")
 
 
 class PublisherSharesOut(BaseModel):

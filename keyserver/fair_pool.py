@@ -28,6 +28,7 @@ from ibe_pubsub.keyserver.issuer import (
     issue_connection_requests,
     issue_publisher,
     issue_publisher_shares,
+    issue_request_signatures,
     issue_root_token,
     issue_subscriber,
     issue_subscriber_key,
@@ -80,6 +81,16 @@ class FairIssuer:
         what version 2's keys without connection requests do)."""
         return await self._run(who, issue_subscriber_share, who, epoch, tuple(credentials),
                                tuple(fine))
+
+    async def request_signatures(self, who: str, epoch: int,
+                                 credentials: Sequence[Credential], expires_at: int,
+                                 seed: bytes) -> list[dict[str, str]]:
+        """A threshold member's partial signatures of the connection requests derived from
+        ``seed``, in chunks like version 2's requests."""
+        parts = await asyncio.gather(*(self._run(who, issue_request_signatures, epoch, part,
+                                                 expires_at, seed)
+                                       for part in self._parts(tuple(credentials))))
+        return [signature for part in parts for signature in part]
 
     async def publisher_shares(self, who: str, epoch: int, credentials: Sequence[Credential]
                                ) -> list[str]:

@@ -96,15 +96,21 @@ def _may_enrol(identity: Identity) -> None:
                        "bulk_only")
 
 
-def _ed25519_key(text: str, field: str) -> bytes:
-    """A raw 32-byte Ed25519 public key from base64 (422 otherwise)."""
+def decoded_bytes(text: str, field: str, size: int, what: str, code: str) -> bytes:
+    """``size`` raw bytes from base64 (422 ``code`` otherwise, saying ``field`` must be
+    ``what``)."""
     try:
-        key = base64.b64decode(text, validate=True)
+        raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ApiError(422, f"{field} is not valid base64", "invalid_key") from exc
-    if len(key) != ED25519_KEY_BYTES:
-        raise ApiError(422, f"{field} must be a raw 32-byte Ed25519 public key", "invalid_key")
-    return key
+        raise ApiError(422, f"{field} is not valid base64", code) from exc
+    if len(raw) != size:
+        raise ApiError(422, f"{field} must be {what}", code)
+    return raw
+
+
+def _ed25519_key(text: str, field: str) -> bytes:
+    return decoded_bytes(text, field, ED25519_KEY_BYTES, "a raw 32-byte Ed25519 public key",
+                         "invalid_key")
 
 
 @router.get("/identity", response_model=CallerOut, responses=error_responses(401, 403))

@@ -7,11 +7,13 @@ answer 404 ``not_threshold``."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Any
 
 from fastapi import APIRouter
 
-from ibe_pubsub.credentials import Credential
+from ibe_pubsub.credentials import Credential, scheme
 from ibe_pubsub.keyserver.api_models import (
     PublisherShareEnrolment,
     PublisherSharesOut,
@@ -24,7 +26,12 @@ from ibe_pubsub.keyserver.auth import AnIdentity, State
 from ibe_pubsub.keyserver.enrolment import labels, target_epoch
 from ibe_pubsub.keyserver.epochs import Epoch
 from ibe_pubsub.keyserver.errors import ApiError, error_responses
-from ibe_pubsub.keyserver.routes_enrol import enrol_keys, publisher_plan, subscriber_plan
+from ibe_pubsub.keyserver.routes_enrol import (
+    decoded_bytes,
+    enrol_keys,
+    publisher_plan,
+    subscriber_plan,
+)
 from ibe_pubsub.keyserver.state import AppState
 from ibe_pubsub.keyserver.threshold_store import ThresholdMember, public_document
 
@@ -39,9 +46,11 @@ def _member(state: AppState) -> ThresholdMember:
 
 
 async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
-                       credentials: list[Credential], fine: list[Credential]
-                       ) -> dict[str, Any]:
-    """This member's shares for one enrolment, in the /v3 response shape (``Issue``)."""
+                       credentials: list[Credential], fine: list[Credential],
+                       request_seed: bytes | None = None) -> dict[str, Any]:
+    """This member's shares for one enrolment, in the /v3 response shape (``Issue``); with a
+    subscriber's ``request_seed``, its partial signatures of the connection requests every
+    member derives from that seed."""
     base: dict[str, Any] = {"index": _member(state).index, "identity": who,
                             "epoch": epoch.number,
                             "epoch_end": epoch.end, "credentials": labels(credentials)}
@@ -49,11 +58,20 @@ async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
         shares = await state.issuer.publisher_shares(who, epoch.number, credentials)
         state.metrics.keys_issued("publisher_share", len(credentials))
         return base | {"shares": shares}
-    share = await state.issuer.subscriber_share(who, epoch.number, credentials, fine)
+    expires_at = int(epoch.end + epoch.grace)
+    share, signatures = await asyncio.gather(
+        state.issuer.subscriber_share(who, epoch.number, credentials, fine),
+        state.issuer.request_signatures(who, epoch.number, credentials, expires_at,
+                                        request_seed) if request_seed else _nothing())
     state.metrics.keys_issued("subscriber_credential_share", len(credentials))
     state.metrics.keys_issued("routing_token_share", len(fine))
-    return base | {"expires_at": int(epoch.end + epoch.grace),
-                   "fine_credentials": labels(fine), "share": share}
+    state.metrics.keys_issued("connection_request_signature", len(signatures))
+    return base | {"expires_at": expires_at, "fine_credentials": labels(fine), "share": share,
+                   "request_signatures": signatures}
+
+
+async def _nothing() -> list[dict[str, str]]:
+    return []
 
 
 @router.get("/threshold", response_model=ThresholdOut, responses=error_responses(404))
@@ -81,11 +99,16 @@ def schema(state: State) -> dict[str, Any]:
 async def enrol_subscriber_share(body: SubscriberShareEnrolment, caller: AnIdentity,
                                  state: State) -> dict[str, Any]:
     """This member's share of the keys for a subscription inside the identity's policy
-    here. Asking again for the same subscription in the same epoch returns the same share."""
+    here, and with a ``request_seed`` its signatures of the connection requests derived
+    from it. Asking again for the same subscription in the same epoch returns the same
+    share."""
     _member(state)
+    seed = None if body.request_seed is None else decoded_bytes(
+        body.request_seed, "request_seed", scheme.REQUEST_SEED_BYTES, "32 random bytes",
+        "invalid_seed")
     return await enrol_keys(state, caller, "subscriber", "subscription", body.subscription,
                             target_epoch(state, body.epoch), subscriber_plan(body),
-                            issue_shares)
+                            functools.partial(issue_shares, request_seed=seed))
 
 
 @router.post("/enrol/publisher", response_model=PublisherSharesOut,

@@ -5,6 +5,12 @@ refuses, or answers a share that does not verify is replaced by the next one, an
 reason is kept in the result, so an application can alert on a member answering bad
 shares.
 
+A subscriber's enrolment also brings one connection request per credential, signed by the
+same ``t`` members: the client draws a seed, every member derives the same request from it
+(for a credential the identity may hold) and signs it with its share of the deployment's
+signing key, and the client combines the partial signatures, which peers check against
+``X`` (``ThresholdServer``).
+
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
 same credentials: keys exist only where ``t`` members agree. The schema, unless given, is
@@ -16,6 +22,7 @@ single member can hand a client another event space.
     async with ThresholdKeyClient(tpk, members) as client:
         combined = await client.enrol_subscriber("symbol = IBM")
         key = combined.key        # a SubscriberKey like version 2's
+        requests = combined.requests  # signed connection requests, one per credential
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import base64
 import json
 import logging
 import random
+import secrets
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -35,16 +43,21 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from ibe_pubsub.credentials import (
+    ConnectionRequest,
+    Credential,
     Element,
     PairingGroup,
     PublicParams,
     PublisherKey,
     Schema,
     SubscriberKey,
+    codec,
     load_group,
     schema_message,
+    scheme,
 )
 from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.keyserver.bundles import IssuedRequest
 from ibe_pubsub.keyserver.client import KeyServerRequestError
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 
@@ -97,6 +110,9 @@ class Failure:
 class CombinedSubscriberKey:
     key: SubscriberKey
     expires_at: int
+    requests: tuple[IssuedRequest, ...]
+    """One connection request per credential, signed by the same members (in the order of
+    ``key.credentials``)."""
     members: tuple[int, ...]
     """The members whose shares were combined."""
     failures: tuple[Failure, ...]
@@ -137,6 +153,33 @@ def _no_agreement(t: int, failures: Sequence[Failure]) -> ThresholdEnrolmentErro
 
 class _BadAnswer(Exception):
     """A member's answer that cannot be used (its text is the reason)."""
+
+
+@dataclass
+class _Requests:
+    """The connection requests of one enrolment, derived from its seed as every member
+    derives them (once per credential, epoch and expiry, whichever member answers first)."""
+
+    pp: PublicParams
+    seed: bytes
+    derived: dict[tuple[Credential, int, int], tuple[ConnectionRequest,
+                                                     tuple[bytes, ...]]]
+
+    def of(self, credential: Credential, epoch: int, expires_at: int
+           ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
+        key = (credential, epoch, expires_at)
+        if key not in self.derived:
+            self.derived[key] = scheme.derive_connection_request(self.pp, credential, epoch,
+                                                                 expires_at, self.seed)
+        return self.derived[key]
+
+
+@dataclass(frozen=True)
+class _SubscriberAnswer:
+    share: T.SubscriberKeyShare
+    expires_at: int
+    request_partials: tuple[T.PartialSignature, ...]
+    """One per credential of the share, in its order."""
 
 
 @dataclass
@@ -218,14 +261,25 @@ class ThresholdKeyClient:
                                max_credentials: int | None = None,
                                epoch: str | int | None = None) -> CombinedSubscriberKey:
         """Keys for ``subscription`` combined from ``t`` members' verified shares."""
+        seed = secrets.token_bytes(scheme.REQUEST_SEED_BYTES)
         body = {"subscription": subscription, "fine_depth": fine_depth,
-                "max_credentials": max_credentials, "epoch": epoch}
-        await self.params()
-        found = await self._collect("/v3/enrol/subscriber", body, self._subscriber)
-        shares = [share for share, _ in found.shares.values()]
-        key = T.combine_subscriber_key(self.pp, self.tpk, shares)
-        return CombinedSubscriberKey(key, min(until for _, until in found.shares.values()),
-                                     tuple(found.shares), tuple(found.failures))
+                "max_credentials": max_credentials, "epoch": epoch,
+                "request_seed": base64.b64encode(seed).decode("ascii")}
+        requests = _Requests(await self.params(), seed, {})
+        found = await self._collect("/v3/enrol/subscriber", body,
+                                    lambda index, answer: self._subscriber(requests, index,
+                                                                           answer))
+        answers = list(found.shares.values())
+        key = T.combine_subscriber_key(self.pp, self.tpk, [a.share for a in answers])
+        expires_at = answers[0].expires_at  # part of what the answers agree on
+        issued = []
+        for k, credential in enumerate(c.credential for c in key.credentials):
+            request, sws = requests.of(credential, key.epoch, expires_at)
+            signed = T.signed_request(self.group, self.tpk, request,
+                                      [a.request_partials[k] for a in answers])
+            issued.append(IssuedRequest(credential.attribute, credential, signed, sws))
+        return CombinedSubscriberKey(key, expires_at, tuple(issued), tuple(found.shares),
+                                     tuple(found.failures))
 
     async def enrol_publisher(self, advertisement: str, max_credentials: int | None = None,
                               epoch: str | int | None = None) -> CombinedPublisherKeys:
@@ -242,8 +296,8 @@ class ThresholdKeyClient:
 
     # -- reading one member's answer: (what must agree, the verified share) ------------------
 
-    def _subscriber(self, index: int, answer: Any) -> tuple[Shape, tuple[T.SubscriberKeyShare,
-                                                                            int]]:
+    def _subscriber(self, requests: _Requests, index: int, answer: Any
+                    ) -> tuple[Shape, _SubscriberAnswer]:
         share = T.decode_subscriber_share(self.pp.group, _decoded(answer["share"]))
         key = share.key
         credentials = tuple(k.credential for k in key.credentials)
@@ -255,9 +309,18 @@ class ThresholdKeyClient:
                                          credentials, fine):
             raise _BadAnswer("its share does not verify against the deployment's public key")
         expires_at = answer["expires_at"]
-        if not isinstance(expires_at, int):
-            raise _BadAnswer("its expires_at is not an integer")
-        return (key.epoch, credentials, fine, identity, expires_at), (share, expires_at)
+        if not isinstance(expires_at, int) or not 0 <= expires_at < 2**63:
+            raise _BadAnswer("its expires_at is not a time")
+        partials = _request_partials(self.group, answer, credentials)
+        for partial in partials:
+            _check_index(index, partial.index)
+        bodies = [codec.encode_request_body(requests.of(c, key.epoch, expires_at)[0])
+                  for c in credentials]
+        if not T.verify_partial_signatures(self.group, self.tpk, bodies, partials):
+            raise _BadAnswer("its signatures of the connection requests do not verify against "
+                             "the deployment's public key")
+        return ((key.epoch, credentials, fine, identity, expires_at),
+                _SubscriberAnswer(share, expires_at, partials))
 
     def _publisher(self, index: int, answer: Any) -> tuple[Shape,
                                                            list[T.PublisherKeyShare]]:
@@ -422,6 +485,21 @@ def _identity(answer: Any) -> str:
     if not isinstance(identity, str) or not 0 < len(identity) <= MAX_IDENTITY:
         raise _BadAnswer("its identity is not a name")
     return identity
+
+
+def _request_partials(group: PairingGroup, answer: Any, credentials: Sequence[Credential]
+                      ) -> tuple[T.PartialSignature, ...]:
+    """One partial signature per credential, in the credentials' order."""
+    signatures = answer.get("request_signatures")
+    if not isinstance(signatures, list) or len(signatures) != len(credentials):
+        raise _BadAnswer("it answered no signature of the connection requests for "
+                         f"{len(credentials)} credentials")
+    by_label = {s["credential"]: s["signature"] for s in signatures if isinstance(s, dict)}
+    missing = [c.label() for c in credentials if c.label() not in by_label]
+    if missing:
+        raise _BadAnswer(f"it signed no connection request for {missing[0]}")
+    return tuple(T.decode_partial_signature(group, _decoded(by_label[c.label()]))
+                 for c in credentials)
 
 
 def _check_index(asked: int, answered: int) -> None:

@@ -267,6 +267,23 @@ def test_a_connection_request_without_t_members_signatures_is_refused(deployment
         S.derive_connection_request(pp, requester, EPOCH, 2**40, seed[:-1])
 
 
+
+def test_one_servers_partial_signatures_are_checked_at_once(deployment):
+    """The batch check a client runs on one member's request signatures: it passes for
+    the member's own signatures (the control) and fails if any one is of another message,
+    another member's, or under another index."""
+    pp, tpk, secrets, _ = deployment
+    group = pp.group
+    messages = [b"body %d" % k for k in range(5)]
+    own = [T.partial_sign(group, secrets[2], m) for m in messages]
+    assert T.verify_partial_signatures(group, tpk, messages, own)
+    other_message = [*own[:3], T.partial_sign(group, secrets[2], b"another body"), own[4]]
+    other_member = [*own[:4], replace(T.partial_sign(group, secrets[3], messages[4]), index=2)]
+    mixed = [*own[:4], T.partial_sign(group, secrets[3], messages[4])]
+    for bad in (other_message, other_member, mixed, own[:4]):
+        assert not T.verify_partial_signatures(group, tpk, messages, bad)
+
+
 # -- attacks by a subscriber -------------------------------------------------------------------
 
 def test_the_shares_of_two_servers_do_not_decrypt(deployment):
