@@ -688,20 +688,22 @@ def build_connection_request(pp: PublicParams, signing_key: Ed25519PrivateKey,
     return replace(unsigned, signature=signing_key.sign(encode_request_body(unsigned))), sws
 
 
-def derive_connection_request(pp: PublicParams, credential: Credential, epoch: int,
-                              expires_at: int, seed: bytes
+def derive_connection_request(pp: PublicParams, requester: str, credential: Credential,
+                              epoch: int, expires_at: int, seed: bytes
                               ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
     """Version 3: the same entries with every t, SW, nonce and padding drawn from
-    ``PRF(seed; A, c, epoch, expiry, label)``, so that every member given the requester's
-    seed builds the same bytes, and signs them only for a credential the identity may hold
-    (the requester knows its own SWs and t's, as in version 2 it knows the SWs). Unsigned:
-    the members' partial signatures of :func:`encode_request_body` combine into its
-    signature."""
+    ``k = PRF(seed; "connection-request", requester, A, c, epoch, expiry)``, so that every
+    member given the requester's seed builds the same bytes, and signs them only for a
+    credential that identity may hold (the requester knows its own SWs and t's, as in
+    version 2 it knows the SWs). The identity in ``k`` keeps requests of two identities
+    apart, so identities that each get fewer than ``t`` signatures cannot pool them.
+    Unsigned: the members' partial signatures of :func:`encode_request_body` combine into
+    its signature."""
     if len(seed) != REQUEST_SEED_BYTES:
         raise SchemeError(f"a request seed is {REQUEST_SEED_BYTES} bytes")
-    key = prf_bytes(seed, 32, b"connection-request", credential.attribute.encode(),
-                    credential.encode(), epoch.to_bytes(8, "big"),
-                    int(expires_at).to_bytes(8, "big"))
+    key = prf_bytes(seed, 32, b"connection-request", requester.encode(),
+                    credential.attribute.encode(), credential.encode(),
+                    epoch.to_bytes(8, "big"), int(expires_at).to_bytes(8, "big"))
     return _unsigned_request(pp, credential, epoch, expires_at, _Seeded(pp.group, key))
 
 

@@ -556,13 +556,14 @@ def verify_signature(group: PairingGroup, X: Element, message: bytes, signature:
 
 
 
-def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, credential: Credential,
-                         epoch: int, expires_at: int, seed: bytes) -> PartialSignature:
+def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, identity: str,
+                         credential: Credential, epoch: int, expires_at: int, seed: bytes
+                         ) -> PartialSignature:
     """Member ``i``'s share of the signature of the connection request that
-    :func:`~credentials.scheme.derive_connection_request` builds from the requester's seed:
+    :func:`~credentials.scheme.derive_connection_request` builds from ``identity``'s seed:
     ``M(body)^x_i``. The member builds the request itself, for a credential the identity
     may hold, so a requester cannot have anything else signed."""
-    request, _ = derive_connection_request(pp, credential, epoch, expires_at, seed)
+    request, _ = derive_connection_request(pp, identity, credential, epoch, expires_at, seed)
     return partial_sign(pp.group, secrets, encode_request_body(request))
 
 

@@ -87,8 +87,8 @@ class FairIssuer:
                                  seed: bytes) -> list[dict[str, str]]:
         """A threshold member's partial signatures of the connection requests derived from
         ``seed``, in chunks like version 2's requests."""
-        parts = await asyncio.gather(*(self._run(who, issue_request_signatures, epoch, part,
-                                                 expires_at, seed)
+        parts = await asyncio.gather(*(self._run(who, issue_request_signatures, who, epoch,
+                                                 part, expires_at, seed)
                                        for part in self._parts(tuple(credentials))))
         return [signature for part in parts for signature in part]
 

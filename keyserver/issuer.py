@@ -175,14 +175,15 @@ def issue_subscriber_share(identity: str, epoch: int, credentials: Sequence[Cred
         m.pp, m.tpk, m.shares, identity, epoch, credentials, fine)))
 
 
-def issue_request_signatures(epoch: int, credentials: Sequence[Credential], expires_at: int,
-                             seed: bytes) -> list[dict[str, str]]:
+def issue_request_signatures(identity: str, epoch: int, credentials: Sequence[Credential],
+                             expires_at: int, seed: bytes) -> list[dict[str, str]]:
     """This member's partial signature of each credential's connection request, derived
     from the requester's ``seed`` (``partial_sign_request``), encoded."""
     m = _member_secrets()
     return [{"attribute": c.attribute, "credential": c.label(),
              "signature": b64(T.encode_partial_signature(T.partial_sign_request(
-                 m.pp, m.shares, c, epoch, expires_at, seed)))} for c in credentials]
+                 m.pp, m.shares, identity, c, epoch, expires_at, seed)))}
+            for c in credentials]
 
 
 def issue_publisher_shares(identity: str, epoch: int, credentials: Sequence[Credential]

@@ -162,21 +162,22 @@ class _Requests:
 
     pp: PublicParams
     seed: bytes
-    derived: dict[tuple[Credential, int, int], tuple[ConnectionRequest,
-                                                     tuple[bytes, ...]]]
+    derived: dict[tuple[str, Credential, int, int], tuple[ConnectionRequest,
+                                                          tuple[bytes, ...]]]
 
-    def of(self, credential: Credential, epoch: int, expires_at: int
+    def of(self, identity: str, credential: Credential, epoch: int, expires_at: int
            ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
-        key = (credential, epoch, expires_at)
+        key = (identity, credential, epoch, expires_at)
         if key not in self.derived:
-            self.derived[key] = scheme.derive_connection_request(self.pp, credential, epoch,
-                                                                 expires_at, self.seed)
+            self.derived[key] = scheme.derive_connection_request(
+                self.pp, identity, credential, epoch, expires_at, self.seed)
         return self.derived[key]
 
 
 @dataclass(frozen=True)
 class _SubscriberAnswer:
     share: T.SubscriberKeyShare
+    identity: str
     expires_at: int
     request_partials: tuple[T.PartialSignature, ...]
     """One per credential of the share, in its order."""
@@ -274,7 +275,7 @@ class ThresholdKeyClient:
         expires_at = answers[0].expires_at  # part of what the answers agree on
         issued = []
         for k, credential in enumerate(c.credential for c in key.credentials):
-            request, sws = requests.of(credential, key.epoch, expires_at)
+            request, sws = requests.of(answers[0].identity, credential, key.epoch, expires_at)
             signed = T.signed_request(self.group, self.tpk, request,
                                       [a.request_partials[k] for a in answers])
             issued.append(IssuedRequest(credential.attribute, credential, signed, sws))
@@ -314,13 +315,13 @@ class ThresholdKeyClient:
         partials = _request_partials(self.group, answer, credentials)
         for partial in partials:
             _check_index(index, partial.index)
-        bodies = [codec.encode_request_body(requests.of(c, key.epoch, expires_at)[0])
+        bodies = [codec.encode_request_body(requests.of(identity, c, key.epoch, expires_at)[0])
                   for c in credentials]
         if not T.verify_partial_signatures(self.group, self.tpk, bodies, partials):
             raise _BadAnswer("its signatures of the connection requests do not verify against "
                              "the deployment's public key")
         return ((key.epoch, credentials, fine, identity, expires_at),
-                _SubscriberAnswer(share, expires_at, partials))
+                _SubscriberAnswer(share, identity, expires_at, partials))
 
     def _publisher(self, index: int, answer: Any) -> tuple[Shape,
                                                            list[T.PublisherKeyShare]]:

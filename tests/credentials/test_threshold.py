@@ -199,9 +199,13 @@ def test_threshold_signatures_combine_from_any_three_and_verify_against_one_key(
 
 
 
-def request_partials(pp, secrets, credential, seed, servers, expires_at=2**40):
-    return [T.partial_sign_request(pp, secrets[i], credential, EPOCH, expires_at, seed)
+def request_partials(pp, secrets, credential, seed, servers, identity="alice"):
+    return [T.partial_sign_request(pp, secrets[i], identity, credential, EPOCH, 2**40, seed)
             for i in servers]
+
+
+def derive(pp, credential, seed, identity="alice"):
+    return S.derive_connection_request(pp, identity, credential, EPOCH, 2**40, seed)
 
 
 def test_members_sign_one_connection_request_built_from_the_requesters_seed(deployment):
@@ -210,12 +214,12 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
     pp, tpk, secrets, _ = deployment
     group, anchor = pp.group, T.ThresholdServer(pp.group, tpk.X)
     requester, seed = Credential("symbol", "str", "IBM"), b"\x01" * S.REQUEST_SEED_BYTES
-    request, sws = S.derive_connection_request(pp, requester, EPOCH, 2**40, seed)
-    assert S.derive_connection_request(pp, requester, EPOCH, 2**40, seed) == (request, sws)
-    other_seed, _ = S.derive_connection_request(pp, requester, EPOCH, 2**40, b"\x02" * 32)
-    other_credential, _ = S.derive_connection_request(pp, Credential("symbol", "str", "IBN"),
-                                                      EPOCH, 2**40, seed)
-    for other in (other_seed, other_credential):  # no t, SW or padding shared
+    request, sws = derive(pp, requester, seed)
+    assert derive(pp, requester, seed) == (request, sws)
+    other_seed, _ = derive(pp, requester, b"\x02" * 32)
+    other_credential, _ = derive(pp, Credential("symbol", "str", "IBN"), seed)
+    other_identity, _ = derive(pp, requester, seed, identity="bob")
+    for other in (other_seed, other_credential, other_identity):  # no t, SW or padding shared
         assert not {bytes(e.U) for e in other.entries} & {bytes(e.U) for e in request.entries}
     signed = {T.signed_request(group, tpk, request,
                                request_partials(pp, secrets, requester, seed, chosen))
@@ -235,13 +239,14 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
 
 
 def test_a_connection_request_without_t_members_signatures_is_refused(deployment):
-    """What a peer refuses: t - 1 partials, partials of another request, a request changed
-    after signing, the single-server scheme's Ed25519 signature, and bytes that are no
-    point. The control: the same request with t partials passes."""
+    """What a peer refuses: t - 1 partials, partials of another request or of another
+    identity's request from the same seed (16.8), a request changed after signing, the
+    single-server scheme's Ed25519 signature, and bytes that are no point. The control:
+    the same request with t partials passes."""
     pp, tpk, secrets, _ = deployment
     group, anchor = pp.group, T.ThresholdServer(pp.group, tpk.X)
     requester, seed = Credential("price", "num", "0110"), b"\x03" * S.REQUEST_SEED_BYTES
-    request, _ = S.derive_connection_request(pp, requester, EPOCH, 2**40, seed)
+    request, _ = derive(pp, requester, seed)
     good = T.signed_request(group, tpk, request,
                             request_partials(pp, secrets, requester, seed, (2, 4, 5)))
     S.check_connection_request(pp, good, anchor, 0, {EPOCH})  # control
@@ -250,21 +255,22 @@ def test_a_connection_request_without_t_members_signatures_is_refused(deployment
     two = replace(request, signature=bytes(group.multi_exp([p.sigma for p in few],
                                                            [weights[1], weights[2]])))
     mixed = T.signed_request(group, tpk, request, [
-        *few, T.partial_sign_request(pp, secrets[3], Credential("price", "num", "0111"),
-                                     EPOCH, 2**40, seed)])
+        *few, *request_partials(pp, secrets, Credential("price", "num", "0111"), seed, [3])])
+    pooled = T.signed_request(group, tpk, request, [
+        *few, *request_partials(pp, secrets, requester, seed, [3], identity="bob")])
     probing = replace(good, entries=(*good.entries[:-1], good.entries[0]))
     server = Ed25519PrivateKey.generate()
     ed25519 = replace(request, signature=server.sign(codec.encode_request_body(request)))
     junk = [replace(good, signature=s) for s in (b"", b"\x00" * 48, good.signature[:-1],
                                                   bytes(group.identity(G1)))]
-    for bad in (two, mixed, probing, ed25519, *junk):
+    for bad in (two, mixed, pooled, probing, ed25519, *junk):
         with pytest.raises(S.RequestRejected, match="signature"):
             S.check_connection_request(pp, bad, anchor, 0, {EPOCH})
     with pytest.raises(S.RequestRejected, match="signature"):  # and the other way round
         S.check_connection_request(pp, good, Ed25519Server(server.public_key()
                                                            .public_bytes_raw()), 0, {EPOCH})
     with pytest.raises(S.SchemeError, match="32 bytes"):
-        S.derive_connection_request(pp, requester, EPOCH, 2**40, seed[:-1])
+        derive(pp, requester, seed[:-1])
 
 
 

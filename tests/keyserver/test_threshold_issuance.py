@@ -423,11 +423,12 @@ def trickle(handler, _body):
         pass
 
 
-def signature_of(pp, secrets, credential, epoch, expires_at, body, seed=None):
-    """A member's real partial signature (``secrets``) of the request derived from the
-    seed in the client's ``body`` (or ``seed``), as the answer carries it."""
+def signature_of(pp, secrets, identity, credential, epoch, expires_at, body, seed=None):
+    """A member's real partial signature (``secrets``) of ``identity``'s request derived
+    from the seed in the client's ``body`` (or ``seed``), as the answer carries it."""
     seed = seed or base64.b64decode(json.loads(body)["request_seed"])
-    partial = T.partial_sign_request(pp, secrets, credential, epoch, expires_at, seed)
+    partial = T.partial_sign_request(pp, secrets, identity, credential, epoch, expires_at,
+                                     seed)
     return {"attribute": credential.attribute, "credential": credential.label(),
             "signature": base64.b64encode(T.encode_partial_signature(partial)).decode()}
 
@@ -446,12 +447,16 @@ def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
             return T.keyshare_subscriber(deployment.pp, deployment.tpk, secrets, "ivan",
                                          key.epoch + 5, [k.credential for k in key.credentials],
                                          [f.credential for f in key.fine_tokens])
-        later = handler.forward(body)
-        signatures = [signature_of(deployment.pp, secrets,
-                                   Credential.from_label(r["credential"]),
-                                   later["epoch"] + 5, later["expires_at"], body)
-                      for r in later["request_signatures"]]
-        with_share(handler, body, own_share, request_signatures=signatures)
+        with_share(handler, body, own_share,
+                   request_signatures=signed_as(handler, body, "ivan", epochs_later=5))
+
+    def signed_as(handler, body, identity, epochs_later=0):
+        """Member 4's real request signatures, for ``identity`` and a later epoch."""
+        real = handler.forward(body)
+        return [signature_of(deployment.pp, secrets, identity,
+                             Credential.from_label(r["credential"]),
+                             real["epoch"] + epochs_later, real["expires_at"], body)
+                for r in real["request_signatures"]]
 
     def mallorys(share):
         key = share.key
@@ -466,7 +471,8 @@ def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
     behaviours = {
         future_epoch: "agrees with fewer than 3",
         (lambda h, b: with_share(h, b, mallorys)): "does not verify",
-        (lambda h, b: with_share(h, b, mallorys, identity="mallory")): "fewer than 3",
+        (lambda h, b: with_share(h, b, mallorys, identity="mallory",
+                                 request_signatures=signed_as(h, b, "mallory"))): "fewer than 3",
         (lambda h, _: h.reply(b"[" * 100_000)): "not a share",
         infinite_expiry: "not a time",
         (lambda h, _: h.reply(b" " * 600 * 1024 + b"{}")): "exceeds",
@@ -525,7 +531,7 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
 
     def signs_another_request(handler, body):
         document = handler.forward(body)
-        wrong = [signature_of(pp, secrets, Credential.from_label(r["credential"]),
+        wrong = [signature_of(pp, secrets, "requester", Credential.from_label(r["credential"]),
                               document["epoch"], document["expires_at"], body, other_seed)
                  for r in document["request_signatures"]]
         handler.reply(json.dumps(document | {"request_signatures": wrong}).encode())
@@ -538,24 +544,22 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
         (4, True)]
     issued = combined.requests[0]
     S.check_connection_request(pp, issued.request, anchor, time.time(), {combined.key.epoch})
-    # The control: member 4's signature in place of member 3's makes the request refused.
-    body = json.dumps({"request_seed": base64.b64encode(b"\x07" * 32).decode()})
-    partials = [T.decode_partial_signature(GROUP, base64.b64decode(signature_of(
-        pp, load_shares(deployment.dirs[i - 1], PASSPHRASE), issued.credential,
-        combined.key.epoch, combined.expires_at, body, seed)["signature"]))
-        for i, seed in ((1, None), (2, None), (4, other_seed))]
-    request, _ = S.derive_connection_request(pp, issued.credential, combined.key.epoch,
-                                             combined.expires_at, b"\x07" * 32)
-    with pytest.raises(S.RequestRejected, match="signature"):
-        S.check_connection_request(pp, T.signed_request(GROUP, deployment.tpk, request,
-                                                        partials), anchor, time.time(),
-                                   {combined.key.epoch})
-    S.check_connection_request(pp, T.signed_request(GROUP, deployment.tpk, request, [
-        *partials[:2], T.partial_sign_request(pp, secrets, issued.credential,
-                                              combined.key.epoch, combined.expires_at,
-                                              b"\x07" * 32)]), anchor, time.time(),
-                               {combined.key.epoch})
+    # The control: members 1 and 2's partials with member 4's of another seed make a
+    # request peers refuse; with member 4's of this seed they make one peers accept.
+    seed, epoch, until = b"\x07" * 32, combined.key.epoch, combined.expires_at
 
+    def partial(i, of_seed):
+        return T.partial_sign_request(pp, load_shares(deployment.dirs[i - 1], PASSPHRASE),
+                                      "requester", issued.credential, epoch, until, of_seed)
+
+    request, _ = S.derive_connection_request(pp, "requester", issued.credential, epoch, until,
+                                             seed)
+    honest = [partial(1, seed), partial(2, seed)]
+    with pytest.raises(S.RequestRejected, match="signature"):
+        S.check_connection_request(pp, T.signed_request(GROUP, deployment.tpk, request, [
+            *honest, partial(4, other_seed)]), anchor, time.time(), {epoch})
+    S.check_connection_request(pp, T.signed_request(GROUP, deployment.tpk, request, [
+        *honest, partial(4, seed)]), anchor, time.time(), {epoch})
 
 def test_a_member_signs_requests_only_for_credentials_the_identity_may_hold(deployment):
     """The seed is all a client chooses: the member derives the requests for the
@@ -691,6 +695,44 @@ def test_identities_below_t_cannot_pool_their_shares(deployment, published):
     assert reads(deployment.pp, T.combine_subscriber_key(deployment.pp, deployment.tpk, own),
                  published)
 
+
+
+def test_identities_below_t_cannot_pool_request_signatures(deployment):
+    """16.8 for connection requests, against real members: alice (members 1 and 2) and bob
+    (member 3) ask with one seed; their partial signatures combine into no request a peer
+    accepts. Control: carol, at members 1, 2 and 3, asking the same way, gets one."""
+    pp, anchor = deployment.pp, T.ThresholdServer(GROUP, deployment.tpk.X)
+    seed = b"\x0b" * S.REQUEST_SEED_BYTES
+    body = {"subscription": 'symbol = "IBM"',
+            "request_seed": base64.b64encode(seed).decode()}
+
+    def answers(tokens, members):
+        return [httpx.post(deployment.url(i) + "/v3/enrol/subscriber", json=body,
+                           headers={"Authorization": f"Bearer {tokens[i]['token']}"}).json()
+                for i in members]
+
+    def request_of(identity, documents):
+        first = documents[0]
+        signature = next(r for r in first["request_signatures"]
+                         if r["attribute"] == "symbol")
+        credential = Credential.from_label(signature["credential"])
+        partials = [T.decode_partial_signature(GROUP, base64.b64decode(next(
+            r["signature"] for r in d["request_signatures"]
+            if r["credential"] == signature["credential"]))) for d in documents]
+        request, _ = S.derive_connection_request(pp, identity, credential, first["epoch"],
+                                                 first["expires_at"], seed)
+        return T.signed_request(GROUP, deployment.tpk, request, partials), first["epoch"]
+
+    alice = deployment.register("alice-requests", "subscriber", at=[1, 2])
+    bob = deployment.register("bob-requests", "subscriber", at=[3])
+    pooled = answers(alice, [1, 2]) + answers(bob, [3])
+    for identity in ("alice-requests", "bob-requests"):
+        request, epoch = request_of(identity, pooled)
+        with pytest.raises(S.RequestRejected, match="signature"):
+            S.check_connection_request(pp, request, anchor, time.time(), {epoch})
+    carol = deployment.register("carol-requests", "subscriber", at=[1, 2, 3])
+    request, epoch = request_of("carol-requests", answers(carol, [1, 2, 3]))
+    S.check_connection_request(pp, request, anchor, time.time(), {epoch})
 
 def test_two_members_killed_mid_burst_fail_no_issuance(deployment, published):
     """Last in this module: 48 enrolments by 8 identities, 8 at a time; members 1 and 2
