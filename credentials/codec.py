@@ -203,6 +203,7 @@ TAG_ROUTE_ENTRY = 17
 TAG_THRESHOLD_PUBLIC_KEY, TAG_SUBSCRIBER_KEY_SHARE, TAG_PUBLISHER_KEY_SHARE = 18, 19, 20
 #: One server's partial threshold signature (scheme version 3).
 TAG_PARTIAL_SIGNATURE = 21
+TAG_BOUND_REQUEST_BODY = 22
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:
@@ -384,9 +385,12 @@ def _read_entry(r: Reader) -> RequestEntry:
 
 
 def encode_request_body(q: ConnectionRequest) -> bytes:
-    """The bytes the key server signs: everything but the signature."""
-    return (Writer(TAG_REQUEST_BODY).text(q.attribute).u64(q.epoch).u64(q.expires_at)
-            .blob(q.nonce).many(q.entries, _write_entry).done())
+    """The bytes the key service signs: everything but the signature (tag 10; tag 22 with
+    a threshold deployment's binding ``V`` at the end)."""
+    tag = TAG_REQUEST_BODY if q.binding is None else TAG_BOUND_REQUEST_BODY
+    w = (Writer(tag).text(q.attribute).u64(q.epoch).u64(q.expires_at).blob(q.nonce)
+         .many(q.entries, _write_entry))
+    return (w if q.binding is None else w.element(q.binding)).done()
 
 
 def encode_request(q: ConnectionRequest) -> bytes:
@@ -397,9 +401,12 @@ def decode_request(group: PairingGroup, data: bytes) -> ConnectionRequest:
     r = Reader(group, data, TAG_REQUEST, "connection request")
     body, signature = r.blob(), r.blob()
     r.end()
-    b = Reader(group, body, TAG_REQUEST_BODY, "connection request")
+    bound = body[:1] == bytes([TAG_BOUND_REQUEST_BODY])
+    b = Reader(group, body, TAG_BOUND_REQUEST_BODY if bound else TAG_REQUEST_BODY,
+               "connection request")
     q = ConnectionRequest(attribute=b.text(), epoch=b.u64(), expires_at=b.u64(), nonce=b.blob(),
-                          entries=b.many(_read_entry), signature=signature)
+                          entries=b.many(_read_entry), signature=signature,
+                          binding=b.unchecked(G2) if bound else None)
     b.end()
     if not q.entries:
         raise CodecError("connection request: no entries")

@@ -77,6 +77,10 @@ class ConnectionRequest:
     nonce: bytes
     entries: tuple[RequestEntry, ...]
     signature: bytes
+    binding: Element | None = None
+    """A threshold deployment's requests (version 3): ``V = ĝ^s`` with ``s`` the requester's
+    own secret. An opener's SW is then bound to ``e(T, V)``, so that the members, who can
+    derive the SWs, cannot prove an opening (scheme.md 16.3)."""
 
 
 @dataclass(frozen=True)

@@ -651,7 +651,8 @@ REQUEST_SEED_BYTES = 32
 
 
 def _unsigned_request(pp: PublicParams, credential: Credential, epoch: int, expires_at: int,
-                      draw: _Draws) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
+                      draw: _Draws, binding: Element | None = None
+                      ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
     """For each c' covering c (position j = len(c')), t and SW from ``draw``:
     CR_c' = (U = ĝ^t, AEAD_{KDF(e(F(Pu_SUB(A, c')), h)^t, "cr")}(SW || len(c)));
     random entries (U = ĝ^r, a random box) for the deeper positions; no signature yet."""
@@ -676,7 +677,7 @@ def _unsigned_request(pp: PublicParams, credential: Credential, epoch: int, expi
                                     sealed=draw.bytes(sealed_size, b"padding box", at)))
     return ConnectionRequest(attribute=credential.attribute, epoch=epoch, expires_at=expires_at,
                              nonce=draw.bytes(16, b"request nonce"), entries=tuple(entries),
-                             signature=b""), tuple(sws)
+                             signature=b"", binding=binding), tuple(sws)
 
 
 def build_connection_request(pp: PublicParams, signing_key: Ed25519PrivateKey,
@@ -689,7 +690,7 @@ def build_connection_request(pp: PublicParams, signing_key: Ed25519PrivateKey,
 
 
 def derive_connection_request(pp: PublicParams, requester: str, credential: Credential,
-                              epoch: int, expires_at: int, seed: bytes
+                              epoch: int, expires_at: int, seed: bytes, binding: Element
                               ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
     """Version 3: the same entries with every t, SW, nonce and padding drawn from
     ``k = PRF(seed; "connection-request", requester, A, c, epoch, expiry)``, so that every
@@ -698,13 +699,29 @@ def derive_connection_request(pp: PublicParams, requester: str, credential: Cred
     version 2 it knows the SWs). The identity in ``k`` keeps requests of two identities
     apart, so identities that each get fewer than ``t`` signatures cannot pool them.
     Unsigned: the members' partial signatures of :func:`encode_request_body` combine into
-    its signature."""
+    its signature. ``binding`` is the requester's ``V = ĝ^s``: the returned SWs are the
+    members' (unbound); the requester binds them with :func:`bind_request_secrets`."""
     if len(seed) != REQUEST_SEED_BYTES:
         raise SchemeError(f"a request seed is {REQUEST_SEED_BYTES} bytes")
     key = prf_bytes(seed, 32, b"connection-request", requester.encode(),
                     credential.attribute.encode(), credential.encode(),
                     epoch.to_bytes(8, "big"), int(expires_at).to_bytes(8, "big"))
-    return _unsigned_request(pp, credential, epoch, expires_at, _Seeded(pp.group, key))
+    return _unsigned_request(pp, credential, epoch, expires_at, _Seeded(pp.group, key),
+                             binding)
+
+
+def _bound(sw: bytes, B: Element) -> bytes:
+    """SW' = KDF(B, "cr-bind/" || SW): the secret an opener proves with."""
+    return KDF(B, b"cr-bind/" + sw)
+
+
+def bind_request_secrets(pp: PublicParams, credential: Credential, epoch: int,
+                         sws: Sequence[bytes], s: int) -> tuple[bytes, ...]:
+    """The requester's SWs of a bound request (``V = ĝ^s``): for each prefix c'_j,
+    ``SW'_j = KDF(e(F(Pu_SUB(A, c'_j)), h)^s, "cr-bind/" || SW_j)``, which an opener holding
+    the token ``T`` of c'_j computes as ``e(T, V)`` and nobody without it can."""
+    return tuple(_bound(sw, pp.F_h(identity_string(c.attribute, SUB, epoch, c)) ** s)
+                 for sw, c in zip(sws, credential.ancestors(), strict=True))
 
 
 def check_connection_request(pp: PublicParams, request: ConnectionRequest,
@@ -734,8 +751,8 @@ def check_connection_request(pp: PublicParams, request: ConnectionRequest,
 def open_connection_request(pp: PublicParams, token: RoutingToken | BlindedToken,
                             request: ConnectionRequest) -> RequestOpening | None:
     """Try the entry at position len(c_r): e(T_r, U) = e(F(c_r), h)^t gives its key.
-    The SW and the requester's position iff the holder's credential covers the
-    requester's, else None."""
+    The SW (in a bound request ``KDF(e(T_r, V), "cr-bind/" || SW)``) and the requester's
+    position iff the holder's credential covers the requester's, else None."""
     j = token.position
     if token.attribute != request.attribute or token.epoch != request.epoch or j >= len(
             request.entries):
@@ -750,7 +767,13 @@ def open_connection_request(pp: PublicParams, token: RoutingToken | BlindedToken
     position = int.from_bytes(plain[SW_BYTES:], "big")
     if len(plain) != REQUEST_PLAINTEXT_BYTES or position < j:
         return None
-    return RequestOpening(sw=plain[:SW_BYTES], position=position)
+    sw = plain[:SW_BYTES]
+    if request.binding is not None:
+        try:
+            sw = _bound(sw, pp.group.pair(token.T, request.binding))
+        except GroupError:
+            return None
+    return RequestOpening(sw=sw, position=position)
 
 
 def acceptance_proof(sw: bytes, request: ConnectionRequest, context: bytes) -> bytes:

@@ -557,13 +557,15 @@ def verify_signature(group: PairingGroup, X: Element, message: bytes, signature:
 
 
 def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, identity: str,
-                         credential: Credential, epoch: int, expires_at: int, seed: bytes
-                         ) -> PartialSignature:
+                         credential: Credential, epoch: int, expires_at: int, seed: bytes,
+                         binding: Element) -> PartialSignature:
     """Member ``i``'s share of the signature of the connection request that
     :func:`~credentials.scheme.derive_connection_request` builds from ``identity``'s seed:
     ``M(body)^x_i``. The member builds the request itself, for a credential the identity
-    may hold, so a requester cannot have anything else signed."""
-    request, _ = derive_connection_request(pp, identity, credential, epoch, expires_at, seed)
+    may hold, so a requester cannot have anything else signed; ``binding`` (the requester's
+    ``V``) is signed with it."""
+    request, _ = derive_connection_request(pp, identity, credential, epoch, expires_at, seed,
+                                           binding)
     return partial_sign(pp.group, secrets, encode_request_body(request))
 
 

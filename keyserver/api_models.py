@@ -181,6 +181,11 @@ class SubscriberShareEnrolment(SubscriberEnrolment):
         description="base64 of 32 random bytes the client chose (the same at every member): "
         "the member derives each credential's connection request from it and returns its "
         "partial signature of it; null: no connection requests")
+    request_binding: Text | None = Field(
+        default=None, max_length=200,
+        description="with request_seed: base64 of V = ĝ^s (a compressed G2 point, 96 bytes) "
+        "for a secret s of the client's, signed into every request, so that only a peer "
+        "holding a covering token can prove it opened one")
 
 
 class PublisherShareEnrolment(PublisherEnrolment):

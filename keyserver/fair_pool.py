@@ -84,11 +84,11 @@ class FairIssuer:
 
     async def request_signatures(self, who: str, epoch: int,
                                  credentials: Sequence[Credential], expires_at: int,
-                                 seed: bytes) -> list[dict[str, str]]:
+                                 seed: bytes, binding: bytes) -> list[dict[str, str]]:
         """A threshold member's partial signatures of the connection requests derived from
         ``seed``, in chunks like version 2's requests."""
         parts = await asyncio.gather(*(self._run(who, issue_request_signatures, who, epoch,
-                                                 part, expires_at, seed)
+                                                 part, expires_at, seed, binding)
                                        for part in self._parts(tuple(credentials))))
         return [signature for part in parts for signature in part]
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials import (
+    G2,
     Credential,
     MasterSecretKey,
     PublicParams,
@@ -176,13 +177,16 @@ def issue_subscriber_share(identity: str, epoch: int, credentials: Sequence[Cred
 
 
 def issue_request_signatures(identity: str, epoch: int, credentials: Sequence[Credential],
-                             expires_at: int, seed: bytes) -> list[dict[str, str]]:
+                             expires_at: int, seed: bytes, binding: bytes
+                             ) -> list[dict[str, str]]:
     """This member's partial signature of each credential's connection request, derived
-    from the requester's ``seed`` (``partial_sign_request``), encoded."""
+    from the requester's ``seed`` and bound to its ``V`` (``binding``, a G2 point the web
+    process checked), encoded."""
     m = _member_secrets()
+    V = m.pp.group.deserialize(G2, binding)
     return [{"attribute": c.attribute, "credential": c.label(),
              "signature": b64(T.encode_partial_signature(T.partial_sign_request(
-                 m.pp, m.shares, identity, c, epoch, expires_at, seed)))}
+                 m.pp, m.shares, identity, c, epoch, expires_at, seed, V)))}
             for c in credentials]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from ibe_pubsub.credentials import Credential, scheme
+from ibe_pubsub.credentials import G2, Credential, GroupError, scheme
 from ibe_pubsub.keyserver.api_models import (
     PublisherShareEnrolment,
     PublisherSharesOut,
@@ -47,7 +47,8 @@ def _member(state: AppState) -> ThresholdMember:
 
 async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
                        credentials: list[Credential], fine: list[Credential],
-                       request_seed: bytes | None = None) -> dict[str, Any]:
+                       request_seed: bytes | None = None,
+                       request_binding: bytes = b"") -> dict[str, Any]:
     """This member's shares for one enrolment, in the /v3 response shape (``Issue``); with a
     subscriber's ``request_seed``, its partial signatures of the connection requests every
     member derives from that seed."""
@@ -62,7 +63,8 @@ async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
     share, signatures = await asyncio.gather(
         state.issuer.subscriber_share(who, epoch.number, credentials, fine),
         state.issuer.request_signatures(who, epoch.number, credentials, expires_at,
-                                        request_seed) if request_seed else _nothing())
+                                        request_seed, request_binding)
+        if request_seed else _nothing())
     state.metrics.keys_issued("subscriber_credential_share", len(credentials))
     state.metrics.keys_issued("routing_token_share", len(fine))
     state.metrics.keys_issued("connection_request_signature", len(signatures))
@@ -103,12 +105,37 @@ async def enrol_subscriber_share(body: SubscriberShareEnrolment, caller: AnIdent
     from it. Asking again for the same subscription in the same epoch returns the same
     share."""
     _member(state)
-    seed = None if body.request_seed is None else decoded_bytes(
-        body.request_seed, "request_seed", scheme.REQUEST_SEED_BYTES, "32 random bytes",
-        "invalid_seed")
+    seed, binding = _request_seed(state, body)
     return await enrol_keys(state, caller, "subscriber", "subscription", body.subscription,
                             target_epoch(state, body.epoch), subscriber_plan(body),
-                            functools.partial(issue_shares, request_seed=seed))
+                            functools.partial(issue_shares, request_seed=seed,
+                                              request_binding=binding))
+
+
+def _request_seed(state: AppState, body: SubscriberShareEnrolment) -> tuple[bytes | None,
+                                                                             bytes]:
+    """The seed and the binding ``V`` (checked: a G2 point of the group, not the identity,
+    which would bind nothing), or 422."""
+    if body.request_seed is None:
+        if body.request_binding is not None:
+            raise ApiError(422, "request_binding comes with a request_seed", "invalid_seed")
+        return None, b""
+    seed = decoded_bytes(body.request_seed, "request_seed", scheme.REQUEST_SEED_BYTES,
+                         "32 random bytes", "invalid_seed")
+    group = state.store.group
+    if body.request_binding is None:
+        raise ApiError(422, "a request_seed needs its request_binding", "invalid_seed")
+    binding = decoded_bytes(body.request_binding, "request_binding", group.sizes[G2],
+                            "a compressed G2 point", "invalid_seed")
+    try:
+        V = group.deserialize(G2, binding)
+    except GroupError as exc:
+        raise ApiError(422, f"request_binding is not a point of G2: {exc}",
+                       "invalid_seed") from exc
+    if group.identity(G2) == V:
+        raise ApiError(422, "request_binding is the identity, which binds nothing",
+                       "invalid_seed")
+    return seed, binding
 
 
 @router.post("/enrol/publisher", response_model=PublisherSharesOut,

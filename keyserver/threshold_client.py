@@ -6,10 +6,12 @@ reason is kept in the result, so an application can alert on a member answering 
 shares.
 
 A subscriber's enrolment also brings one connection request per credential, signed by the
-same ``t`` members: the client draws a seed, every member derives the same request from it
-(for a credential the identity may hold) and signs it with its share of the deployment's
-signing key, and the client combines the partial signatures, which peers check against
-``X`` (``ThresholdServer``).
+same ``t`` members: the client draws a seed and a secret ``s``, every member derives the
+same request from the seed (for a credential the identity may hold), with ``V = ĝ^s`` in
+it, and signs it with its share of the deployment's signing key, and the client combines
+the partial signatures, which peers check against ``X`` (``ThresholdServer``). The
+request's secrets are bound to ``s``, so the members, who know the seed, cannot prove an
+opening.
 
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
@@ -162,6 +164,7 @@ class _Requests:
 
     pp: PublicParams
     seed: bytes
+    binding: Element
     derived: dict[tuple[str, Credential, int, int], tuple[ConnectionRequest,
                                                           tuple[bytes, ...]]]
 
@@ -170,7 +173,7 @@ class _Requests:
         key = (identity, credential, epoch, expires_at)
         if key not in self.derived:
             self.derived[key] = scheme.derive_connection_request(
-                self.pp, identity, credential, epoch, expires_at, self.seed)
+                self.pp, identity, credential, epoch, expires_at, self.seed, self.binding)
         return self.derived[key]
 
 
@@ -262,11 +265,14 @@ class ThresholdKeyClient:
                                max_credentials: int | None = None,
                                epoch: str | int | None = None) -> CombinedSubscriberKey:
         """Keys for ``subscription`` combined from ``t`` members' verified shares."""
-        seed = secrets.token_bytes(scheme.REQUEST_SEED_BYTES)
+        pp = await self.params()
+        seed, s = secrets.token_bytes(scheme.REQUEST_SEED_BYTES), self.group.random_scalar()
+        binding = self.group.exp_secret(pp.mpk.g_hat, s)
         body = {"subscription": subscription, "fine_depth": fine_depth,
                 "max_credentials": max_credentials, "epoch": epoch,
-                "request_seed": base64.b64encode(seed).decode("ascii")}
-        requests = _Requests(await self.params(), seed, {})
+                "request_seed": base64.b64encode(seed).decode("ascii"),
+                "request_binding": base64.b64encode(bytes(binding)).decode("ascii")}
+        requests = _Requests(pp, seed, binding, {})
         found = await self._collect("/v3/enrol/subscriber", body,
                                     lambda index, answer: self._subscriber(requests, index,
                                                                            answer))
@@ -278,7 +284,9 @@ class ThresholdKeyClient:
             request, sws = requests.of(answers[0].identity, credential, key.epoch, expires_at)
             signed = T.signed_request(self.group, self.tpk, request,
                                       [a.request_partials[k] for a in answers])
-            issued.append(IssuedRequest(credential.attribute, credential, signed, sws))
+            issued.append(IssuedRequest(credential.attribute, credential, signed,
+                                        scheme.bind_request_secrets(pp, credential, key.epoch,
+                                                                    sws, s)))
         return CombinedSubscriberKey(key, expires_at, tuple(issued), tuple(found.shares),
                                      tuple(found.failures))
 

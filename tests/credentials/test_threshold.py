@@ -199,13 +199,22 @@ def test_threshold_signatures_combine_from_any_three_and_verify_against_one_key(
 
 
 
+#: The requester's own secret s; its V = ĝ^s is signed into its requests.
+REQUESTER_SECRET = 0x5EC7E7
+
+
+def binding(pp):
+    return pp.group.exp_secret(pp.mpk.g_hat, REQUESTER_SECRET)
+
+
 def request_partials(pp, secrets, credential, seed, servers, identity="alice"):
-    return [T.partial_sign_request(pp, secrets[i], identity, credential, EPOCH, 2**40, seed)
-            for i in servers]
+    return [T.partial_sign_request(pp, secrets[i], identity, credential, EPOCH, 2**40, seed,
+                                   binding(pp)) for i in servers]
 
 
 def derive(pp, credential, seed, identity="alice"):
-    return S.derive_connection_request(pp, identity, credential, EPOCH, 2**40, seed)
+    return S.derive_connection_request(pp, identity, credential, EPOCH, 2**40, seed,
+                                       binding(pp))
 
 
 def test_members_sign_one_connection_request_built_from_the_requesters_seed(deployment):
@@ -227,11 +236,20 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
     assert len(signed) == 1
     signed_one = signed.pop()
     S.check_connection_request(pp, signed_one, anchor, 0, {EPOCH})
+    wire = codec.decode_request(group, codec.encode_request(signed_one))  # tag 22 inside
+    assert wire == signed_one and codec.encode_request_body(wire)[0] == 22
     holder = T.combine_subscriber_key(pp, tpk, [T.keyshare_subscriber(
         pp, tpk, secrets[i], "bob", EPOCH, [Credential("symbol", "str", "IB")])
         for i in (1, 2, 3)]).credentials[0].token
     opening = S.open_connection_request(pp, holder, signed_one)
-    assert opening is not None and opening.sw == sws[holder.position]
+    bound = S.bind_request_secrets(pp, requester, EPOCH, sws, REQUESTER_SECRET)
+    assert opening is not None and opening.sw == bound[holder.position]
+    # A member knows the seed, so the unbound SWs: they prove nothing without the token.
+    assert S.check_acceptance(bound, signed_one, S.acceptance_proof(
+        opening.sw, signed_one, b"ctx"), b"ctx") == holder.position  # control
+    for sw in sws:
+        assert S.check_acceptance(bound, signed_one, S.acceptance_proof(
+            sw, signed_one, b"ctx"), b"ctx") is None
     outsider = T.combine_subscriber_key(pp, tpk, [T.keyshare_subscriber(
         pp, tpk, secrets[i], "eve", EPOCH, [Credential("symbol", "str", "IC")])
         for i in (1, 2, 3)]).credentials[0].token
@@ -240,7 +258,8 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
 
 def test_a_connection_request_without_t_members_signatures_is_refused(deployment):
     """What a peer refuses: t - 1 partials, partials of another request or of another
-    identity's request from the same seed (16.8), a request changed after signing, the
+    identity's request from the same seed (16.8), a request changed after signing (its
+    entries, or its binding V taken away or replaced), the
     single-server scheme's Ed25519 signature, and bytes that are no point. The control:
     the same request with t partials passes."""
     pp, tpk, secrets, _ = deployment
@@ -259,11 +278,13 @@ def test_a_connection_request_without_t_members_signatures_is_refused(deployment
     pooled = T.signed_request(group, tpk, request, [
         *few, *request_partials(pp, secrets, requester, seed, [3], identity="bob")])
     probing = replace(good, entries=(*good.entries[:-1], good.entries[0]))
+    unbound = replace(good, binding=None)
+    rebound = replace(good, binding=group.exp_secret(pp.mpk.g_hat, 7))
     server = Ed25519PrivateKey.generate()
     ed25519 = replace(request, signature=server.sign(codec.encode_request_body(request)))
     junk = [replace(good, signature=s) for s in (b"", b"\x00" * 48, good.signature[:-1],
                                                   bytes(group.identity(G1)))]
-    for bad in (two, mixed, pooled, probing, ed25519, *junk):
+    for bad in (two, mixed, pooled, probing, unbound, rebound, ed25519, *junk):
         with pytest.raises(S.RequestRejected, match="signature"):
             S.check_connection_request(pp, bad, anchor, 0, {EPOCH})
     with pytest.raises(S.RequestRejected, match="signature"):  # and the other way round

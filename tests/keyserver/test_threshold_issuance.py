@@ -423,12 +423,25 @@ def trickle(handler, _body):
         pass
 
 
+#: A requester's binding V = ĝ^s, as a client draws it (scheme.md 16.3).
+BINDING = GROUP.exp_secret(GROUP.generator(S.G2), 0xB1D)
+
+
+def seeded(subscription, seed):
+    """An enrolment's JSON body with the request seed and the binding."""
+    return {"subscription": subscription, "request_seed": base64.b64encode(seed).decode(),
+            "request_binding": base64.b64encode(bytes(BINDING)).decode()}
+
+
 def signature_of(pp, secrets, identity, credential, epoch, expires_at, body, seed=None):
     """A member's real partial signature (``secrets``) of ``identity``'s request derived
-    from the seed in the client's ``body`` (or ``seed``), as the answer carries it."""
-    seed = seed or base64.b64decode(json.loads(body)["request_seed"])
+    from the seed and binding in the client's ``body`` (or ``seed``), as the answer
+    carries it."""
+    sent = json.loads(body)
+    seed = seed or base64.b64decode(sent["request_seed"])
+    V = GROUP.deserialize(S.G2, base64.b64decode(sent["request_binding"]))
     partial = T.partial_sign_request(pp, secrets, identity, credential, epoch, expires_at,
-                                     seed)
+                                     seed, V)
     return {"attribute": credential.attribute, "credential": credential.label(),
             "signature": base64.b64encode(T.encode_partial_signature(partial)).decode()}
 
@@ -550,10 +563,11 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
 
     def partial(i, of_seed):
         return T.partial_sign_request(pp, load_shares(deployment.dirs[i - 1], PASSPHRASE),
-                                      "requester", issued.credential, epoch, until, of_seed)
+                                      "requester", issued.credential, epoch, until, of_seed,
+                                      BINDING)
 
     request, _ = S.derive_connection_request(pp, "requester", issued.credential, epoch, until,
-                                             seed)
+                                             seed, BINDING)
     honest = [partial(1, seed), partial(2, seed)]
     with pytest.raises(S.RequestRejected, match="signature"):
         S.check_connection_request(pp, T.signed_request(GROUP, deployment.tpk, request, [
@@ -566,22 +580,28 @@ def test_a_member_signs_requests_only_for_credentials_the_identity_may_hold(depl
     credentials of the identity's policy, and refuses a seed that is not 32 bytes."""
     tokens = deployment.register("narrow", "subscriber", policy='symbol = "IBM"')
     headers = {"Authorization": f"Bearer {tokens[1]['token']}"}
-    seed = base64.b64encode(b"\x05" * 32).decode()
+    seed = b"\x05" * 32
     refused = httpx.post(deployment.url(1) + "/v3/enrol/subscriber", headers=headers,
-                         json={"subscription": 'symbol = "MSFT"', "request_seed": seed})
+                         json=seeded('symbol = "MSFT"', seed))
     assert refused.status_code == 403, refused.text
     answer = httpx.post(deployment.url(1) + "/v3/enrol/subscriber", headers=headers,
-                        json={"subscription": 'symbol = "IBM"', "request_seed": seed}).json()
+                        json=seeded('symbol = "IBM"', seed)).json()
     labels = [c for group in answer["credentials"].values() for c in group]
     assert [r["credential"] for r in answer["request_signatures"]] == labels
     assert answer["credentials"]["symbol"] == ['symbol:"IBM"$']
     without = httpx.post(deployment.url(1) + "/v3/enrol/subscriber", headers=headers,
                          json={"subscription": 'symbol = "IBM"'}).json()
     assert without["request_signatures"] == [] and without["share"] == answer["share"]
-    for bad in ("not base64!", base64.b64encode(b"\x05" * 31).decode(), "A" * 65):
+    good = seeded('symbol = "IBM"', seed)
+    bads = [{"request_seed": bad} for bad in ("not base64!", "A" * 65,
+                                             base64.b64encode(b"\x05" * 31).decode())]
+    bads += [{"request_binding": base64.b64encode(bad).decode()} for bad in (
+        bytes(GROUP.identity(S.G2)), bytes(BINDING)[:-1], bytes(GROUP.generator(S.G1)))]
+    bads += [{"request_binding": None}, {"request_seed": None}]
+    for change in bads:
         refused = httpx.post(deployment.url(1) + "/v3/enrol/subscriber", headers=headers,
-                             json={"subscription": 'symbol = "IBM"', "request_seed": bad})
-        assert refused.status_code == 422 and "request_seed" in refused.text, refused.text
+                             json=good | change)
+        assert refused.status_code == 422 and "request_" in refused.text, (change, refused.text)
 
 
 def test_keys_exist_only_where_t_members_allow_the_identity(deployment, published):
@@ -703,8 +723,7 @@ def test_identities_below_t_cannot_pool_request_signatures(deployment):
     accepts. Control: carol, at members 1, 2 and 3, asking the same way, gets one."""
     pp, anchor = deployment.pp, T.ThresholdServer(GROUP, deployment.tpk.X)
     seed = b"\x0b" * S.REQUEST_SEED_BYTES
-    body = {"subscription": 'symbol = "IBM"',
-            "request_seed": base64.b64encode(seed).decode()}
+    body = seeded('symbol = "IBM"', seed)
 
     def answers(tokens, members):
         return [httpx.post(deployment.url(i) + "/v3/enrol/subscriber", json=body,
@@ -720,7 +739,7 @@ def test_identities_below_t_cannot_pool_request_signatures(deployment):
             r["signature"] for r in d["request_signatures"]
             if r["credential"] == signature["credential"]))) for d in documents]
         request, _ = S.derive_connection_request(pp, identity, credential, first["epoch"],
-                                                 first["expires_at"], seed)
+                                                 first["expires_at"], seed, BINDING)
         return T.signed_request(GROUP, deployment.tpk, request, partials), first["epoch"]
 
     alice = deployment.register("alice-requests", "subscriber", at=[1, 2])
