@@ -770,6 +770,8 @@ def open_connection_request(pp: PublicParams, token: RoutingToken | BlindedToken
     sw = plain[:SW_BYTES]
     if request.binding is not None:
         try:
+            if request.binding == pp.group.identity(G2):
+                return None  # binds nothing: the members could prove with SW alone
             sw = _bound(sw, pp.group.pair(token.T, request.binding))
         except GroupError:
             return None

@@ -241,6 +241,8 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
     holder = T.combine_subscriber_key(pp, tpk, [T.keyshare_subscriber(
         pp, tpk, secrets[i], "bob", EPOCH, [Credential("symbol", "str", "IB")])
         for i in (1, 2, 3)]).credentials[0].token
+    assert S.open_connection_request(pp, holder, replace(
+        signed_one, binding=group.identity(S.G2))) is None  # an identity V binds nothing
     opening = S.open_connection_request(pp, holder, signed_one)
     bound = S.bind_request_secrets(pp, requester, EPOCH, sws, REQUESTER_SECRET)
     assert opening is not None and opening.sw == bound[holder.position]
