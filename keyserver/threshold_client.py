@@ -36,6 +36,8 @@ import logging
 import random
 import secrets
 import ssl
+import statistics
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,6 +70,8 @@ log = logging.getLogger(__name__)
 #: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all.
 MAX_KEYS, MAX_ANSWER_BYTES = 512, 512 * 1024
 KEEPALIVE_SECONDS = 2.0
+#: How many of its members' recent answer times a client keeps to set its hedge delay.
+ANSWER_TIMES_KEPT = 32
 #: The access file's format (``ibe-pubsub identity threshold-add --access-file``).
 ACCESS_FORMAT = "ibe-pubsub-threshold-access-v1"
 #: Longer than any identity name a key server registers.
@@ -196,7 +200,8 @@ class ThresholdKeyClient:
     """Async client of ``t``-of-``n`` members; ``members`` lists those this identity may
     ask (at least ``t``). ``spread`` starts at a random member so that many clients share
     the load; without it members are asked in the order given. A member is given up after
-    ``timeout`` seconds, and when no member answered for ``hedge`` seconds one more is
+    ``timeout`` seconds, and when no member answered for ``hedge`` seconds (or twice the
+    median of this client's recent answer times, when longer) one more is
     asked. Without ``schema``, the first enrolment takes the one ``t`` members signed
     (:meth:`signed_schema`)."""
 
@@ -216,6 +221,7 @@ class ThresholdKeyClient:
         self._pp = PublicParams(self.group, tpk.mpk, schema) if schema is not None else None
         self.tpk, self.members, self.spread = tpk, tuple(members), spread
         self.timeout, self.hedge = timeout, hedge
+        self._answer_times: deque[float] = deque(maxlen=ANSWER_TIMES_KEPT)
         # Idle connections are dropped well before a member closes them (uvicorn: after 5 s),
         # so that a request never goes out on a connection the member is closing.
         self._http = httpx.AsyncClient(timeout=timeout, verify=verify,
@@ -388,15 +394,26 @@ class ThresholdKeyClient:
                       ) -> Failure | tuple[Shape, Share]:
         """The member's verified share, or why there is none: whatever a member answers,
         however slowly, fails that member only."""
+        started = time.monotonic()
         try:
             answer = await asyncio.wait_for(self._ask(member, path, body), self.timeout)
-            return await asyncio.to_thread(read, member.index, answer)
+            outcome = await asyncio.to_thread(read, member.index, answer)
+            self._answer_times.append(time.monotonic() - started)
+            return outcome
         except _BadAnswer as exc:
             return Failure(member.index, str(exc))
         except TimeoutError:
             return Failure(member.index, f"no answer within {self.timeout:g} s")
         except Exception as exc:  # a hostile answer: JSON too deep, an overflow, a bad point
             return Failure(member.index, f"its answer is not a share: {exc!r}")
+
+    def _hedge_delay(self) -> float:
+        """``hedge``, or twice the median time of this client's recent answers when that
+        is longer: where every member is slow (a saturated deployment), asking one more
+        adds work that is thrown away, not an earlier answer."""
+        if not self._answer_times:
+            return self.hedge
+        return max(self.hedge, 2 * statistics.median(self._answer_times))
 
     def _order(self) -> deque[MemberAccess]:
         members = list(self.members)
@@ -411,7 +428,7 @@ class ThresholdKeyClient:
                        agreed: str = "the epoch, credentials and identity"
                        ) -> _Collected[Share]:
         """Ask ``t`` members at once; ask one more for each that fails or disagrees, and
-        one more whenever no member answered for ``hedge`` seconds, until ``t`` verified
+        one more whenever no member answered for the hedge delay, until ``t`` verified
         shares agree on the epoch and credentials. Every member is asked the same request,
         so an answer for another epoch or other credentials only forms a group of its own
         and steers nobody. A member whose share is of an older epoch than another's (an
@@ -447,7 +464,7 @@ class ThresholdKeyClient:
             ask(waiting.popleft())
         try:
             while running:
-                done, _ = await asyncio.wait(running, timeout=self.hedge,
+                done, _ = await asyncio.wait(running, timeout=self._hedge_delay(),
                                              return_when=asyncio.FIRST_COMPLETED)
                 if not done and (member := spare()) is not None:
                     ask(member)

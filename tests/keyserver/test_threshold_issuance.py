@@ -604,6 +604,33 @@ def test_a_member_signs_requests_only_for_credentials_the_identity_may_hold(depl
         assert refused.status_code == 422 and "request_" in refused.text, (change, refused.text)
 
 
+
+def test_a_client_hedges_less_where_every_member_is_slow(deployment, published):
+    """Every member answers after 1.5 s (a saturated deployment). With a hedge of 0.5 s
+    the client's first enrolment asks two more members, whose work is thrown away (the
+    control: the fixed delay); having seen the answer times, its next ones ask three."""
+    tokens = deployment.register("patient", "subscriber")
+
+    def slow(handler, body):
+        time.sleep(1.5)
+        handler.reply(json.dumps(handler.forward(body)).encode())
+
+    with contextlib.ExitStack() as proxies:
+        urls = {i: proxies.enter_context(hostile_member(deployment.url(i), slow))
+                for i in range(1, n + 1)}
+
+        async def three_enrolments():
+            async with deployment.client(tokens, urls=urls, hedge=0.5) as client:
+                return [await client.enrol_subscriber('symbol = "IBM"') for _ in range(3)]
+
+        first, *later = run(three_enrolments())
+    assert first.members == (1, 2, 3)
+    assert sorted(f.index for f in first.failures) == [4, 5]  # hedged, thrown away
+    assert all("had not answered" in f.reason for f in first.failures)
+    for combined in later:
+        assert combined.members == (1, 2, 3) and not combined.failures
+        assert reads(deployment.pp, combined.key, published)
+
 def test_keys_exist_only_where_t_members_allow_the_identity(deployment, published):
     # Registered at two members only: the other three refuse its token.
     erin = deployment.register("erin", "subscriber", at=[1, 2])
