@@ -127,9 +127,12 @@ def test_a_dropping_root_child_is_bypassed_then_replaced(keyserver_factory, tmp_
             if routing == "ohf":
                 assert _delivered(control, events) == set()
             if round_ == 1 and routing == "mcr":
-                # The honest subscribers saw the dropper's gaps and replaced it.
-                _until("the dropper is demoted everywhere", lambda: not any(
-                    dropper.address in ps for p in honest for ps in _parents(p)))
+                # The honest subscribers below it saw the dropper's gaps and replaced it.
+                # (One that joined elsewhere may hold it as the second holder of a token
+                # that owed fewer than three events this round: nothing to demote it for.)
+                _until("the dropper is demoted below it", lambda: not any(
+                    dropper.address in ps for p in honest if p in below
+                    for ps in _parents(p)))
                 assert all(_metric(p, "ibe_peer_parents_demoted_total") >= 1
                            for p in honest if p in below)
                 assert _metric(control, "ibe_peer_parents_demoted_total") == 0
