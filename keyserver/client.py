@@ -95,7 +95,9 @@ class KeyServerClient:
                     error = KeyServerRequestError(
                         0, f"cannot reach the key server at {self.base_url}: "
                         f"{refusal or _unreachable(exc)}")
-                    error.down = any(isinstance(c, ConnectionRefusedError)
+                    # Refused, or reset by a server killed while it answered: down, so
+                    # worth waiting for (a peer's --server-wait, a publisher's renewal).
+                    error.down = any(isinstance(c, ConnectionRefusedError | ConnectionResetError)
                                      for c in _causes(exc))
                     raise error from exc
             else:

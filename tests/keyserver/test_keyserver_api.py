@@ -6,6 +6,8 @@ import base64
 import itertools
 import re
 import socket
+import struct
+import threading
 import time
 
 import httpx
@@ -351,13 +353,36 @@ def test_client_retries_connection_errors_but_not_4xx(keyserver):
         down.health()
     assert info.value.status == 0
     assert str(info.value) == f"cannot reach the key server at {down.base_url}: connection refused"
+    assert info.value.down  # worth waiting for
+    # A server killed while it answers resets the connection: down too (a peer started
+    # then waits for it; it exited before, in a soak). Control below: a 401 is not down.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def reset_each() -> None:
+            for _ in range(3):
+                conn, _ = listener.accept()
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.recv(1024)
+                conn.close()
+
+        resetter = threading.Thread(target=reset_each, daemon=True)
+        resetter.start()
+        reset = KeyServerClient(f"http://127.0.0.1:{listener.getsockname()[1]}", retries=2,
+                                backoff=0.01)
+        with pytest.raises(KeyServerRequestError, match="reset") as info:
+            reset.health()
+        assert info.value.down
+        resetter.join(10)
     public = KeyServerClient(keyserver.base_url)
     prefix = ('ibe_keyserver_requests_total{method="GET",route="/v1/admin/identities",'
               'status="401"}')
     before = _count(public.metrics(), prefix)
-    with pytest.raises(KeyServerRequestError):
+    with pytest.raises(KeyServerRequestError) as refused:
         KeyServerClient(keyserver.base_url, "wrong", retries=3).list_identities()
     assert _count(public.metrics(), prefix) == before + 1
+    assert refused.value.status == 401 and not refused.value.down
 
 
 def test_request_metrics_label_a_fixed_set_of_methods(keyserver):
