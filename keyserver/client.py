@@ -95,9 +95,12 @@ class KeyServerClient:
                     error = KeyServerRequestError(
                         0, f"cannot reach the key server at {self.base_url}: "
                         f"{refusal or _unreachable(exc)}")
-                    # Refused, or reset by a server killed while it answered: down, so
-                    # worth waiting for (a peer's --server-wait, a publisher's renewal).
-                    error.down = any(isinstance(c, ConnectionRefusedError | ConnectionResetError)
+                    # Refused, or reset or closed without an answer by a server killed
+                    # while it answered: down, so worth waiting for (a peer's --server-wait,
+                    # a publisher's renewal). A misconfigured URL that closes the same way is
+                    # reported after the wait, with the same message.
+                    error.down = any(isinstance(c, ConnectionRefusedError | ConnectionResetError
+                                                | httpx.RemoteProtocolError)
                                      for c in _causes(exc))
                     raise error from exc
             else:

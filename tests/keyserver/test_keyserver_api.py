@@ -354,27 +354,30 @@ def test_client_retries_connection_errors_but_not_4xx(keyserver):
     assert info.value.status == 0
     assert str(info.value) == f"cannot reach the key server at {down.base_url}: connection refused"
     assert info.value.down  # worth waiting for
-    # A server killed while it answers resets the connection: down too (a peer started
-    # then waits for it; it exited before, in a soak). Control below: a 401 is not down.
+    # A server killed while it answers resets or closes the connection: down too (a peer
+    # starting then waits for it; it exited before, in a soak). Control below: a 401 is not.
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
 
-        def reset_each() -> None:
+        def end_each(linger: bool) -> None:
             for _ in range(3):
                 conn, _ = listener.accept()
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                if linger:  # an RST instead of a FIN
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                    struct.pack("ii", 1, 0))
                 conn.recv(1024)
                 conn.close()
 
-        resetter = threading.Thread(target=reset_each, daemon=True)
-        resetter.start()
-        reset = KeyServerClient(f"http://127.0.0.1:{listener.getsockname()[1]}", retries=2,
-                                backoff=0.01)
-        with pytest.raises(KeyServerRequestError, match="reset") as info:
-            reset.health()
-        assert info.value.down
-        resetter.join(10)
+        for linger, said in ((True, "reset"), (False, "closed without an answer")):
+            ender = threading.Thread(target=end_each, args=(linger,), daemon=True)
+            ender.start()
+            gone = KeyServerClient(f"http://127.0.0.1:{listener.getsockname()[1]}",
+                                   retries=2, backoff=0.01)
+            with pytest.raises(KeyServerRequestError, match=said) as info:
+                gone.health()
+            assert info.value.down
+            ender.join(10)
     public = KeyServerClient(keyserver.base_url)
     prefix = ('ibe_keyserver_requests_total{method="GET",route="/v1/admin/identities",'
               'status="401"}')
