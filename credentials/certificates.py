@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials.exceptions import CredentialsError
 from ibe_pubsub.credentials.schema import Schema
-from ibe_pubsub.credentials.server_keys import Ed25519Server, ServerVerifier
+from ibe_pubsub.credentials.server_keys import ServerVerifier
 
 SCHEMA_TAG = b"ibe-pubsub/v1/schema"
 ROOT_TAG = b"ibe-pubsub/v1/root-certificate"
@@ -37,6 +37,8 @@ BUNDLE_TAG = b"ibe-pubsub/v1/bulk-bundle"
 
 class CertificateError(CredentialsError, ValueError):
     """A root certificate, or a transport key for one, that is not well formed."""
+
+
 ED25519_KEY_BYTES = 32
 
 
@@ -49,18 +51,14 @@ def _fields(*parts: bytes) -> bytes:
     return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
 
 
-def _verify(server_key: bytes, message: bytes, signature: bytes) -> bool:
-    return Ed25519Server(server_key).verify(message, signature)
-
-
 def schema_message(schema: Schema) -> bytes:
     """The bytes the key server signs to vouch for a schema."""
     return _fields(SCHEMA_TAG, schema.canonical_bytes())
 
 
-def verify_schema(server_key: bytes, schema: Schema, signature: bytes) -> bool:
-    """True iff ``signature`` is the key server's (raw Ed25519 key) signature of ``schema``."""
-    return _verify(server_key, schema_message(schema), signature)
+def verify_schema(server: ServerVerifier, schema: Schema, signature: bytes) -> bool:
+    """True iff ``signature`` is the key service's signature of ``schema``."""
+    return server.verify(schema_message(schema), signature)
 
 
 def peer_ca_message(ca_der: bytes) -> bytes:
@@ -68,9 +66,9 @@ def peer_ca_message(ca_der: bytes) -> bytes:
     return _fields(PEER_CA_TAG, ca_der)
 
 
-def verify_peer_ca(server_key: bytes, ca_der: bytes, signature: bytes) -> bool:
-    """True iff the key server signed this peer-link CA certificate."""
-    return _verify(server_key, peer_ca_message(ca_der), signature)
+def verify_peer_ca(server: ServerVerifier, ca_der: bytes, signature: bytes) -> bool:
+    """True iff the key service signed this peer-link CA certificate."""
+    return server.verify(peer_ca_message(ca_der), signature)
 
 
 def bundle_message(bundle: Mapping[str, Any]) -> bytes:
@@ -81,9 +79,9 @@ def bundle_message(bundle: Mapping[str, Any]) -> bytes:
                    .encode("ascii"))
 
 
-def verify_bundle(server_key: bytes, bundle: Mapping[str, Any], signature: bytes) -> bool:
-    """True iff the key server signed this bundle as it is."""
-    return _verify(server_key, bundle_message(bundle), signature)
+def verify_bundle(server: ServerVerifier, bundle: Mapping[str, Any], signature: bytes) -> bool:
+    """True iff the key service signed this bundle as it is."""
+    return server.verify(bundle_message(bundle), signature)
 
 
 def root_certificate_message(attribute: str, transport_key: bytes, epoch: int,

@@ -30,6 +30,7 @@ from ibe_pubsub.credentials import (
     RootCertificate,
     RoutingToken,
     Schema,
+    ServerVerifier,
     SubscriberKey,
     decode_mpk,
     decode_publisher_key,
@@ -65,6 +66,11 @@ class ServerParams:
     grace: int
     peer_ca: str
     """PEM of the peer-link CA certificate, signed by the server key."""
+
+    @property
+    def server(self) -> Ed25519Server:
+        """The verifier of everything this key server signs."""
+        return Ed25519Server(self.server_key)
 
 
 @dataclass(frozen=True)
@@ -147,11 +153,11 @@ def decode_params(group: PairingGroup, doc: dict[str, Any],
                           f"pinned {fingerprint(server_key)} (--server-key)")
     if schema.id != doc.get("schema_id"):
         raise BundleError("schema id does not match the schema")
-    if not verify_schema(key, schema, signature):
+    if not verify_schema(out.server, schema, signature):
         raise BundleError("the schema signature does not verify")
     ca_der = _certificate(out.peer_ca, "the peer-link CA").public_bytes(
         serialization.Encoding.DER)
-    if not verify_peer_ca(key, ca_der, ca_signature):
+    if not verify_peer_ca(out.server, ca_der, ca_signature):
         raise BundleError("the peer-link CA signature does not verify")
     return out
 
@@ -213,7 +219,7 @@ def decode_bulk_bundle(params: ServerParams, doc: Any) -> BulkBundle:
     if server_key != params.server_key:
         raise BundleError(f"another key server issued it (key {fingerprint(server_key)}; "
                           f"this one's is {fingerprint(params.server_key)})")
-    if not verify_bundle(server_key, doc, signature):
+    if not verify_bundle(params.server, doc, signature):
         raise BundleError("the key server's signature does not verify: the bundle was "
                           "altered since it was issued")
     if doc.get("schema_id") != params.pp.schema.id:
@@ -236,13 +242,13 @@ def decode_root_token(group: PairingGroup, doc: dict[str, Any], credential: Cred
     return token
 
 
-def decode_root_certificate(doc: dict[str, Any], server_key: bytes) -> RootCertificate:
-    """The certificate, after checking the key server's signature on it."""
+def decode_root_certificate(doc: dict[str, Any], server: ServerVerifier) -> RootCertificate:
+    """The certificate, after checking the key service's signature on it."""
     try:
         cert = RootCertificate(doc["attribute"], _b64(doc["transport_key"]), int(doc["epoch"]),
                                int(doc["expires_at"]), _b64(doc["certificate"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"root certificate does not decode: {exc}") from exc
-    if not cert.verify(Ed25519Server(server_key)):
+    if not cert.verify(server):
         raise BundleError("the root certificate's signature does not verify")
     return cert

@@ -60,20 +60,18 @@ async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
         state.metrics.keys_issued("publisher_share", len(credentials))
         return base | {"shares": shares}
     expires_at = int(epoch.end + epoch.grace)
-    share, signatures = await asyncio.gather(
-        state.issuer.subscriber_share(who, epoch.number, credentials, fine),
-        state.issuer.request_signatures(who, epoch.number, credentials, expires_at,
-                                        request_seed, request_binding)
-        if request_seed else _nothing())
+    share_job = state.issuer.subscriber_share(who, epoch.number, credentials, fine)
+    signatures: list[dict[str, str]] = []
+    if request_seed is None:
+        share = await share_job
+    else:
+        share, signatures = await asyncio.gather(share_job, state.issuer.request_signatures(
+            who, epoch.number, credentials, expires_at, request_seed, request_binding))
     state.metrics.keys_issued("subscriber_credential_share", len(credentials))
     state.metrics.keys_issued("routing_token_share", len(fine))
     state.metrics.keys_issued("connection_request_signature", len(signatures))
     return base | {"expires_at": expires_at, "fine_credentials": labels(fine), "share": share,
                    "request_signatures": signatures}
-
-
-async def _nothing() -> list[dict[str, str]]:
-    return []
 
 
 @router.get("/threshold", response_model=ThresholdOut, responses=error_responses(404))
@@ -114,8 +112,8 @@ async def enrol_subscriber_share(body: SubscriberShareEnrolment, caller: AnIdent
 
 def _request_seed(state: AppState, body: SubscriberShareEnrolment) -> tuple[bytes | None,
                                                                              bytes]:
-    """The seed and the binding ``V`` (checked: a G2 point of the group, not the identity,
-    which would bind nothing), or 422."""
+    """The seed and the binding ``V`` (checked: a G2 point of the group; strict decoding
+    refuses the identity, which would bind nothing), or 422."""
     if body.request_seed is None:
         if body.request_binding is not None:
             raise ApiError(422, "request_binding comes with a request_seed", "invalid_seed")
@@ -128,13 +126,10 @@ def _request_seed(state: AppState, body: SubscriberShareEnrolment) -> tuple[byte
     binding = decoded_bytes(body.request_binding, "request_binding", group.sizes[G2],
                             "a compressed G2 point", "invalid_seed")
     try:
-        V = group.deserialize(G2, binding)
+        group.deserialize(G2, binding)
     except GroupError as exc:
         raise ApiError(422, f"request_binding is not a point of G2: {exc}",
                        "invalid_seed") from exc
-    if group.identity(G2) == V:
-        raise ApiError(422, "request_binding is the identity, which binds nothing",
-                       "invalid_seed")
     return seed, binding
 
 

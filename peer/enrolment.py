@@ -16,7 +16,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ibe_pubsub.credentials import (
     Credential,
-    Ed25519Server,
     EventFilter,
     Predicate,
     PublisherKey,
@@ -69,7 +68,7 @@ def fetch_params(client: KeyServerClient, pinned_key: bytes | None = None,
 
 
 def real_crypto(params: ServerParams) -> RealCrypto:
-    return RealCrypto(params.pp, Ed25519Server(params.server_key))
+    return RealCrypto(params.pp, params.server)
 
 
 def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: EventFilter
@@ -103,7 +102,7 @@ def enrol_root(client: KeyServerClient, params: ServerParams, attribute: str,
     raw = signer.public_key().public_bytes_raw()
     doc = client.enrol_root(attribute, base64.b64encode(raw).decode(),
                             epoch="next" if next_epoch else None)
-    cert = decode_root_certificate(doc, params.server_key)
+    cert = decode_root_certificate(doc, params.server)
     credential = root_credential(params.pp.schema.attribute(attribute))
     token = decode_root_token(params.pp.group, doc, credential, cert.epoch)
     return RootKit(credential, cert.epoch, cert.to_bytes(), signer, token), \

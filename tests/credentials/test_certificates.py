@@ -34,4 +34,4 @@ def test_root_certificates_bind_every_field():
     # field boundaries are unambiguous, and a certificate is no schema signature
     assert root_certificate_message("ab", transport, 1, 1) != \
         root_certificate_message("a", transport, 1, 1)
-    assert not verify_schema(server_key.key, default_schema(), cert.signature)
+    assert not verify_schema(server_key, default_schema(), cert.signature)

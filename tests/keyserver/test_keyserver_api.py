@@ -104,7 +104,7 @@ def test_issued_keys_encrypt_decrypt_and_requests_verify(keyserver):
     assert verify(pp, event)
     assert decrypt(pp, sub.key, event).body == b"hello"
 
-    server_key = Ed25519Server(params.server_key)
+    server_key = params.server
     for issued in sub.requests:
         check_connection_request(pp, issued.request, server_key, time.time(), {sub.epoch})
         assert len(issued.secrets) == issued.credential.position + 1
@@ -191,7 +191,8 @@ def test_roles_are_enforced(keyserver):
 
 def test_root_certificate_binds_attribute_key_and_epoch(keyserver):
     root, _ = _identity(keyserver, "root")
-    server_key = base64.b64decode(KeyServerClient(keyserver.base_url).params()["server_key"])
+    server_key = Ed25519Server(base64.b64decode(
+        KeyServerClient(keyserver.base_url).params()["server_key"]))
     transport = _raw_key(Ed25519PrivateKey.generate())
     doc = root.enrol_root("price", base64.b64encode(transport).decode())
     cert = decode_root_certificate(doc, server_key)
