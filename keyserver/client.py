@@ -49,6 +49,12 @@ class KeyServerRequestError(KeyServerError):
         return error.get("code") if isinstance(error, dict) else None
 
 
+#: Idle connections are dropped well before a key server closes them (uvicorn: after 5 s,
+#: httpx's own default), so that a request never goes out on a connection the server is
+#: closing at that moment, which ends it without an answer.
+KEEPALIVE_SECONDS = 2.0
+
+
 class KeyServerClient:
     """One method per endpoint; ``token`` is an identity's or the admin's bearer token."""
 
@@ -61,7 +67,8 @@ class KeyServerClient:
             verify = ssl.create_default_context(cafile=verify)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
-                                  timeout=timeout, verify=verify)
+                                  timeout=timeout, verify=verify,
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS))
 
     @property
     def base_url(self) -> str:

@@ -62,14 +62,13 @@ from ibe_pubsub.credentials import (
 )
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.bundles import IssuedRequest
-from ibe_pubsub.keyserver.client import KeyServerRequestError
+from ibe_pubsub.keyserver.client import KEEPALIVE_SECONDS, KeyServerRequestError
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 log = logging.getLogger(__name__)
 #: Bounds on one member's answer: an enrolment has at most 256 credentials and as many
 #: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all.
 MAX_KEYS, MAX_ANSWER_BYTES = 512, 512 * 1024
-KEEPALIVE_SECONDS = 2.0
 #: How many of its members' recent answer times a client keeps to set its hedge delay.
 ANSWER_TIMES_KEPT = 32
 #: The access file's format (``ibe-pubsub identity threshold-add --access-file``).
@@ -222,8 +221,6 @@ class ThresholdKeyClient:
         self.tpk, self.members, self.spread = tpk, tuple(members), spread
         self.timeout, self.hedge = timeout, hedge
         self._answer_times: deque[float] = deque(maxlen=ANSWER_TIMES_KEPT)
-        # Idle connections are dropped well before a member closes them (uvicorn: after 5 s),
-        # so that a request never goes out on a connection the member is closing.
         self._http = httpx.AsyncClient(timeout=timeout, verify=verify,
                                        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS))
 

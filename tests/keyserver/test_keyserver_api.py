@@ -34,7 +34,11 @@ from ibe_pubsub.keyserver.bundles import (
     decode_root_certificate,
     decode_subscriber_bundle,
 )
-from ibe_pubsub.keyserver.client import KeyServerClient, KeyServerRequestError
+from ibe_pubsub.keyserver.client import (
+    KEEPALIVE_SECONDS,
+    KeyServerClient,
+    KeyServerRequestError,
+)
 
 SUBSCRIPTION = 'symbol prefix "IB" and price in [10, 20]'
 _names = itertools.count()
@@ -387,6 +391,48 @@ def test_client_retries_connection_errors_but_not_4xx(keyserver):
         KeyServerClient(keyserver.base_url, "wrong", retries=3).list_identities()
     assert _count(public.metrics(), prefix) == before + 1
     assert refused.value.status == 401 and not refused.value.down
+
+
+def test_client_drops_an_idle_connection_before_the_server_would_close_it():
+    """A server closes a keep-alive connection once idle for its timeout (uvicorn: 5 s,
+    httpx's own expiry too), and a request sent on it at that moment gets no answer (a
+    full run failed so, without retries). This server answers a request on a connection
+    idle for longer than KEEPALIVE_SECONDS by closing it: the client must have opened a
+    new one. The control: a request soon after another reuses its connection."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    connections: list[int] = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            last = time.monotonic()
+            while (data := conn.recv(65536)) and b"\r\n\r\n" in data:
+                if time.monotonic() - last > KEEPALIVE_SECONDS:
+                    return  # closing it as idle: no answer
+                conn.sendall(answer)
+                last = time.monotonic()
+                connections[-1] += 1
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                connections.append(0)
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        client = KeyServerClient(f"http://127.0.0.1:{listener.getsockname()[1]}", retries=0)
+        assert client.health() == {} and client.health() == {}
+        assert connections == [2]  # the control: reused
+        time.sleep(KEEPALIVE_SECONDS + 0.5)
+        assert client.health() == {}
+        assert connections == [2, 1]
+        client.close()
 
 
 def test_request_metrics_label_a_fixed_set_of_methods(keyserver):
