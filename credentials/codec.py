@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from ibe_pubsub.credentials.credential import Credential
@@ -401,11 +402,16 @@ def decode_request(group: PairingGroup, data: bytes) -> ConnectionRequest:
     r = Reader(group, data, TAG_REQUEST, "connection request")
     body, signature = r.blob(), r.blob()
     r.end()
+    return replace(decode_request_body(group, body), signature=signature)
+
+
+def decode_request_body(group: PairingGroup, body: bytes) -> ConnectionRequest:
+    """A request's body (tag 10 or 22), without a signature yet."""
     bound = body[:1] == bytes([TAG_BOUND_REQUEST_BODY])
     b = Reader(group, body, TAG_BOUND_REQUEST_BODY if bound else TAG_REQUEST_BODY,
                "connection request")
     q = ConnectionRequest(attribute=b.text(), epoch=b.u64(), expires_at=b.u64(), nonce=b.blob(),
-                          entries=b.many(_read_entry), signature=signature,
+                          entries=b.many(_read_entry), signature=b"",
                           binding=b.unchecked(G2) if bound else None)
     b.end()
     if not q.entries:

@@ -701,13 +701,29 @@ def derive_connection_request(pp: PublicParams, requester: str, credential: Cred
     Unsigned: the members' partial signatures of :func:`encode_request_body` combine into
     its signature. ``binding`` is the requester's ``V = ĝ^s``: the returned SWs are the
     members' (unbound); the requester binds them with :func:`bind_request_secrets`."""
+    draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
+    return _unsigned_request(pp, credential, epoch, expires_at, draw, binding)
+
+
+def derived_request_secrets(pp: PublicParams, requester: str, credential: Credential,
+                            epoch: int, expires_at: int, seed: bytes) -> tuple[bytes, ...]:
+    """The SWs of the request :func:`derive_connection_request` builds, without building
+    it: ``SW_j = PRF(k; "sw", j)``, no group operation. The requester takes the body from
+    the members that signed it and needs only these (bound with
+    :func:`bind_request_secrets`)."""
+    draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
+    return tuple(draw.bytes(SW_BYTES, b"sw", j.to_bytes(2, "big"))
+                 for j in range(len(credential.ancestors())))
+
+
+def _request_key(requester: str, credential: Credential, epoch: int, expires_at: int,
+                 seed: bytes) -> bytes:
+    """``k = PRF(seed; "connection-request", requester, A, c, epoch, expiry)``."""
     if len(seed) != REQUEST_SEED_BYTES:
         raise SchemeError(f"a request seed is {REQUEST_SEED_BYTES} bytes")
-    key = prf_bytes(seed, 32, b"connection-request", requester.encode(),
-                    credential.attribute.encode(), credential.encode(),
-                    epoch.to_bytes(8, "big"), int(expires_at).to_bytes(8, "big"))
-    return _unsigned_request(pp, credential, epoch, expires_at, _Seeded(pp.group, key),
-                             binding)
+    return prf_bytes(seed, 32, b"connection-request", requester.encode(),
+                     credential.attribute.encode(), credential.encode(),
+                     epoch.to_bytes(8, "big"), int(expires_at).to_bytes(8, "big"))
 
 
 def _bound(sw: bytes, B: Element) -> bytes:

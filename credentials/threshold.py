@@ -555,18 +555,19 @@ def verify_signature(group: PairingGroup, X: Element, message: bytes, signature:
                   (~_message_point(group, message), X))
 
 
-
 def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, identity: str,
                          credential: Credential, epoch: int, expires_at: int, seed: bytes,
-                         binding: Element) -> PartialSignature:
+                         binding: Element) -> tuple[bytes, PartialSignature]:
     """Member ``i``'s share of the signature of the connection request that
     :func:`~credentials.scheme.derive_connection_request` builds from ``identity``'s seed:
-    ``M(body)^x_i``. The member builds the request itself, for a credential the identity
-    may hold, so a requester cannot have anything else signed; ``binding`` (the requester's
-    ``V``) is signed with it."""
+    the request's body and ``M(body)^x_i``. The member builds the request itself, for a
+    credential the identity may hold, so a requester cannot have anything else signed;
+    ``binding`` (the requester's ``V``) is signed with it. The body goes to the requester,
+    which takes it once ``t`` members signed the same bytes instead of building it too."""
     request, _ = derive_connection_request(pp, identity, credential, epoch, expires_at, seed,
                                            binding)
-    return partial_sign(pp.group, secrets, encode_request_body(request))
+    body = encode_request_body(request)
+    return body, partial_sign(pp.group, secrets, body)
 
 
 def signed_request(group: PairingGroup, tpk: ThresholdPublicKey, request: ConnectionRequest,

@@ -36,7 +36,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "threshold_client": (
         "CombinedPublisherKeys", "CombinedSubscriberKey", "Failure", "MemberAccess",
-        "ThresholdEnrolmentError", "ThresholdKeyClient", "read_access_file",
+        "ThresholdEnrolmentError", "ThresholdKeyClient", "max_answer_bytes",
+        "read_access_file",
     ),
     "threshold_store": (
         "MEMBER_KEY_FILE", "SHARES_FILE", "THRESHOLD_PUBLIC_FILE", "ThresholdMember",

@@ -265,8 +265,9 @@ class PublisherBundle(BaseModel):
 class RequestSignatureOut(BaseModel):
     attribute: str
     credential: str
-    signature: str = Field(description="base64 partial signature (tag 21) of the body of the "
-                           "connection request derived from the request_seed")
+    request: str = Field(description="base64 body (tag 22) of the connection request this "
+                         "member derived from the request_seed and request_binding")
+    signature: str = Field(description="base64 partial signature (tag 21) of that body")
 
 
 class SubscriberShareOut(BaseModel):
@@ -280,8 +281,8 @@ class SubscriberShareOut(BaseModel):
     fine_credentials: dict[str, list[str]]
     share: str = Field(description="base64 subscriber key share (wire format tag 19)")
     request_signatures: list[RequestSignatureOut] = Field(
-        default=[], description="with a request_seed: this member's partial signature of "
-        "each credential's connection request")
+        default=[], description="with a request_seed: each credential's connection request "
+        "and this member's partial signature of it")
 
 
 class PublisherSharesOut(BaseModel):

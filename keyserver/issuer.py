@@ -179,15 +179,18 @@ def issue_subscriber_share(identity: str, epoch: int, credentials: Sequence[Cred
 def issue_request_signatures(identity: str, epoch: int, credentials: Sequence[Credential],
                              expires_at: int, seed: bytes, binding: bytes
                              ) -> list[dict[str, str]]:
-    """This member's partial signature of each credential's connection request, derived
-    from the requester's ``seed`` and bound to its ``V`` (``binding``, a G2 point the web
-    process checked), encoded."""
+    """Each credential's connection request, derived from the requester's ``seed`` and
+    bound to its ``V`` (``binding``, a G2 point the web process checked): its body and this
+    member's partial signature of it, encoded."""
     m = _member_secrets()
     V = m.pp.group.deserialize(G2, binding)
-    return [{"attribute": c.attribute, "credential": c.label(),
-             "signature": b64(T.encode_partial_signature(T.partial_sign_request(
-                 m.pp, m.shares, identity, c, epoch, expires_at, seed, V)))}
-            for c in credentials]
+    out = []
+    for c in credentials:
+        body, partial = T.partial_sign_request(m.pp, m.shares, identity, c, epoch, expires_at,
+                                               seed, V)
+        out.append({"attribute": c.attribute, "credential": c.label(), "request": b64(body),
+                    "signature": b64(T.encode_partial_signature(partial))})
+    return out
 
 
 def issue_publisher_shares(identity: str, epoch: int, credentials: Sequence[Credential]

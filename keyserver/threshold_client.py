@@ -8,10 +8,11 @@ shares.
 A subscriber's enrolment also brings one connection request per credential, signed by the
 same ``t`` members: the client draws a seed and a secret ``s``, every member derives the
 same request from the seed (for a credential the identity may hold), with ``V = ĝ^s`` in
-it, and signs it with its share of the deployment's signing key, and the client combines
-the partial signatures, which peers check against ``X`` (``ThresholdServer``). The
-request's secrets are bound to ``s``, so the members, who know the seed, cannot prove an
-opening.
+it, signs it with its share of the deployment's signing key and answers it with its
+signature. The client takes the request ``t`` members answered byte for byte, and combines
+their partial signatures, which peers check against ``X`` (``ThresholdServer``); it derives
+only the request's secrets from the seed (no group operation), and binds them to ``s``, so
+the members, who know the seed, cannot prove an opening.
 
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
@@ -67,8 +68,12 @@ from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 log = logging.getLogger(__name__)
 #: Bounds on one member's answer: an enrolment has at most 256 credentials and as many
-#: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all.
-MAX_KEYS, MAX_ANSWER_BYTES = 512, 512 * 1024
+#: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all, and a subscriber's a
+#: connection request per credential (:func:`max_answer_bytes`).
+MAX_CREDENTIALS, MAX_ANSWER_BYTES = 256, 512 * 1024
+MAX_KEYS = 2 * MAX_CREDENTIALS
+#: More than a request's fields and one entry's (U, 96 bytes, and a 62-byte box) encode to.
+REQUEST_BYTES, REQUEST_ENTRY_BYTES = 512, 256
 #: How many of its members' recent answer times a client keeps to set its hedge delay.
 ANSWER_TIMES_KEPT = 32
 #: The access file's format (``ibe-pubsub identity threshold-add --access-file``).
@@ -160,33 +165,15 @@ class _BadAnswer(Exception):
     """A member's answer that cannot be used (its text is the reason)."""
 
 
-@dataclass
-class _Requests:
-    """The connection requests of one enrolment, derived from its seed as every member
-    derives them (once per credential, epoch and expiry, whichever member answers first)."""
-
-    pp: PublicParams
-    seed: bytes
-    binding: Element
-    derived: dict[tuple[str, Credential, int, int], tuple[ConnectionRequest,
-                                                          tuple[bytes, ...]]]
-
-    def of(self, identity: str, credential: Credential, epoch: int, expires_at: int
-           ) -> tuple[ConnectionRequest, tuple[bytes, ...]]:
-        key = (identity, credential, epoch, expires_at)
-        if key not in self.derived:
-            self.derived[key] = scheme.derive_connection_request(
-                self.pp, identity, credential, epoch, expires_at, self.seed, self.binding)
-        return self.derived[key]
-
-
 @dataclass(frozen=True)
 class _SubscriberAnswer:
     share: T.SubscriberKeyShare
     identity: str
     expires_at: int
+    requests: tuple[ConnectionRequest, ...]
+    """One per credential of the share, in its order, unsigned; and this member's partial
+    signature of each."""
     request_partials: tuple[T.PartialSignature, ...]
-    """One per credential of the share, in its order."""
 
 
 @dataclass
@@ -275,23 +262,24 @@ class ThresholdKeyClient:
                 "max_credentials": max_credentials, "epoch": epoch,
                 "request_seed": base64.b64encode(seed).decode("ascii"),
                 "request_binding": base64.b64encode(bytes(binding)).decode("ascii")}
-        requests = _Requests(pp, seed, binding, {})
-        found = await self._collect("/v3/enrol/subscriber", body,
-                                    lambda index, answer: self._subscriber(requests, index,
-                                                                           answer))
+        found = await self._collect(
+            "/v3/enrol/subscriber", body,
+            lambda index, answer: self._subscriber(binding, index, answer),
+            agreed="the epoch, credentials, identity and connection requests")
         answers = list(found.shares.values())
         key = T.combine_subscriber_key(self.pp, self.tpk, [a.share for a in answers])
-        expires_at = answers[0].expires_at  # part of what the answers agree on
+        first = answers[0]  # the requests, identity and expiry are what the answers agree on
         issued = []
         for k, credential in enumerate(c.credential for c in key.credentials):
-            request, sws = requests.of(answers[0].identity, credential, key.epoch, expires_at)
-            signed = T.signed_request(self.group, self.tpk, request,
+            signed = T.signed_request(self.group, self.tpk, first.requests[k],
                                       [a.request_partials[k] for a in answers])
+            sws = scheme.derived_request_secrets(pp, first.identity, credential, key.epoch,
+                                                 first.expires_at, seed)
             issued.append(IssuedRequest(credential.attribute, credential, signed,
                                         scheme.bind_request_secrets(pp, credential, key.epoch,
                                                                     sws, s)))
-        return CombinedSubscriberKey(key, expires_at, tuple(issued), tuple(found.shares),
-                                     tuple(found.failures))
+        return CombinedSubscriberKey(key, first.expires_at, tuple(issued),
+                                     tuple(found.shares), tuple(found.failures))
 
     async def enrol_publisher(self, advertisement: str, max_credentials: int | None = None,
                               epoch: str | int | None = None) -> CombinedPublisherKeys:
@@ -308,7 +296,7 @@ class ThresholdKeyClient:
 
     # -- reading one member's answer: (what must agree, the verified share) ------------------
 
-    def _subscriber(self, requests: _Requests, index: int, answer: Any
+    def _subscriber(self, binding: Element, index: int, answer: Any
                     ) -> tuple[Shape, _SubscriberAnswer]:
         share = T.decode_subscriber_share(self.pp.group, _decoded(answer["share"]))
         key = share.key
@@ -323,16 +311,35 @@ class ThresholdKeyClient:
         expires_at = answer["expires_at"]
         if not isinstance(expires_at, int) or not 0 <= expires_at < 2**63:
             raise _BadAnswer("its expires_at is not a time")
-        partials = _request_partials(self.group, answer, credentials)
+        signed = _signed_requests(answer, credentials)
+        bodies = tuple(body for body, _ in signed)
+        requests = tuple(self._request(body, c, key.epoch, expires_at, binding)
+                         for body, c in zip(bodies, credentials, strict=True))
+        partials = tuple(T.decode_partial_signature(self.group, signature)
+                         for _, signature in signed)
         for partial in partials:
             _check_index(index, partial.index)
-        bodies = [codec.encode_request_body(requests.of(identity, c, key.epoch, expires_at)[0])
-                  for c in credentials]
         if not T.verify_partial_signatures(self.group, self.tpk, bodies, partials):
             raise _BadAnswer("its signatures of the connection requests do not verify against "
                              "the deployment's public key")
-        return ((key.epoch, credentials, fine, identity, expires_at),
-                _SubscriberAnswer(share, identity, expires_at, partials))
+        return ((key.epoch, credentials, fine, identity, expires_at, bodies),
+                _SubscriberAnswer(share, identity, expires_at, requests, partials))
+
+    def _request(self, body: bytes, credential: Credential, epoch: int, expires_at: int,
+                 binding: Element) -> ConnectionRequest:
+        """The member's connection request for ``credential``, if it is for what was asked:
+        its attribute, the epoch and expiry of the share, one entry per position, bound to
+        this client's ``V``. Its entries are checked only by the ``t`` members that sign
+        the same bytes: a member that answers other entries forms a group of its own."""
+        request = codec.decode_request_body(self.group, body)
+        if ((request.attribute, request.epoch, request.expires_at) != (
+                credential.attribute, epoch, expires_at)
+                or len(request.entries) != self.pp.schema.attribute(
+                    credential.attribute).positions
+                or request.binding is None or bytes(request.binding) != bytes(binding)):
+            raise _BadAnswer(f"its connection request for {credential.label()} is not the one "
+                             "asked for")
+        return request
 
     def _publisher(self, index: int, answer: Any) -> tuple[Shape,
                                                            list[T.PublisherKeyShare]]:
@@ -362,9 +369,10 @@ class ThresholdKeyClient:
     # -- asking members until t agree ---------------------------------------------------------
 
     async def _ask(self, member: MemberAccess, path: str, body: dict[str, Any] | None) -> Any:
-        """The member's JSON answer, read up to ``MAX_ANSWER_BYTES``: to a POST of ``body``
+        """The member's JSON answer, read up to :func:`max_answer_bytes`: to a POST of ``body``
         with this identity's token, or to a GET of a public route (``body`` None)."""
-        data = bytearray()
+        data, limit = bytearray(), max_answer_bytes(
+            None if self._pp is None else self._pp.schema)
         request = ({"method": "GET"} if body is None else {
             "method": "POST", "content": json.dumps(body).encode("ascii"),
             "headers": {"Authorization": f"Bearer {member.token}",
@@ -374,8 +382,8 @@ class ThresholdKeyClient:
                                          **request) as response:
                 async for chunk in response.aiter_bytes():
                     data += chunk
-                    if len(data) > MAX_ANSWER_BYTES:
-                        raise _BadAnswer(f"its answer exceeds {MAX_ANSWER_BYTES} bytes")
+                    if len(data) > limit:
+                        raise _BadAnswer(f"its answer exceeds {limit} bytes")
         except httpx.HTTPError as exc:
             raise _BadAnswer(f"unreachable at {member.url}: {exc!r}") from exc
         try:
@@ -510,19 +518,30 @@ def _identity(answer: Any) -> str:
     return identity
 
 
-def _request_partials(group: PairingGroup, answer: Any, credentials: Sequence[Credential]
-                      ) -> tuple[T.PartialSignature, ...]:
-    """One partial signature per credential, in the credentials' order."""
+def max_answer_bytes(schema: Schema | None) -> int:
+    """The most a member's answer may hold: ``MAX_ANSWER_BYTES`` and, under ``schema``, a
+    connection request of its longest attribute per credential, in base64."""
+    if schema is None:
+        return MAX_ANSWER_BYTES
+    positions = max(a.positions for a in schema.attributes)
+    return MAX_ANSWER_BYTES + MAX_CREDENTIALS * 4 * (
+        REQUEST_BYTES + positions * REQUEST_ENTRY_BYTES) // 3
+
+
+def _signed_requests(answer: Any, credentials: Sequence[Credential]
+                     ) -> list[tuple[bytes, bytes]]:
+    """Each credential's connection request body and partial signature, in the credentials'
+    order."""
     signatures = answer.get("request_signatures")
     if not isinstance(signatures, list) or len(signatures) != len(credentials):
         raise _BadAnswer("it answered no signature of the connection requests for "
                          f"{len(credentials)} credentials")
-    by_label = {s["credential"]: s["signature"] for s in signatures if isinstance(s, dict)}
+    by_label = {s["credential"]: s for s in signatures if isinstance(s, dict)}
     missing = [c.label() for c in credentials if c.label() not in by_label]
     if missing:
         raise _BadAnswer(f"it signed no connection request for {missing[0]}")
-    return tuple(T.decode_partial_signature(group, _decoded(by_label[c.label()]))
-                 for c in credentials)
+    return [(_decoded(by_label[c.label()].get("request")),
+             _decoded(by_label[c.label()].get("signature"))) for c in credentials]
 
 
 def _check_index(asked: int, answered: int) -> None:

@@ -209,7 +209,7 @@ def binding(pp):
 
 def request_partials(pp, secrets, credential, seed, servers, identity="alice"):
     return [T.partial_sign_request(pp, secrets[i], identity, credential, EPOCH, 2**40, seed,
-                                   binding(pp)) for i in servers]
+                                   binding(pp))[1] for i in servers]
 
 
 def derive(pp, credential, seed, identity="alice"):
@@ -225,6 +225,12 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
     requester, seed = Credential("symbol", "str", "IBM"), b"\x01" * S.REQUEST_SEED_BYTES
     request, sws = derive(pp, requester, seed)
     assert derive(pp, requester, seed) == (request, sws)
+    # what a member answers, and the SWs the requester derives without building the request
+    body, _ = T.partial_sign_request(pp, secrets[4], "alice", requester, EPOCH, 2**40, seed,
+                                     binding(pp))
+    assert codec.decode_request_body(group, body) == request
+    assert S.derived_request_secrets(pp, "alice", requester, EPOCH, 2**40, seed) == sws
+    assert S.derived_request_secrets(pp, "bob", requester, EPOCH, 2**40, seed) != sws
     other_seed, _ = derive(pp, requester, b"\x02" * 32)
     other_credential, _ = derive(pp, Credential("symbol", "str", "IBN"), seed)
     other_identity, _ = derive(pp, requester, seed, identity="bob")

@@ -49,6 +49,7 @@ from ibe_pubsub.keyserver import (
     ThresholdEnrolmentError,
     ThresholdKeyClient,
     load_shares,
+    max_answer_bytes,
     read_access_file,
     read_public_document,
 )
@@ -433,16 +434,18 @@ def seeded(subscription, seed):
             "request_binding": base64.b64encode(bytes(BINDING)).decode()}
 
 
-def signature_of(pp, secrets, identity, credential, epoch, expires_at, body, seed=None):
-    """A member's real partial signature (``secrets``) of ``identity``'s request derived
-    from the seed and binding in the client's ``body`` (or ``seed``), as the answer
-    carries it."""
+def signature_of(pp, secrets, identity, credential, epoch, expires_at, body, seed=None,
+                 V=None):
+    """A member's real request and partial signature (``secrets``) for ``identity``,
+    derived from the seed and binding in the client's ``body`` (or ``seed``, ``V``), as
+    the answer carries them."""
     sent = json.loads(body)
     seed = seed or base64.b64decode(sent["request_seed"])
-    V = GROUP.deserialize(S.G2, base64.b64decode(sent["request_binding"]))
-    partial = T.partial_sign_request(pp, secrets, identity, credential, epoch, expires_at,
-                                     seed, V)
+    V = V or GROUP.deserialize(S.G2, base64.b64decode(sent["request_binding"]))
+    request, partial = T.partial_sign_request(pp, secrets, identity, credential, epoch,
+                                              expires_at, seed, V)
     return {"attribute": credential.attribute, "credential": credential.label(),
+            "request": base64.b64encode(request).decode(),
             "signature": base64.b64encode(T.encode_partial_signature(partial)).decode()}
 
 
@@ -488,7 +491,8 @@ def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
                                  request_signatures=signed_as(h, b, "mallory"))): "fewer than 3",
         (lambda h, _: h.reply(b"[" * 100_000)): "not a share",
         infinite_expiry: "not a time",
-        (lambda h, _: h.reply(b" " * 600 * 1024 + b"{}")): "exceeds",
+        (lambda h, _: h.reply(b" " * max_answer_bytes(deployment.pp.schema) + b"{}")):
+            "exceeds",
         trickle: "had not answered"}
     for behave, reason in behaviours.items():
         with hostile_member(deployment.url(4), behave) as url:
@@ -542,21 +546,36 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
     secrets = load_shares(deployment.dirs[3], PASSPHRASE)
     other_seed = b"\x09" * S.REQUEST_SEED_BYTES
 
-    def signs_another_request(handler, body):
-        document = handler.forward(body)
-        wrong = [signature_of(pp, secrets, "requester", Credential.from_label(r["credential"]),
-                              document["epoch"], document["expires_at"], body, other_seed)
-                 for r in document["request_signatures"]]
-        handler.reply(json.dumps(document | {"request_signatures": wrong}).encode())
+    def answers_another_request(change):
+        """Member 4 answers its real share with requests it derived otherwise (``change``
+        to :func:`signature_of`'s arguments), or with the real requests and the partial
+        signatures of those (``"partials only"``)."""
+        def behave(handler, body):
+            document = handler.forward(body)
+            real = document["request_signatures"]
+            wrong = [signature_of(pp, secrets, "requester", Credential.from_label(
+                r["credential"]), document["epoch"], document["expires_at"], body,
+                **({} if change == "partials only" else change)) for r in real]
+            if change == "partials only":
+                wrong = [r | {"signature": w["signature"]} for r, w in zip(
+                    real, [signature_of(pp, secrets, "requester", Credential.from_label(
+                        r["credential"]), document["epoch"], document["expires_at"], body,
+                        seed=other_seed) for r in real], strict=True)]
+            handler.reply(json.dumps(document | {"request_signatures": wrong}).encode())
+        return behave
 
-    with hostile_member(deployment.url(4), signs_another_request) as url:
-        combined = run(enrol_subscriber(deployment.client(alice, order=(4, 1, 2, 3, 5),
-                                                          urls={4: url}), 'symbol = "IBM"'))
-    assert combined.members == (1, 2, 3)
-    assert [(f.index, "connection request" in f.reason) for f in combined.failures] == [
-        (4, True)]
-    issued = combined.requests[0]
-    S.check_connection_request(pp, issued.request, anchor, time.time(), {combined.key.epoch})
+    for change, reason in (({"seed": other_seed}, "connection requests"),
+                           ("partials only", "connection requests do not verify"),
+                           ({"V": GROUP.generator(S.G2)}, "is not the one asked for")):
+        with hostile_member(deployment.url(4), answers_another_request(change)) as url:
+            combined = run(enrol_subscriber(deployment.client(
+                alice, order=(4, 1, 2, 3, 5), urls={4: url}), 'symbol = "IBM"'))
+        assert combined.members == (1, 2, 3)
+        assert [(f.index, reason in f.reason) for f in combined.failures] == [(4, True)], \
+            combined.failures
+        issued = combined.requests[0]
+        S.check_connection_request(pp, issued.request, anchor, time.time(),
+                                   {combined.key.epoch})
     # The control: members 1 and 2's partials with member 4's of another seed make a
     # request peers refuse; with member 4's of this seed they make one peers accept.
     seed, epoch, until = b"\x07" * 32, combined.key.epoch, combined.expires_at
@@ -564,7 +583,7 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
     def partial(i, of_seed):
         return T.partial_sign_request(pp, load_shares(deployment.dirs[i - 1], PASSPHRASE),
                                       "requester", issued.credential, epoch, until, of_seed,
-                                      BINDING)
+                                      BINDING)[1]
 
     request, _ = S.derive_connection_request(pp, "requester", issued.credential, epoch, until,
                                              seed, BINDING)
