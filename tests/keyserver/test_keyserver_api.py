@@ -402,15 +402,15 @@ def test_client_drops_an_idle_connection_before_the_server_would_close_it():
     answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
     connections: list[int] = []
 
-    def serve(conn: socket.socket) -> None:
+    def serve(conn: socket.socket, k: int) -> None:
         with conn:
             last = time.monotonic()
             while (data := conn.recv(65536)) and b"\r\n\r\n" in data:
                 if time.monotonic() - last > KEEPALIVE_SECONDS:
                     return  # closing it as idle: no answer
+                connections[k] += 1  # before the answer, which the client may act on at once
                 conn.sendall(answer)
                 last = time.monotonic()
-                connections[-1] += 1
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -423,7 +423,8 @@ def test_client_drops_an_idle_connection_before_the_server_would_close_it():
                 except OSError:
                     return
                 connections.append(0)
-                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+                threading.Thread(target=serve, args=(conn, len(connections) - 1),
+                                 daemon=True).start()
 
         threading.Thread(target=accept, daemon=True).start()
         client = KeyServerClient(f"http://127.0.0.1:{listener.getsockname()[1]}", retries=0)
