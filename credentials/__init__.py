@@ -14,7 +14,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "certificates": (
         "CertificateError", "ED25519_KEY_BYTES", "RootCertificate", "bundle_message", "fingerprint",
-        "peer_ca_message", "schema_message", "verify_bundle", "verify_peer_ca", "verify_schema",
+        "peer_ca_message", "root_certificate_message", "schema_message", "verify_bundle",
+        "verify_peer_ca", "verify_schema",
     ),
     "codec": (
         "CodecError", "codec", "decode_mpk", "decode_msk", "decode_publisher_key",

@@ -205,6 +205,8 @@ TAG_THRESHOLD_PUBLIC_KEY, TAG_SUBSCRIBER_KEY_SHARE, TAG_PUBLISHER_KEY_SHARE = 18
 #: One server's partial threshold signature (scheme version 3).
 TAG_PARTIAL_SIGNATURE = 21
 TAG_BOUND_REQUEST_BODY = 22
+#: One server's share of a routing token (a root's whole-domain token, scheme version 3).
+TAG_TOKEN_SHARE = 23
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:

@@ -48,15 +48,18 @@ from ibe_pubsub.credentials.codec import (
     TAG_PUBLISHER_KEY_SHARE,
     TAG_SUBSCRIBER_KEY_SHARE,
     TAG_THRESHOLD_PUBLIC_KEY,
+    TAG_TOKEN_SHARE,
     CodecError,
     Reader,
     Writer,
     decode_mpk,
     decode_publisher_key,
+    decode_routing_token,
     decode_subscriber_key,
     encode_mpk,
     encode_publisher_key,
     encode_request_body,
+    encode_routing_token,
     encode_subscriber_key,
 )
 from ibe_pubsub.credentials.credential import Credential
@@ -256,6 +259,15 @@ class PublisherKeyShare:
     key: PublisherKey
 
 
+@dataclass(frozen=True)
+class TokenShare:
+    """Server ``index``'s share ``T_i`` of one routing token: a root's whole-domain token,
+    issued alone (a root holds no ``D``, ``S1`` or ``S2``)."""
+
+    index: int
+    token: RoutingToken
+
+
 def encode_subscriber_share(share: SubscriberKeyShare) -> bytes:
     """Tag 19: the server's index, the share as a subscriber key (5.6), ``Gamma_i``."""
     return (Writer(TAG_SUBSCRIBER_KEY_SHARE).u8(share.index)
@@ -278,6 +290,18 @@ def encode_publisher_share(share: PublisherKeyShare) -> bytes:
 def decode_publisher_share(group: PairingGroup, data: bytes) -> PublisherKeyShare:
     r = Reader(group, data, TAG_PUBLISHER_KEY_SHARE, "publisher key share")
     share = PublisherKeyShare(r.u8(), decode_publisher_key(group, r.blob()))
+    r.end()
+    return share
+
+
+def encode_token_share(share: TokenShare) -> bytes:
+    """Tag 23: the server's index and the share as a routing token (5.4)."""
+    return Writer(TAG_TOKEN_SHARE).u8(share.index).blob(encode_routing_token(share.token)).done()
+
+
+def decode_token_share(group: PairingGroup, data: bytes) -> TokenShare:
+    r = Reader(group, data, TAG_TOKEN_SHARE, "routing token share")
+    share = TokenShare(r.u8(), decode_routing_token(group, r.blob()))
     r.end()
     return share
 
@@ -311,8 +335,7 @@ def keyshare_subscriber(pp: PublicParams, tpk: ThresholdPublicKey, secrets: Serv
          * group.exp_secret(identity_point(group, identity, issuance), secrets.rho))
 
     def token(F: Element, name: bytes) -> Element:
-        return group.exp_secret(F, secrets.phi) * group.exp_secret(
-            identity_point(group, identity, issuance + name), secrets.rho)
+        return _token_share(group, secrets, F, identity, issuance + name)
 
     g2_gamma_s = group.exp_secret(g2, gamma_s)
     keys = []
@@ -329,6 +352,24 @@ def keyshare_subscriber(pp: PublicParams, tpk: ThresholdPublicKey, secrets: Serv
         fine.append(RoutingToken(c, epoch, token(pp.F(name), name)))
     return SubscriberKeyShare(secrets.index, SubscriberKey(epoch, D, tuple(keys), tuple(fine)),
                               group.exp_secret(g_hat, gamma_s))
+
+
+def _token_share(group: PairingGroup, secrets: ServerSecrets, F: Element, identity: str,
+                 binding: bytes) -> Element:
+    """``T_i = F^phi_i * H(identity, binding)^rho_i``."""
+    return group.exp_secret(F, secrets.phi) * group.exp_secret(
+        identity_point(group, identity, binding), secrets.rho)
+
+
+def keyshare_token(pp: PublicParams, tpk: ThresholdPublicKey, secrets: ServerSecrets,
+                   identity: str, epoch: int, credential: Credential) -> TokenShare:
+    """A routing token issued alone (a root's): with ``I`` the issuance digest of no
+    credential and this one fine credential, ``T_i = F^phi_i * H(identity, I, name)^rho_i``,
+    the fine token of :func:`keyshare_subscriber` for that issuance."""
+    name = identity_string(credential.attribute, SUB, epoch, credential)
+    issuance = issuance_digest(epoch, (), (credential,))
+    return TokenShare(secrets.index, RoutingToken(credential, epoch, _token_share(
+        pp.group, secrets, pp.F(name), identity, issuance + name)))
 
 
 def keyshare_publisher(pp: PublicParams, tpk: ThresholdPublicKey, secrets: ServerSecrets,
@@ -423,6 +464,20 @@ def verify_publisher_share(pp: PublicParams, tpk: ThresholdPublicKey,
                   (~identity_point(pp.group, identity, name), rho_i))
 
 
+def verify_token_share(pp: PublicParams, tpk: ThresholdPublicKey, share: TokenShare,
+                       identity: str, epoch: int, credential: Credential) -> bool:
+    """Is ``share`` server ``share.index``'s token for this identity, credential and epoch:
+    ``e(T_i, ĝ) = e(F, ĝ^phi_i) e(H(identity, I, name), ĝ^rho_i)``?"""
+    phi_i, rho_i, token = (tpk.phi_shares.get(share.index), tpk.rho_shares.get(share.index),
+                           share.token)
+    if phi_i is None or rho_i is None or (token.credential, token.epoch) != (credential,
+                                                                               epoch):
+        return False
+    name = identity_string(credential.attribute, SUB, epoch, credential)
+    H = identity_point(pp.group, identity, issuance_digest(epoch, (), (credential,)) + name)
+    return _holds(pp.group, (token.T, tpk.mpk.g_hat), (~pp.F(name), phi_i), (~H, rho_i))
+
+
 def _weights(tpk: ThresholdPublicKey, indices: Sequence[int], order: int) -> dict[int, int]:
     """Lagrange weights of exactly ``t`` distinct servers of the deployment."""
     if len(indices) != tpk.t or len(set(indices)) != tpk.t or any(
@@ -479,6 +534,20 @@ def combine_publisher_key(pp: PublicParams, tpk: ThresholdPublicKey,
     return PublisherKey(first.credential, first.epoch,
                         _combine(group, [s.key.P1 for s in shares], lambdas),
                         _combine(group, [s.key.P2 for s in shares], lambdas))
+
+
+def combine_token(pp: PublicParams, tpk: ThresholdPublicKey, shares: Sequence[TokenShare]
+                  ) -> RoutingToken:
+    """``T = prod T_i^lambda_i = F^phi`` over one set of ``t`` (the ``rho`` shares of zero
+    cancel only there, for shares of one identity and issuance)."""
+    group = pp.group
+    weights = _weights(tpk, [s.index for s in shares], group.order)
+    first = shares[0].token
+    if any((s.token.credential, s.token.epoch) != (first.credential, first.epoch)
+           for s in shares):
+        raise ThresholdError("the shares are of different credentials or epochs")
+    return RoutingToken(first.credential, first.epoch, _combine(
+        group, [s.token.T for s in shares], [weights[s.index] for s in shares]))
 
 
 # -- Threshold BLS signatures ------------------------------------------------------------------

@@ -35,7 +35,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "write_access_file",
     ),
     "threshold_client": (
-        "CombinedPublisherKeys", "CombinedSubscriberKey", "Failure", "MemberAccess",
+        "CombinedPublisherKeys", "CombinedRoot", "CombinedSubscriberKey", "Failure",
+        "MemberAccess",
         "ThresholdEnrolmentError", "ThresholdKeyClient", "max_answer_bytes",
         "read_access_file",
     ),

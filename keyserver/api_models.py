@@ -199,6 +199,10 @@ class RootEnrolment(Strict):
     epoch: Literal["next"] | None = None
 
 
+class RootShareEnrolment(RootEnrolment):
+    epoch: Literal["next"] | Annotated[int, Field(ge=0)] | None = None
+
+
 class TransportEnrolment(Strict):
     public_key: Text = Field(min_length=1, max_length=64,
                              description="base64 raw Ed25519 public key (32 bytes)")
@@ -325,6 +329,20 @@ class RootCertificate(BaseModel):
     expires_at: int
     routing_token: str = Field(description="base64 routing token of the attribute's "
                                            "whole-domain credential (opens requests' entry 0)")
+
+
+class RootSharesOut(BaseModel):
+    index: int = Field(description="this member's number in the deployment (1..n)")
+    identity: str = Field(description="the root identity the shares were issued to")
+    epoch: int
+    epoch_end: float
+    attribute: str
+    transport_key: str
+    expires_at: int
+    certificate: str = Field(description="base64 partial signature (tag 21) of the root "
+                             "certificate's message: t of them combine into its signature")
+    routing_token: str = Field(description="base64 share (tag 23) of the routing token of "
+                               "the attribute's whole-domain credential")
 
 
 # -- bulk -----------------------------------------------------------------------------------

@@ -105,8 +105,9 @@ def single_server_only(state: AppState, what: str) -> None:
     if state.member is not None:
         raise ApiError(409, f"this key server is member {state.member.index} of the threshold "
                        f"deployment {state.member.plan.deployment!r}: it serves key shares "
-                       "(/v3/enrol/subscriber, /v3/enrol/publisher) and the deployment's "
-                       f"public key (/v3/threshold), not version-2 {what}", "threshold_member")
+                       "(/v3/enrol/subscriber, /v3/enrol/publisher, /v3/enrol/root) and the "
+                       f"deployment's public key (/v3/threshold), not version-2 {what}",
+                       "threshold_member")
 
 
 def target_epoch(state: AppState, which: str | int | None, now: float | None = None

@@ -29,6 +29,7 @@ from ibe_pubsub.keyserver.issuer import (
     issue_publisher,
     issue_publisher_shares,
     issue_request_signatures,
+    issue_root_shares,
     issue_root_token,
     issue_subscriber,
     issue_subscriber_key,
@@ -100,6 +101,13 @@ class FairIssuer:
 
     async def root_token(self, who: str, epoch: int, credential: Credential) -> str:
         return await self._run(who, issue_root_token, epoch, credential)
+
+    async def root_shares(self, who: str, epoch: int, credential: Credential,
+                          transport_key: bytes, expires_at: int) -> dict[str, str]:
+        """A threshold member's partial signature of a root certificate and its share of
+        the root's token: one job."""
+        return await self._run(who, issue_root_shares, who, epoch, credential, transport_key,
+                               expires_at)
 
     def _parts(self, credentials: tuple[Credential, ...]) -> list[tuple[Credential, ...]]:
         n = self.credentials_per_job

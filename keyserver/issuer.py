@@ -46,6 +46,7 @@ from ibe_pubsub.credentials import (
     keygen_routing_token,
     keygen_subscriber,
     load_group,
+    root_certificate_message,
 )
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.exceptions import KeyServerError
@@ -191,6 +192,18 @@ def issue_request_signatures(identity: str, epoch: int, credentials: Sequence[Cr
         out.append({"attribute": c.attribute, "credential": c.label(), "request": b64(body),
                     "signature": b64(T.encode_partial_signature(partial))})
     return out
+
+
+def issue_root_shares(identity: str, epoch: int, credential: Credential,
+                      transport_key: bytes, expires_at: int) -> dict[str, str]:
+    """This member's partial signature of a root's certificate (the message version 2's
+    server signs with Ed25519) and its share of the root's whole-domain token, encoded."""
+    m = _member_secrets()
+    message = root_certificate_message(credential.attribute, transport_key, epoch, expires_at)
+    return {"certificate": b64(T.encode_partial_signature(T.partial_sign(
+                m.pp.group, m.shares, message))),
+            "routing_token": b64(T.encode_token_share(T.keyshare_token(
+                m.pp, m.tpk, m.shares, identity, epoch, credential)))}
 
 
 def issue_publisher_shares(identity: str, epoch: int, credentials: Sequence[Credential]

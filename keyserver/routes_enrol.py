@@ -188,13 +188,17 @@ async def enrol_publisher(body: PublisherEnrolment, caller: AnIdentity,
                             target_epoch(state, body.epoch), publisher_plan(body))
 
 
-@router.post("/root", response_model=RootCertificate,
-             responses=error_responses(401, 403, 409, 422))
-async def enrol_root(body: RootEnrolment, caller: AnIdentity,
-                     state: State) -> dict[str, Any]:
-    """Certify a root peer's Ed25519 transport key for one attribute tree
-    (``credentials.certificates.root_certificate_message`` is what is signed)."""
-    single_server_only(state, "root certificates")
+RootAnswer = Callable[[AppState, str, Credential, bytes, Epoch, int],
+                      Awaitable[dict[str, Any]]]
+"""What a root enrolment answers for (identity, whole-domain credential, transport key,
+epoch, expiry): version 2's certificate and token, or a threshold member's shares of them."""
+
+
+async def enrol_root_with(state: AppState, caller: Caller, body: RootEnrolment, epoch: Epoch,
+                          answer: RootAnswer) -> dict[str, Any]:
+    """The pipeline of every root enrolment, version 2's and a threshold member's: the
+    attribute, the transport key and the identity's policy checked (a root holds the whole
+    domain), one key charged, answered for ``epoch``, and audited."""
     identity = _enrolling(caller, "root")
     schema = state.store.schema
     if body.attribute not in schema.names:
@@ -203,21 +207,37 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
     transport_key = _ed25519_key(body.transport_key, "transport_key")
     check_root_policy(schema, body.attribute, identity.policy)
     charge_keys(state, caller, 1)
-    epoch = target_epoch(state, body.epoch, time.time())
     expires_at = int(epoch.end + epoch.grace)
-    certificate = SignedRootCertificate.issue(state.store.signing_key, body.attribute,
-                                              transport_key, epoch.number, expires_at).signature
-    token = await state.issuer.root_token(caller.name, epoch.number,
-                                          root_credential(schema.attribute(body.attribute)))
-    state.metrics.keys_issued("root_certificate", 1)
-    state.metrics.keys_issued("routing_token", 1)
+    out = await answer(state, caller.name, root_credential(schema.attribute(body.attribute)),
+                       transport_key, epoch, expires_at)
     await _audited(state, caller, "issue_root", epoch.number,
                    {"identity": identity.name, "role": "root", "attribute": body.attribute,
                     "transport_key": body.transport_key})
     return {"epoch": epoch.number, "epoch_end": epoch.end, "attribute": body.attribute,
-            "transport_key": body.transport_key,
-            "certificate": base64.b64encode(certificate).decode(), "expires_at": expires_at,
-            "routing_token": token}
+            "transport_key": body.transport_key, "expires_at": expires_at} | out
+
+
+@router.post("/root", response_model=RootCertificate,
+             responses=error_responses(401, 403, 409, 422))
+async def enrol_root(body: RootEnrolment, caller: AnIdentity,
+                     state: State) -> dict[str, Any]:
+    """Certify a root peer's Ed25519 transport key for one attribute tree
+    (``credentials.certificates.root_certificate_message`` is what is signed)."""
+    single_server_only(state, "root certificates")
+    return await enrol_root_with(state, caller, body,
+                                 target_epoch(state, body.epoch, time.time()),
+                                 _root_certificate)
+
+
+async def _root_certificate(state: AppState, who: str, credential: Credential,
+                            transport_key: bytes, epoch: Epoch, expires_at: int
+                            ) -> dict[str, Any]:
+    certificate = SignedRootCertificate.issue(state.store.signing_key, credential.attribute,
+                                              transport_key, epoch.number, expires_at).signature
+    token = await state.issuer.root_token(who, epoch.number, credential)
+    state.metrics.keys_issued("root_certificate", 1)
+    state.metrics.keys_issued("routing_token", 1)
+    return {"certificate": base64.b64encode(certificate).decode(), "routing_token": token}
 
 
 def _check_addresses(state: AppState, addresses: list[str]) -> None:

@@ -17,6 +17,8 @@ from ibe_pubsub.credentials import G2, Credential, GroupError, scheme
 from ibe_pubsub.keyserver.api_models import (
     PublisherShareEnrolment,
     PublisherSharesOut,
+    RootShareEnrolment,
+    RootSharesOut,
     SubscriberShareEnrolment,
     SubscriberShareOut,
     ThresholdOut,
@@ -29,6 +31,7 @@ from ibe_pubsub.keyserver.errors import ApiError, error_responses
 from ibe_pubsub.keyserver.routes_enrol import (
     decoded_bytes,
     enrol_keys,
+    enrol_root_with,
     publisher_plan,
     subscriber_plan,
 )
@@ -144,3 +147,25 @@ async def enrol_publisher_shares(body: PublisherShareEnrolment, caller: AnIdenti
                             target_epoch(state, body.epoch), publisher_plan(body),
                             issue_shares)
 
+
+
+@router.post("/enrol/root", response_model=RootSharesOut,
+             responses=error_responses(401, 403, 404, 409, 422))
+async def enrol_root_shares(body: RootShareEnrolment, caller: AnIdentity,
+                            state: State) -> dict[str, Any]:
+    """This member's partial signature of a root peer's certificate (the message version
+    2's server signs with Ed25519) and its share of the root's whole-domain routing token,
+    under the same checks as ``/v1/enrol/root``."""
+    member = _member(state)
+    return {"index": member.index, "identity": caller.name} | await enrol_root_with(
+        state, caller, body, target_epoch(state, body.epoch), _root_shares)
+
+
+async def _root_shares(state: AppState, who: str, credential: Credential,
+                       transport_key: bytes, epoch: Epoch, expires_at: int
+                       ) -> dict[str, Any]:
+    shares = await state.issuer.root_shares(who, epoch.number, credential, transport_key,
+                                            expires_at)
+    state.metrics.keys_issued("root_certificate_signature", 1)
+    state.metrics.keys_issued("routing_token_share", 1)
+    return shares

@@ -41,23 +41,28 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import httpx
 
 from ibe_pubsub.credentials import (
+    ED25519_KEY_BYTES,
     ConnectionRequest,
     Credential,
     Element,
     PairingGroup,
     PublicParams,
     PublisherKey,
+    RootCertificate,
+    RoutingToken,
     Schema,
     SubscriberKey,
     codec,
     load_group,
+    root_certificate_message,
+    root_credential,
     schema_message,
     scheme,
 )
@@ -131,6 +136,17 @@ class CombinedSubscriberKey:
 @dataclass(frozen=True)
 class CombinedPublisherKeys:
     keys: tuple[PublisherKey, ...]
+    members: tuple[int, ...]
+    failures: tuple[Failure, ...]
+
+
+@dataclass(frozen=True)
+class CombinedRoot:
+    """A root peer's certificate of its transport key, signed by ``t`` members (checked
+    against ``X``), and its whole-domain routing token combined from their shares."""
+
+    certificate: RootCertificate
+    token: RoutingToken
     members: tuple[int, ...]
     failures: tuple[Failure, ...]
 
@@ -281,6 +297,31 @@ class ThresholdKeyClient:
         return CombinedSubscriberKey(key, first.expires_at, tuple(issued),
                                      tuple(found.shares), tuple(found.failures))
 
+    async def enrol_root(self, attribute: str, transport_key: bytes,
+                         epoch: str | int | None = None) -> CombinedRoot:
+        """A root's certificate of ``transport_key`` (raw Ed25519, 32 bytes) for the tree of
+        ``attribute``, and its whole-domain token, each combined from ``t`` members'
+        verified partial signature and token share."""
+        if len(transport_key) != ED25519_KEY_BYTES:
+            raise KeyServerError("a transport key is a raw 32-byte Ed25519 public key")
+        pp = await self.params()
+        credential = root_credential(pp.schema.attribute(attribute))
+        body = {"attribute": attribute, "epoch": epoch,
+                "transport_key": base64.b64encode(transport_key).decode("ascii")}
+        found = await self._collect(
+            "/v3/enrol/root", body,
+            lambda index, answer: self._root(credential, transport_key, index, answer),
+            agreed="the epoch, expiry and identity")
+        answers = list(found.shares.values())
+        certificate = answers[0][0]
+        signature = T.combine_signatures(self.group, self.tpk, [a[1] for a in answers])
+        signed = replace(certificate, signature=bytes(signature))
+        if not signed.verify(T.ThresholdServer(self.group, self.tpk.X)):
+            raise KeyServerError("the members' certificate signatures combine into one that "
+                                 "does not verify")  # as for the schema: a bad threshold.json
+        token = T.combine_token(pp, self.tpk, [a[2] for a in answers])
+        return CombinedRoot(signed, token, tuple(found.shares), tuple(found.failures))
+
     async def enrol_publisher(self, advertisement: str, max_credentials: int | None = None,
                               epoch: str | int | None = None) -> CombinedPublisherKeys:
         """One publisher key per credential of ``advertisement``, combined likewise."""
@@ -355,6 +396,29 @@ class ThresholdKeyClient:
                     self.pp, self.tpk, share, identity, share.key.credential, epoch):
                 raise _BadAnswer("a share does not verify against the deployment's public key")
         return (epoch, tuple(s.key.credential for s in shares), identity), shares
+
+    def _root(self, credential: Credential, transport_key: bytes, index: int, answer: Any
+              ) -> tuple[Shape, tuple[RootCertificate, T.PartialSignature, T.TokenShare]]:
+        identity, epoch, expires_at = _identity(answer), answer["epoch"], answer["expires_at"]
+        if not all(isinstance(v, int) and 0 <= v < 2**63 for v in (epoch, expires_at)):
+            raise _BadAnswer("its epoch or expires_at is not a number")
+        if (answer["attribute"], answer["transport_key"]) != (
+                credential.attribute, base64.b64encode(transport_key).decode("ascii")):
+            raise _BadAnswer("it certifies another attribute or transport key")
+        certificate = RootCertificate(credential.attribute, transport_key, epoch, expires_at,
+                                      b"")
+        partial = T.decode_partial_signature(self.group, _decoded(answer["certificate"]))
+        share = T.decode_token_share(self.group, _decoded(answer["routing_token"]))
+        _check_index(index, partial.index)
+        _check_index(index, share.index)
+        if not T.verify_partial_signature(self.group, self.tpk, root_certificate_message(
+                credential.attribute, transport_key, epoch, expires_at), partial):
+            raise _BadAnswer("its certificate signature does not verify against the "
+                             "deployment's public key")
+        if not T.verify_token_share(self.pp, self.tpk, share, identity, epoch, credential):
+            raise _BadAnswer("its token share does not verify against the deployment's "
+                             "public key")
+        return (epoch, expires_at, identity), (certificate, partial, share)
 
     def _schema(self, index: int, answer: Any) -> tuple[Shape, tuple[Schema, T.PartialSignature]]:
         schema = Schema.from_dict(answer["schema"])

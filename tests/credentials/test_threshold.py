@@ -29,7 +29,7 @@ from ibe_pubsub.credentials.ceremony import (
     proof_challenge,
 )
 from ibe_pubsub.credentials.credential import Credential
-from ibe_pubsub.credentials.decomposition import decompose
+from ibe_pubsub.credentials.decomposition import decompose, root_credential
 from ibe_pubsub.credentials.dkg import (
     Complaint,
     Dealing,
@@ -715,3 +715,47 @@ def test_the_encoded_public_key_decodes_to_itself_and_tampering_is_refused(deplo
             T.decode_public_key(group, T.encode_public_key(tampered))
     with pytest.raises(T.CodecError, match="trailing"):
         T.decode_public_key(group, T.encode_public_key(tpk) + b"\0")
+
+
+def test_a_roots_token_combines_from_any_three_servers_and_opens_entry_zero(deployment):
+    """A root's whole-domain token issued alone: any 3 servers' shares combine into one
+    token, which opens entry 0 of a request as version 2's root token does; each share is
+    checked against its server's public shares, and 2 shares, or the shares of two
+    identities, give no token (16.8)."""
+    pp, tpk, secrets, _ = deployment
+    group = pp.group
+    root = root_credential(pp.schema.attribute("symbol"))
+
+    def shares(identity, servers, epoch=EPOCH):
+        return [T.keyshare_token(pp, tpk, secrets[i], identity, epoch, root) for i in servers]
+
+    tokens = {T.combine_token(pp, tpk, shares("root", chosen))
+              for chosen in itertools.combinations(range(1, n + 1), t)}
+    assert len(tokens) == 1
+    token = tokens.pop()
+    requester, seed = Credential("symbol", "str", "IBM"), b"\x03" * S.REQUEST_SEED_BYTES
+    request, sws = derive(pp, requester, seed)
+    request = T.signed_request(group, tpk, request,
+                               request_partials(pp, secrets, requester, seed, (1, 2, 3)))
+    opening = S.open_connection_request(pp, token, request)
+    bound = S.bind_request_secrets(pp, requester, EPOCH, sws, REQUESTER_SECRET)
+    assert opening is not None and opening.sw == bound[0]
+    one = shares("root", [2])[0]
+    assert T.verify_token_share(pp, tpk, one, "root", EPOCH, root)
+    assert T.decode_token_share(group, T.encode_token_share(one)) == one
+    for identity, epoch, credential, share in (
+            ("other", EPOCH, root, one), ("root", EPOCH + 1, root, one),
+            ("root", EPOCH, Credential("symbol", "str", "I"), one),
+            ("root", EPOCH, root, replace(one, index=3)),
+            ("root", EPOCH, root, replace(one, token=replace(one.token,
+                                                              T=one.token.T * one.token.T)))):
+        assert not T.verify_token_share(pp, tpk, share, identity, epoch, credential)
+    for junk in (b"", T.encode_token_share(one)[:-1], T.encode_token_share(one) + b"\x00"):
+        with pytest.raises(codec.CodecError):
+            T.decode_token_share(group, junk)
+    two = shares("root", (1, 2))
+    weights = lagrange_at_zero([1, 2], group.order)
+    forged = group.multi_exp([s.token.T for s in two], [weights[1], weights[2]])
+    assert forged != token.T
+    pooled = shares("root", (1, 2)) + shares("mallory", (3,))
+    assert T.combine_token(pp, tpk, pooled).T != token.T

@@ -30,9 +30,10 @@ from repository import REPO_ROOT
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.credentials.backends import load_group
-from ibe_pubsub.credentials.certificates import schema_message
+from ibe_pubsub.credentials.certificates import root_certificate_message, schema_message
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.schema import Schema, default_schema
+from ibe_pubsub.credentials.server_keys import Ed25519Server
 from ibe_pubsub.credentials.shamir import lagrange_at_zero
 from ibe_pubsub.evaluation.launcher import (
     child_env,
@@ -45,6 +46,7 @@ from ibe_pubsub.evaluation.launcher import (
 )
 from ibe_pubsub.evaluation.threshold_lab import write_local_setup
 from ibe_pubsub.keyserver import (
+    KeyServerError,
     MemberAccess,
     ThresholdEnrolmentError,
     ThresholdKeyClient,
@@ -131,6 +133,11 @@ def run(coroutine):
 async def enrol_subscriber(client, subscription):
     async with client:
         return await client.enrol_subscriber(subscription)
+
+
+async def enrol_root(client, attribute, transport_key):
+    async with client:
+        return await client.enrol_root(attribute, transport_key)
 
 
 async def enrol_publisher(client, advertisement=""):
@@ -798,6 +805,86 @@ def test_identities_below_t_cannot_pool_request_signatures(deployment):
     carol = deployment.register("carol-requests", "subscriber", at=[1, 2, 3])
     request, epoch = request_of("carol-requests", answers(carol, [1, 2, 3]))
     S.check_connection_request(pp, request, anchor, time.time(), {epoch})
+
+def test_a_roots_certificate_and_token_are_combined_from_t_members(deployment):
+    """A root's certificate verifies against X alone (not an Ed25519 key), binds its
+    attribute, transport key, epoch and expiry, and its token opens entry 0 of a
+    subscriber's request, whose holder accepts the root's proof. A member that signs
+    another transport key, or hands another identity's token share, is named and replaced
+    (the control: its partial makes a certificate that does not verify). Only a root whose
+    policy leaves the attribute whole gets one."""
+    pp, anchor = deployment.pp, T.ThresholdServer(GROUP, deployment.tpk.X)
+    transport = bytes(range(32))
+    root = deployment.register("root-symbol", "root")
+    combined = run(enrol_root(deployment.client(root, order=(2, 4, 5, 1, 3)), "symbol",
+                              transport))
+    cert = combined.certificate
+    assert combined.members == (2, 4, 5) and not combined.failures
+    assert (cert.attribute, cert.transport_key) == ("symbol", transport)
+    assert cert.verify(anchor, "symbol", time.time())
+    assert not cert.verify(anchor, "price") and not cert.verify(anchor, now=cert.expires_at + 1)
+    assert not cert.verify(Ed25519Server(transport))
+    for changed in (dict(attribute="price"), dict(transport_key=bytes(32)),
+                    dict(epoch=cert.epoch + 1), dict(expires_at=cert.expires_at + 1)):
+        assert not replace(cert, **changed).verify(anchor)
+    subscriber = run(enrol_subscriber(deployment.client(
+        deployment.register("under-root", "subscriber")), 'symbol = "IBM"'))
+    issued = subscriber.requests[0]
+    opening = S.open_connection_request(pp, combined.token, issued.request)
+    assert opening is not None and opening.sw == issued.secrets[0]
+    assert S.check_acceptance(issued.secrets, issued.request, S.acceptance_proof(
+        opening.sw, issued.request, b"link"), b"link") == 0
+    secrets = load_shares(deployment.dirs[3], PASSPHRASE)
+
+    def signs_another_key(handler, body):
+        document = handler.forward(body)
+        message = root_certificate_message("symbol", bytes(32), document["epoch"],
+                                           document["expires_at"])
+        partial = T.partial_sign(GROUP, secrets, message)
+        handler.reply(json.dumps(document | {"certificate": base64.b64encode(
+            T.encode_partial_signature(partial)).decode()}).encode())
+
+    def hands_another_token(handler, body):
+        document = handler.forward(body)
+        share = T.keyshare_token(pp, deployment.tpk, secrets, "mallory", document["epoch"],
+                                 combined.token.credential)
+        handler.reply(json.dumps(document | {"routing_token": base64.b64encode(
+            T.encode_token_share(share)).decode()}).encode())
+
+    for behave, reason in ((signs_another_key, "certificate signature does not verify"),
+                           (hands_another_token, "token share does not verify")):
+        with hostile_member(deployment.url(4), behave) as url:
+            again = run(enrol_root(deployment.client(root, order=(4, 1, 2, 3, 5),
+                                                     urls={4: url}), "symbol", transport))
+        assert again.members == (1, 2, 3) and again.certificate.verify(anchor)
+        assert [(f.index, reason in f.reason) for f in again.failures] == [(4, True)], \
+            again.failures
+    message = root_certificate_message("symbol", transport, cert.epoch, cert.expires_at)
+    honest = [T.partial_sign(GROUP, load_shares(deployment.dirs[i - 1], PASSPHRASE), message)
+              for i in (1, 2)]
+    wrong = T.partial_sign(GROUP, secrets, root_certificate_message(
+        "symbol", bytes(32), cert.epoch, cert.expires_at))
+    right = T.partial_sign(GROUP, secrets, message)
+    assert not replace(cert, signature=bytes(T.combine_signatures(
+        GROUP, deployment.tpk, [*honest, wrong]))).verify(anchor)
+    assert replace(cert, signature=bytes(T.combine_signatures(
+        GROUP, deployment.tpk, [*honest, right]))).verify(anchor)  # the control
+    # Roles, policy and input, at a member as at a single server.
+    narrow = deployment.register("root-narrow", "root", policy='symbol prefix "I"')
+    key = base64.b64encode(transport).decode()
+    for tokens, body, status in (
+            (deployment.register("not-a-root", "subscriber"),
+             {"attribute": "symbol", "transport_key": key}, 403),
+            (narrow, {"attribute": "symbol", "transport_key": key}, 403),
+            (narrow, {"attribute": "price", "transport_key": key}, 200),
+            (root, {"attribute": "colour", "transport_key": key}, 422),
+            (root, {"attribute": "symbol", "transport_key": "AAAA"}, 422)):
+        answer = httpx.post(deployment.url(1) + "/v3/enrol/root", json=body,
+                            headers={"Authorization": f"Bearer {tokens[1]['token']}"})
+        assert answer.status_code == status, (body, answer.text)
+    with pytest.raises(KeyServerError, match="32-byte"):
+        run(enrol_root(deployment.client(root), "symbol", transport[:31]))
+
 
 def test_two_members_killed_mid_burst_fail_no_issuance(deployment, published):
     """Last in this module: 48 enrolments by 8 identities, 8 at a time; members 1 and 2
