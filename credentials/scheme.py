@@ -716,6 +716,17 @@ def derived_request_secrets(pp: PublicParams, requester: str, credential: Creden
                  for j in range(len(credential.ancestors())))
 
 
+def derived_request_matches(pp: PublicParams, request: ConnectionRequest, requester: str,
+                            credential: Credential, epoch: int, expires_at: int, seed: bytes
+                            ) -> bool:
+    """A spot check of a request others derived from ``seed``: entry 0's ``U`` is
+    ``ĝ^t_0`` (one G2 exponentiation), so requests built otherwise (members of another
+    release) are found at enrolment rather than at the first join."""
+    draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
+    return bool(request.entries) and bytes(request.entries[0].U) == bytes(
+        pp.group.exp_secret(pp.mpk.g_hat, draw.scalar(b"t", (0).to_bytes(2, "big"))))
+
+
 def _request_key(requester: str, credential: Credential, epoch: int, expires_at: int,
                  seed: bytes) -> bytes:
     """``k = PRF(seed; "connection-request", requester, A, c, epoch, expiry)``."""

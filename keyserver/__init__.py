@@ -37,7 +37,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "threshold_client": (
         "CombinedPublisherKeys", "CombinedRoot", "CombinedSubscriberKey", "Failure",
         "MemberAccess",
-        "ThresholdEnrolmentError", "ThresholdKeyClient", "max_answer_bytes",
+        "ThresholdEnrolmentError", "ThresholdKeyClient", "MAX_ANSWER_BYTES", "max_answer_bytes",
         "read_access_file",
     ),
     "threshold_store": (

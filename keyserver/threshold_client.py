@@ -281,12 +281,23 @@ class ThresholdKeyClient:
         found = await self._collect(
             "/v3/enrol/subscriber", body,
             lambda index, answer: self._subscriber(binding, index, answer),
-            agreed="the epoch, credentials, identity and connection requests")
+            agreed="the epoch, credentials, identity and connection requests",
+            limit=max_answer_bytes(pp.schema))
         answers = list(found.shares.values())
         key = T.combine_subscriber_key(self.pp, self.tpk, [a.share for a in answers])
         first = answers[0]  # the requests, identity and expiry are what the answers agree on
         issued = []
         for k, credential in enumerate(c.credential for c in key.credentials):
+            if not scheme.derived_request_matches(pp, first.requests[k], first.identity,
+                                                  credential, key.epoch, first.expires_at,
+                                                  seed):
+                error = ThresholdEnrolmentError(
+                    f"members {list(found.shares)} signed alike a connection request for "
+                    f"{credential.label()} that this client's seed does not give (members "
+                    "of another release than the client?)")
+                error.failures = tuple(Failure(i, "its connection request is not the seed's")
+                                       for i in found.shares)
+                raise error
             signed = T.signed_request(self.group, self.tpk, first.requests[k],
                                       [a.request_partials[k] for a in answers])
             sws = scheme.derived_request_secrets(pp, first.identity, credential, key.epoch,
@@ -432,11 +443,11 @@ class ThresholdKeyClient:
 
     # -- asking members until t agree ---------------------------------------------------------
 
-    async def _ask(self, member: MemberAccess, path: str, body: dict[str, Any] | None) -> Any:
-        """The member's JSON answer, read up to :func:`max_answer_bytes`: to a POST of ``body``
-        with this identity's token, or to a GET of a public route (``body`` None)."""
-        data, limit = bytearray(), max_answer_bytes(
-            None if self._pp is None else self._pp.schema)
+    async def _ask(self, member: MemberAccess, path: str, body: dict[str, Any] | None,
+                   limit: int) -> Any:
+        """The member's JSON answer, read up to ``limit`` bytes: to a POST of ``body`` with
+        this identity's token, or to a GET of a public route (``body`` None)."""
+        data = bytearray()
         request = ({"method": "GET"} if body is None else {
             "method": "POST", "content": json.dumps(body).encode("ascii"),
             "headers": {"Authorization": f"Bearer {member.token}",
@@ -459,13 +470,14 @@ class ThresholdKeyClient:
         return answer
 
     async def _answer(self, member: MemberAccess, path: str, body: dict[str, Any] | None,
-                      read: Callable[[int, Any], tuple[Shape, Share]]
+                      read: Callable[[int, Any], tuple[Shape, Share]], limit: int
                       ) -> Failure | tuple[Shape, Share]:
         """The member's verified share, or why there is none: whatever a member answers,
         however slowly, fails that member only."""
         started = time.monotonic()
         try:
-            answer = await asyncio.wait_for(self._ask(member, path, body), self.timeout)
+            answer = await asyncio.wait_for(self._ask(member, path, body, limit),
+                                            self.timeout)
             outcome = await asyncio.to_thread(read, member.index, answer)
             self._answer_times.append(time.monotonic() - started)
             return outcome
@@ -494,8 +506,8 @@ class ThresholdKeyClient:
                        read: Callable[[int, Any], tuple[Shape, Share]],
                        describe: Callable[[Shape], str] = lambda shape:
                        f"share (epoch {shape[0]}) agrees",
-                       agreed: str = "the epoch, credentials and identity"
-                       ) -> _Collected[Share]:
+                       agreed: str = "the epoch, credentials and identity",
+                       limit: int = MAX_ANSWER_BYTES) -> _Collected[Share]:
         """Ask ``t`` members at once; ask one more for each that fails or disagrees, and
         one more whenever no member answered for the hedge delay, until ``t`` verified
         shares agree on the epoch and credentials. Every member is asked the same request,
@@ -510,7 +522,8 @@ class ThresholdKeyClient:
         asked_again: set[int] = set()
 
         def ask(member: MemberAccess) -> None:
-            running[asyncio.create_task(self._answer(member, path, body, read))] = member
+            running[asyncio.create_task(self._answer(member, path, body, read,
+                                                     limit))] = member
 
         def spare() -> MemberAccess | None:
             if waiting:
@@ -582,14 +595,13 @@ def _identity(answer: Any) -> str:
     return identity
 
 
-def max_answer_bytes(schema: Schema | None) -> int:
-    """The most a member's answer may hold: ``MAX_ANSWER_BYTES`` and, under ``schema``, a
-    connection request of its longest attribute per credential, in base64."""
-    if schema is None:
-        return MAX_ANSWER_BYTES
-    positions = max(a.positions for a in schema.attributes)
-    return MAX_ANSWER_BYTES + MAX_CREDENTIALS * 4 * (
-        REQUEST_BYTES + positions * REQUEST_ENTRY_BYTES) // 3
+def max_answer_bytes(schema: Schema) -> int:
+    """The most a member's answer to a subscriber's enrolment may hold under ``schema``:
+    ``MAX_ANSWER_BYTES`` and a connection request of its largest attribute per credential,
+    in base64 (other answers carry no request and are held to ``MAX_ANSWER_BYTES``)."""
+    request = max(REQUEST_BYTES + 4 * len(a.name.encode()) + a.positions * REQUEST_ENTRY_BYTES
+                  for a in schema.attributes)
+    return MAX_ANSWER_BYTES + MAX_CREDENTIALS * 4 * request // 3
 
 
 def _signed_requests(answer: Any, credentials: Sequence[Credential]
@@ -604,7 +616,10 @@ def _signed_requests(answer: Any, credentials: Sequence[Credential]
     missing = [c.label() for c in credentials if c.label() not in by_label]
     if missing:
         raise _BadAnswer(f"it signed no connection request for {missing[0]}")
-    return [(_decoded(by_label[c.label()].get("request")),
+    if any(not isinstance(by_label[c.label()].get("request"), str) for c in credentials):
+        raise _BadAnswer("it answered no connection request bodies with its signatures (a "
+                         "member of an earlier release than this client)")
+    return [(_decoded(by_label[c.label()]["request"]),
              _decoded(by_label[c.label()].get("signature"))) for c in credentials]
 
 

@@ -231,6 +231,14 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
     assert codec.decode_request_body(group, body) == request
     assert S.derived_request_secrets(pp, "alice", requester, EPOCH, 2**40, seed) == sws
     assert S.derived_request_secrets(pp, "bob", requester, EPOCH, 2**40, seed) != sws
+    # the client's spot check of a body members built: entry 0 is the seed's
+    assert S.derived_request_matches(pp, request, "alice", requester, EPOCH, 2**40, seed)
+    swapped = replace(request, entries=(request.entries[1], request.entries[0],
+                                        *request.entries[2:]))
+    for other, identity in ((derive(pp, requester, b"\x02" * 32)[0], "alice"),
+                            (request, "bob"), (swapped, "alice")):
+        assert not S.derived_request_matches(pp, other, identity, requester, EPOCH, 2**40,
+                                             seed)
     other_seed, _ = derive(pp, requester, b"\x02" * 32)
     other_credential, _ = derive(pp, Credential("symbol", "str", "IBN"), seed)
     other_identity, _ = derive(pp, requester, seed, identity="bob")

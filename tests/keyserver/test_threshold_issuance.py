@@ -27,6 +27,7 @@ import httpx
 import pytest
 from repository import REPO_ROOT
 
+from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.credentials.backends import load_group
@@ -46,6 +47,7 @@ from ibe_pubsub.evaluation.launcher import (
 )
 from ibe_pubsub.evaluation.threshold_lab import write_local_setup
 from ibe_pubsub.keyserver import (
+    MAX_ANSWER_BYTES,
     KeyServerError,
     MemberAccess,
     ThresholdEnrolmentError,
@@ -491,6 +493,12 @@ def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
         document = handler.forward(body) | {"expires_at": float("inf")}
         handler.reply(json.dumps(document).encode())
 
+    def earlier_release(handler, body):  # signatures without the request bodies
+        document = handler.forward(body)
+        document["request_signatures"] = [{k: v for k, v in r.items() if k != "request"}
+                                          for r in document["request_signatures"]]
+        handler.reply(json.dumps(document).encode())
+
     behaviours = {
         future_epoch: "agrees with fewer than 3",
         (lambda h, b: with_share(h, b, mallorys)): "does not verify",
@@ -498,6 +506,7 @@ def test_hostile_members_fail_alone_and_steer_nobody(deployment, published):
                                  request_signatures=signed_as(h, b, "mallory"))): "fewer than 3",
         (lambda h, _: h.reply(b"[" * 100_000)): "not a share",
         infinite_expiry: "not a time",
+        earlier_release: "earlier release",
         (lambda h, _: h.reply(b" " * max_answer_bytes(deployment.pp.schema) + b"{}")):
             "exceeds",
         trickle: "had not answered"}
@@ -600,6 +609,40 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
             *honest, partial(4, other_seed)]), anchor, time.time(), {epoch})
     S.check_connection_request(pp, T.signed_request(GROUP, deployment.tpk, request, [
         *honest, partial(4, seed)]), anchor, time.time(), {epoch})
+
+def test_requests_that_t_members_built_alike_but_not_from_the_seed_are_refused(deployment):
+    """Members 1, 2 and 3 (another release, say) each sign the same body with entries 0
+    and 1 swapped: the answers agree, so only the client's spot check of entry 0 against
+    its seed finds it, and the enrolment fails naming them. The control: the same members
+    answering as they are give requests that verify."""
+    tokens = deployment.register("spot-checked", "subscriber", at=[1, 2, 3])
+
+    def swapping(i):
+        secrets = load_shares(deployment.dirs[i - 1], PASSPHRASE)
+
+        def behave(handler, body):
+            document = handler.forward(body)
+            for entry in document["request_signatures"]:
+                request = codec.decode_request_body(GROUP, base64.b64decode(entry["request"]))
+                swapped = codec.encode_request_body(replace(request, entries=(
+                    request.entries[1], request.entries[0], *request.entries[2:])))
+                entry["request"] = base64.b64encode(swapped).decode()
+                entry["signature"] = base64.b64encode(T.encode_partial_signature(
+                    T.partial_sign(GROUP, secrets, swapped))).decode()
+            handler.reply(json.dumps(document).encode())
+        return behave
+
+    combined = run(enrol_subscriber(deployment.client(tokens, order=(1, 2, 3)),
+                                    'symbol = "IBM"'))
+    assert combined.members == (1, 2, 3) and combined.requests  # the control
+    with contextlib.ExitStack() as proxies:
+        urls = {i: proxies.enter_context(hostile_member(deployment.url(i), swapping(i)))
+                for i in (1, 2, 3)}
+        with pytest.raises(ThresholdEnrolmentError, match="seed does not give") as refused:
+            run(enrol_subscriber(deployment.client(tokens, order=(1, 2, 3), urls=urls),
+                                 'symbol = "IBM"'))
+    assert [f.index for f in refused.value.failures] == [1, 2, 3]
+
 
 def test_a_member_signs_requests_only_for_credentials_the_identity_may_hold(deployment):
     """The seed is all a client chooses: the member derives the requests for the
@@ -852,7 +895,8 @@ def test_a_roots_certificate_and_token_are_combined_from_t_members(deployment):
             T.encode_token_share(share)).decode()}).encode())
 
     for behave, reason in ((signs_another_key, "certificate signature does not verify"),
-                           (hands_another_token, "token share does not verify")):
+                           (hands_another_token, "token share does not verify"),
+                           (lambda h, _: h.reply(b" " * MAX_ANSWER_BYTES + b"{}"), "exceeds")):
         with hostile_member(deployment.url(4), behave) as url:
             again = run(enrol_root(deployment.client(root, order=(4, 1, 2, 3, 5),
                                                      urls={4: url}), "symbol", transport))
