@@ -699,10 +699,22 @@ def derive_connection_request(pp: PublicParams, requester: str, credential: Cred
     version 2 it knows the SWs). The identity in ``k`` keeps requests of two identities
     apart, so identities that each get fewer than ``t`` signatures cannot pool them.
     Unsigned: the members' partial signatures of :func:`encode_request_body` combine into
-    its signature. ``binding`` is the requester's ``V = ĝ^s``: the returned SWs are the
-    members' (unbound); the requester binds them with :func:`bind_request_secrets`."""
+    its signature. ``binding`` is the requester's ``V = ĝ^s``; the request carries
+    ``V_c = V^h_c`` with ``h_c = PRF_q(k; "binding")``, so that the requests of one
+    enrolment share no bytes (a peer without the seed cannot link them). The returned SWs
+    are the members' (unbound); the requester binds them with :func:`bind_request_secrets`
+    and ``s_c = s h_c`` (:func:`derived_binding_secret`)."""
     draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
-    return _unsigned_request(pp, credential, epoch, expires_at, draw, binding)
+    return _unsigned_request(pp, credential, epoch, expires_at, draw,
+                             pp.group.exp_secret(binding, draw.scalar(b"binding")))
+
+
+def derived_binding_secret(pp: PublicParams, requester: str, credential: Credential,
+                           epoch: int, expires_at: int, seed: bytes, s: int) -> int:
+    """``s_c = s h_c mod q``: the requester's secret of the binding ``V_c = ĝ^s_c`` in the
+    request :func:`derive_connection_request` builds from ``V = ĝ^s``."""
+    draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
+    return s * draw.scalar(b"binding") % pp.group.order
 
 
 def derived_request_secrets(pp: PublicParams, requester: str, credential: Credential,

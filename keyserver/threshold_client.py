@@ -41,7 +41,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -181,6 +181,30 @@ class _BadAnswer(Exception):
     """A member's answer that cannot be used (its text is the reason)."""
 
 
+@dataclass
+class _Bindings:
+    """The binding ``V_c = ĝ^(s h_c)`` each request of one enrolment must carry
+    (``scheme.derive_connection_request``), computed once per credential, epoch and
+    expiry, whichever member answers first."""
+
+    pp: PublicParams
+    seed: bytes
+    s: int
+    expected: dict[tuple[str, Credential, int, int], bytes] = field(default_factory=dict)
+
+    def secret(self, identity: str, credential: Credential, epoch: int, expires_at: int
+               ) -> int:
+        return scheme.derived_binding_secret(self.pp, identity, credential, epoch, expires_at,
+                                             self.seed, self.s)
+
+    def of(self, identity: str, credential: Credential, epoch: int, expires_at: int) -> bytes:
+        key = (identity, credential, epoch, expires_at)
+        if key not in self.expected:
+            self.expected[key] = bytes(self.pp.group.exp_secret(self.pp.mpk.g_hat,
+                                                                self.secret(*key)))
+        return self.expected[key]
+
+
 @dataclass(frozen=True)
 class _SubscriberAnswer:
     share: T.SubscriberKeyShare
@@ -278,9 +302,10 @@ class ThresholdKeyClient:
                 "max_credentials": max_credentials, "epoch": epoch,
                 "request_seed": base64.b64encode(seed).decode("ascii"),
                 "request_binding": base64.b64encode(bytes(binding)).decode("ascii")}
+        bindings = _Bindings(pp, seed, s)
         found = await self._collect(
             "/v3/enrol/subscriber", body,
-            lambda index, answer: self._subscriber(binding, index, answer),
+            lambda index, answer: self._subscriber(bindings, index, answer),
             agreed="the epoch, credentials, identity and connection requests",
             limit=max_answer_bytes(pp.schema))
         answers = list(found.shares.values())
@@ -302,9 +327,10 @@ class ThresholdKeyClient:
                                       [a.request_partials[k] for a in answers])
             sws = scheme.derived_request_secrets(pp, first.identity, credential, key.epoch,
                                                  first.expires_at, seed)
+            s_c = bindings.secret(first.identity, credential, key.epoch, first.expires_at)
             issued.append(IssuedRequest(credential.attribute, credential, signed,
                                         scheme.bind_request_secrets(pp, credential, key.epoch,
-                                                                    sws, s)))
+                                                                    sws, s_c)))
         return CombinedSubscriberKey(key, first.expires_at, tuple(issued),
                                      tuple(found.shares), tuple(found.failures))
 
@@ -348,7 +374,7 @@ class ThresholdKeyClient:
 
     # -- reading one member's answer: (what must agree, the verified share) ------------------
 
-    def _subscriber(self, binding: Element, index: int, answer: Any
+    def _subscriber(self, bindings: _Bindings, index: int, answer: Any
                     ) -> tuple[Shape, _SubscriberAnswer]:
         share = T.decode_subscriber_share(self.pp.group, _decoded(answer["share"]))
         key = share.key
@@ -365,7 +391,8 @@ class ThresholdKeyClient:
             raise _BadAnswer("its expires_at is not a time")
         signed = _signed_requests(answer, credentials)
         bodies = tuple(body for body, _ in signed)
-        requests = tuple(self._request(body, c, key.epoch, expires_at, binding)
+        requests = tuple(self._request(body, c, key.epoch, expires_at,
+                                       bindings.of(identity, c, key.epoch, expires_at))
                          for body, c in zip(bodies, credentials, strict=True))
         partials = tuple(T.decode_partial_signature(self.group, signature)
                          for _, signature in signed)
@@ -378,17 +405,18 @@ class ThresholdKeyClient:
                 _SubscriberAnswer(share, identity, expires_at, requests, partials))
 
     def _request(self, body: bytes, credential: Credential, epoch: int, expires_at: int,
-                 binding: Element) -> ConnectionRequest:
+                 binding: bytes) -> ConnectionRequest:
         """The member's connection request for ``credential``, if it is for what was asked:
         its attribute, the epoch and expiry of the share, one entry per position, bound to
-        this client's ``V``. Its entries are checked only by the ``t`` members that sign
-        the same bytes: a member that answers other entries forms a group of its own."""
+        this client's ``V_c`` (``binding``). Its entries are checked only by the ``t``
+        members that sign the same bytes: a member that answers other entries forms a group
+        of its own."""
         request = codec.decode_request_body(self.group, body)
         if ((request.attribute, request.epoch, request.expires_at) != (
                 credential.attribute, epoch, expires_at)
                 or len(request.entries) != self.pp.schema.attribute(
                     credential.attribute).positions
-                or request.binding is None or bytes(request.binding) != bytes(binding)):
+                or request.binding is None or bytes(request.binding) != binding):
             raise _BadAnswer(f"its connection request for {credential.label()} is not the one "
                              "asked for")
         return request

@@ -207,6 +207,13 @@ def binding(pp):
     return pp.group.exp_secret(pp.mpk.g_hat, REQUESTER_SECRET)
 
 
+def bound_secrets(pp, credential, sws, seed, identity="alice"):
+    """The requester's SW'_j of its request for ``credential``: bound with s_c = s h_c."""
+    s_c = S.derived_binding_secret(pp, identity, credential, EPOCH, 2**40, seed,
+                                   REQUESTER_SECRET)
+    return S.bind_request_secrets(pp, credential, EPOCH, sws, s_c)
+
+
 def request_partials(pp, secrets, credential, seed, servers, identity="alice"):
     return [T.partial_sign_request(pp, secrets[i], identity, credential, EPOCH, 2**40, seed,
                                    binding(pp))[1] for i in servers]
@@ -258,8 +265,13 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
     assert S.open_connection_request(pp, holder, replace(
         signed_one, binding=group.identity(S.G2))) is None  # an identity V binds nothing
     opening = S.open_connection_request(pp, holder, signed_one)
-    bound = S.bind_request_secrets(pp, requester, EPOCH, sws, REQUESTER_SECRET)
+    bound = bound_secrets(pp, requester, sws, seed)
     assert opening is not None and opening.sw == bound[holder.position]
+    # Each request of one seed carries its own V_c = V^h_c, none V itself: requests of one
+    # enrolment share no bytes a peer could link them by; bound with V's s, none opens.
+    assert len({bytes(V.binding) for V in (request, other_credential)} | {
+        bytes(binding(pp))}) == 3
+    assert S.bind_request_secrets(pp, requester, EPOCH, sws, REQUESTER_SECRET) != bound
     # A member knows the seed, so the unbound SWs: they prove nothing without the token.
     assert S.check_acceptance(bound, signed_one, S.acceptance_proof(
         opening.sw, signed_one, b"ctx"), b"ctx") == holder.position  # control
@@ -746,7 +758,7 @@ def test_a_roots_token_combines_from_any_three_servers_and_opens_entry_zero(depl
     request = T.signed_request(group, tpk, request,
                                request_partials(pp, secrets, requester, seed, (1, 2, 3)))
     opening = S.open_connection_request(pp, token, request)
-    bound = S.bind_request_secrets(pp, requester, EPOCH, sws, REQUESTER_SECRET)
+    bound = bound_secrets(pp, requester, sws, seed)
     assert opening is not None and opening.sw == bound[0]
     one = shares("root", [2])[0]
     assert T.verify_token_share(pp, tpk, one, "root", EPOCH, root)

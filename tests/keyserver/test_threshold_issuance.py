@@ -547,6 +547,8 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
         S.check_connection_request(pp, issued.request, anchor, now, epochs)
         assert issued.request.expires_at == combined.expires_at
         assert len(issued.secrets) == issued.credential.position + 1
+    # no two requests of the enrolment carry the same binding: nothing links them
+    assert len({bytes(r.request.binding) for r in combined.requests}) == len(combined.requests)
     symbol = next(r for r in combined.requests if r.attribute == "symbol")
     holder = run(enrol_subscriber(deployment.client(deployment.register("ib", "subscriber")),
                                   'symbol prefix "IB"')).key.credentials[0].token
@@ -562,25 +564,39 @@ def test_connection_requests_are_signed_by_the_members_that_issued_the_keys(depl
     secrets = load_shares(deployment.dirs[3], PASSPHRASE)
     other_seed = b"\x09" * S.REQUEST_SEED_BYTES
 
+    def swapped(entry):
+        """The real request with entries 0 and 1 swapped (its binding kept), signed."""
+        request = codec.decode_request_body(GROUP, base64.b64decode(entry["request"]))
+        body = codec.encode_request_body(replace(request, entries=(
+            request.entries[1], request.entries[0], *request.entries[2:])))
+        return entry | {"request": base64.b64encode(body).decode(),
+                        "signature": base64.b64encode(T.encode_partial_signature(
+                            T.partial_sign(GROUP, secrets, body))).decode()}
+
     def answers_another_request(change):
         """Member 4 answers its real share with requests it derived otherwise (``change``
-        to :func:`signature_of`'s arguments), or with the real requests and the partial
-        signatures of those (``"partials only"``)."""
+        to :func:`signature_of`'s arguments), with the real requests and the partial
+        signatures of others (``"partials only"``), or with other entries under the right
+        binding (``"swapped"``)."""
         def behave(handler, body):
             document = handler.forward(body)
             real = document["request_signatures"]
-            wrong = [signature_of(pp, secrets, "requester", Credential.from_label(
-                r["credential"]), document["epoch"], document["expires_at"], body,
-                **({} if change == "partials only" else change)) for r in real]
+            if change == "swapped":
+                wrong = [swapped(r) for r in real]
+            else:
+                wrong = [signature_of(pp, secrets, "requester", Credential.from_label(
+                    r["credential"]), document["epoch"], document["expires_at"], body,
+                    **({"seed": other_seed} if change == "partials only" else change))
+                    for r in real]
             if change == "partials only":
-                wrong = [r | {"signature": w["signature"]} for r, w in zip(
-                    real, [signature_of(pp, secrets, "requester", Credential.from_label(
-                        r["credential"]), document["epoch"], document["expires_at"], body,
-                        seed=other_seed) for r in real], strict=True)]
+                wrong = [r | {"signature": w["signature"]}
+                         for r, w in zip(real, wrong, strict=True)]
             handler.reply(json.dumps(document | {"request_signatures": wrong}).encode())
         return behave
 
-    for change, reason in (({"seed": other_seed}, "connection requests"),
+    for change, reason in (({"seed": other_seed}, "is not the one asked for"),
+                           ("swapped", "on the epoch, credentials, identity and connection "
+                                       "requests"),
                            ("partials only", "connection requests do not verify"),
                            ({"V": GROUP.generator(S.G2)}, "is not the one asked for")):
         with hostile_member(deployment.url(4), answers_another_request(change)) as url:
