@@ -347,7 +347,7 @@ class ThresholdKeyClient:
                 "transport_key": base64.b64encode(transport_key).decode("ascii")}
         found = await self._collect(
             "/v3/enrol/root", body,
-            lambda index, answer: self._root(credential, transport_key, index, answer),
+            lambda index, answer: self._root(credential, transport_key, epoch, index, answer),
             agreed="the epoch, expiry and identity")
         answers = list(found.shares.values())
         certificate = answers[0][0]
@@ -436,11 +436,17 @@ class ThresholdKeyClient:
                 raise _BadAnswer("a share does not verify against the deployment's public key")
         return (epoch, tuple(s.key.credential for s in shares), identity), shares
 
-    def _root(self, credential: Credential, transport_key: bytes, index: int, answer: Any
+    def _root(self, credential: Credential, transport_key: bytes, asked: str | int | None,
+              index: int, answer: Any
               ) -> tuple[Shape, tuple[RootCertificate, T.PartialSignature, T.TokenShare]]:
         identity, epoch, expires_at = _identity(answer), answer["epoch"], answer["expires_at"]
-        if not all(isinstance(v, int) and 0 <= v < 2**63 for v in (epoch, expires_at)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+                   for v in (epoch, expires_at)):
             raise _BadAnswer("its epoch or expires_at is not a number")
+        if isinstance(asked, int) and epoch != asked:
+            raise _BadAnswer(f"it answered for epoch {epoch}, not the {asked} asked for")
+        if expires_at <= time.time():
+            raise _BadAnswer("its certificate has expired")
         if (answer["attribute"], answer["transport_key"]) != (
                 credential.attribute, base64.b64encode(transport_key).decode("ascii")):
             raise _BadAnswer("it certifies another attribute or transport key")

@@ -910,7 +910,15 @@ def test_a_roots_certificate_and_token_are_combined_from_t_members(deployment):
         handler.reply(json.dumps(document | {"routing_token": base64.b64encode(
             T.encode_token_share(share)).decode()}).encode())
 
+    def signs_an_expired_one(handler, body):
+        document = handler.forward(body) | {"expires_at": int(time.time()) - 60}
+        partial = T.partial_sign(GROUP, secrets, root_certificate_message(
+            "symbol", transport, document["epoch"], document["expires_at"]))
+        handler.reply(json.dumps(document | {"certificate": base64.b64encode(
+            T.encode_partial_signature(partial)).decode()}).encode())
+
     for behave, reason in ((signs_another_key, "certificate signature does not verify"),
+                           (signs_an_expired_one, "expired"),
                            (hands_another_token, "token share does not verify"),
                            (lambda h, _: h.reply(b" " * MAX_ANSWER_BYTES + b"{}"), "exceeds")):
         with hostile_member(deployment.url(4), behave) as url:
