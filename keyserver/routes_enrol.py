@@ -194,11 +194,12 @@ RootAnswer = Callable[[AppState, str, Credential, bytes, Epoch, int],
 epoch, expiry): version 2's certificate and token, or a threshold member's shares of them."""
 
 
-async def enrol_root_with(state: AppState, caller: Caller, body: RootEnrolment, epoch: Epoch,
+async def enrol_root_with(state: AppState, caller: Caller, body: RootEnrolment,
                           answer: RootAnswer) -> dict[str, Any]:
     """The pipeline of every root enrolment, version 2's and a threshold member's: the
-    attribute, the transport key and the identity's policy checked (a root holds the whole
-    domain), one key charged, answered for ``epoch``, and audited."""
+    role, the attribute, the transport key and the identity's policy checked (a root holds
+    the whole domain), then the epoch asked for (409 outside its window), one key charged,
+    answered, and audited."""
     identity = _enrolling(caller, "root")
     schema = state.store.schema
     if body.attribute not in schema.names:
@@ -206,6 +207,7 @@ async def enrol_root_with(state: AppState, caller: Caller, body: RootEnrolment, 
                        "unknown_attribute")
     transport_key = _ed25519_key(body.transport_key, "transport_key")
     check_root_policy(schema, body.attribute, identity.policy)
+    epoch = target_epoch(state, body.epoch)
     charge_keys(state, caller, 1)
     expires_at = int(epoch.end + epoch.grace)
     out = await answer(state, caller.name, root_credential(schema.attribute(body.attribute)),
@@ -224,9 +226,7 @@ async def enrol_root(body: RootEnrolment, caller: AnIdentity,
     """Certify a root peer's Ed25519 transport key for one attribute tree
     (``credentials.certificates.root_certificate_message`` is what is signed)."""
     single_server_only(state, "root certificates")
-    return await enrol_root_with(state, caller, body,
-                                 target_epoch(state, body.epoch, time.time()),
-                                 _root_certificate)
+    return await enrol_root_with(state, caller, body, _root_certificate)
 
 
 async def _root_certificate(state: AppState, who: str, credential: Credential,

@@ -158,7 +158,7 @@ async def enrol_root_shares(body: RootShareEnrolment, caller: AnIdentity,
     under the same checks as ``/v1/enrol/root``."""
     member = _member(state)
     return {"index": member.index, "identity": caller.name} | await enrol_root_with(
-        state, caller, body, target_epoch(state, body.epoch), _root_shares)
+        state, caller, body, _root_shares)
 
 
 async def _root_shares(state: AppState, who: str, credential: Credential,

@@ -189,6 +189,8 @@ def test_roles_are_enforced(keyserver):
     assert _status(lambda: publisher.enrol_subscriber("")).status == 403
     key = base64.b64encode(_raw_key(Ed25519PrivateKey.generate())).decode()
     assert _status(lambda: subscriber.enrol_root("price", key)).status == 403
+    # the role is checked before the epoch: 403, not 409 outside the grace window
+    assert _status(lambda: subscriber.enrol_root("price", key, "next")).status == 403
     assert _status(lambda: subscriber.register("127.0.0.1:9000", "price", "root", 60)
                    ).status == 403
 
