@@ -117,8 +117,9 @@ def register(sub: Any) -> None:
         "a threshold deployment whose admin token is given, and write its tokens to an "
         "access file for ThresholdKeyClient. It gets keys once t members registered it.")
     _common(add)
-    add.add_argument("--role", required=True, choices=("subscriber", "publisher"),
-                     help="what its tokens let it enrol for")
+    add.add_argument("--role", required=True, choices=("subscriber", "publisher", "root"),
+                     help="what its tokens let it enrol for (a root: the certificate of its "
+                     "transport key and its tree's whole-domain token)")
     add.add_argument("--allow", help="policy predicate bounding what it may subscribe to or "
                      "advertise (default: anything)")
     add.add_argument("--access-file", required=True, metavar="FILE",

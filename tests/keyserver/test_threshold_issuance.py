@@ -313,6 +313,31 @@ def test_the_documented_client_program_enrols(deployment, tmp_path):
     assert match and int(match[2]) >= 2 and "2" not in match.groups()[2:], done.stdout
 
 
+def test_the_documented_root_program_enrols(deployment, tmp_path):
+    """docs/operations.md's root program, verbatim: a root identity added at every member
+    with one command gets a certificate that t members signed; run again, it keeps its
+    transport key (mode 0600) and gets the same epoch's certificate."""
+    text = (REPO_ROOT / "docs" / "operations.md").read_text()
+    program = text.split("<!-- threshold-root-example -->\n```python\n", 1)[1].split(
+        "```", 1)[0]
+    (tmp_path / "root.py").write_text(program)
+    added = threshold_identity(deployment, "add", "root-doc", range(1, n + 1), "--role",
+                               "root", "--access-file", str(tmp_path / "root-doc.json"))
+    assert added.returncode == 0, added.stderr
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "root.py",
+                               str(deployment.dirs[0] / "threshold.json"), "root-doc.json",
+                               "price", "transport.key"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert re.fullmatch(r"root of 'price' in epoch \d+ until \d+, signed by members "
+                            r"\[\d, \d, \d\]\n", done.stdout), done.stdout
+        outputs.append(done.stdout.split(", signed")[0])
+    assert outputs[0] == outputs[1]
+    assert (tmp_path / "transport.key").stat().st_mode & 0o777 == 0o600
+
+
 def raw_shares(deployment, tokens, members, subscription):
     shares = []
     for i in members:
