@@ -184,8 +184,8 @@ class SubscriberShareEnrolment(SubscriberEnrolment):
     request_binding: Text | None = Field(
         default=None, max_length=200,
         description="with request_seed: base64 of V = ĝ^s (a compressed G2 point, 96 bytes) "
-        "for a secret s of the client's, signed into every request, so that only a peer "
-        "holding a covering token can prove it opened one")
+        "for a secret s of the client's; each request carries V^h (h a PRF of the seed per "
+        "credential), so that only a peer holding a covering token can prove it opened one")
 
 
 class PublisherShareEnrolment(PublisherEnrolment):

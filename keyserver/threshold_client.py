@@ -7,12 +7,13 @@ shares.
 
 A subscriber's enrolment also brings one connection request per credential, signed by the
 same ``t`` members: the client draws a seed and a secret ``s``, every member derives the
-same request from the seed (for a credential the identity may hold), with ``V = ĝ^s`` in
-it, signs it with its share of the deployment's signing key and answers it with its
-signature. The client takes the request ``t`` members answered byte for byte, and combines
-their partial signatures, which peers check against ``X`` (``ThresholdServer``); it derives
-only the request's secrets from the seed (no group operation), and binds them to ``s``, so
-the members, who know the seed, cannot prove an opening.
+same request from the seed (for a credential the identity may hold), with its own binding
+``V_c = V^h_c`` of ``V = ĝ^s`` in it (``h_c`` a PRF of the seed), signs it with its share
+of the deployment's signing key and answers it with its signature. The client takes the
+request ``t`` members answered byte for byte, and combines their partial signatures,
+which peers check against ``X`` (``ThresholdServer``); it derives only the request's
+secrets from the seed (no group operation), and binds them to ``s_c = s h_c``, so the
+members, who know the seed, cannot prove an opening.
 
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
