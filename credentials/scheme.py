@@ -703,40 +703,45 @@ def derive_connection_request(pp: PublicParams, requester: str, credential: Cred
     ``V_c = V^h_c`` with ``h_c = PRF_q(k; "binding")``, so that the requests of one
     enrolment share no bytes (a peer without the seed cannot link them). The returned SWs
     are the members' (unbound); the requester binds them with :func:`bind_request_secrets`
-    and ``s_c = s h_c`` (:func:`derived_binding_secret`)."""
+    and ``s_c = s h_c`` (:func:`requester_view`)."""
     draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
     return _unsigned_request(pp, credential, epoch, expires_at, draw,
                              pp.group.exp_secret(binding, draw.scalar(b"binding")))
 
 
-def derived_binding_secret(pp: PublicParams, requester: str, credential: Credential,
-                           epoch: int, expires_at: int, seed: bytes, s: int) -> int:
-    """``s_c = s h_c mod q``: the requester's secret of the binding ``V_c = ĝ^s_c`` in the
-    request :func:`derive_connection_request` builds from ``V = ĝ^s``."""
-    draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
-    return s * draw.scalar(b"binding") % pp.group.order
+@dataclass(frozen=True)
+class RequesterView:
+    """What the requester of a version-3 request derives from its seed and ``s`` without
+    building the request: its SWs (unbound), ``s_c = s h_c`` and the binding
+    ``V_c = ĝ^s_c`` it carries, and entry 0's ``U = ĝ^t_0``, to check a body others built."""
+
+    sws: tuple[bytes, ...]
+    s_c: int
+    binding: Element
+    first_U: Element
+
+    def matches(self, request: ConnectionRequest) -> bool:
+        """A spot check of a body others derived from the seed: its binding, and entry 0
+        (so that requests built otherwise, by members of another release, are found at
+        enrolment rather than at the first join)."""
+        return (request.binding is not None and bool(request.entries)
+                and bytes(request.binding) == bytes(self.binding)
+                and bytes(request.entries[0].U) == bytes(self.first_U))
 
 
-def derived_request_secrets(pp: PublicParams, requester: str, credential: Credential,
-                            epoch: int, expires_at: int, seed: bytes) -> tuple[bytes, ...]:
-    """The SWs of the request :func:`derive_connection_request` builds, without building
-    it: ``SW_j = PRF(k; "sw", j)``, no group operation. The requester takes the body from
-    the members that signed it and needs only these (bound with
-    :func:`bind_request_secrets`)."""
-    draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
-    return tuple(draw.bytes(SW_BYTES, b"sw", j.to_bytes(2, "big"))
-                 for j in range(len(credential.ancestors())))
-
-
-def derived_request_matches(pp: PublicParams, request: ConnectionRequest, requester: str,
-                            credential: Credential, epoch: int, expires_at: int, seed: bytes
-                            ) -> bool:
-    """A spot check of a request others derived from ``seed``: entry 0's ``U`` is
-    ``ĝ^t_0`` (one G2 exponentiation), so requests built otherwise (members of another
-    release) are found at enrolment rather than at the first join."""
-    draw = _Seeded(pp.group, _request_key(requester, credential, epoch, expires_at, seed))
-    return bool(request.entries) and bytes(request.entries[0].U) == bytes(
-        pp.group.exp_secret(pp.mpk.g_hat, draw.scalar(b"t", (0).to_bytes(2, "big"))))
+def requester_view(pp: PublicParams, requester: str, credential: Credential, epoch: int,
+                   expires_at: int, seed: bytes, s: int) -> RequesterView:
+    """:class:`RequesterView` of the request :func:`derive_connection_request` builds from
+    ``seed`` and ``V = ĝ^s``: ``SW_j = PRF(k; "sw", j)``, ``s_c = s PRF_q(k; "binding")``,
+    two G2 exponentiations."""
+    group = pp.group
+    draw = _Seeded(group, _request_key(requester, credential, epoch, expires_at, seed))
+    s_c = s * draw.scalar(b"binding") % group.order
+    return RequesterView(
+        sws=tuple(draw.bytes(SW_BYTES, b"sw", j.to_bytes(2, "big"))
+                  for j in range(len(credential.ancestors()))),
+        s_c=s_c, binding=group.exp_secret(pp.mpk.g_hat, s_c),
+        first_U=group.exp_secret(pp.mpk.g_hat, draw.scalar(b"t", (0).to_bytes(2, "big"))))
 
 
 def _request_key(requester: str, credential: Credential, epoch: int, expires_at: int,

@@ -183,27 +183,23 @@ class _BadAnswer(Exception):
 
 
 @dataclass
-class _Bindings:
-    """The binding ``V_c = ĝ^(s h_c)`` each request of one enrolment must carry
-    (``scheme.derive_connection_request``), computed once per credential, epoch and
-    expiry, whichever member answers first."""
+class _Views:
+    """What this client derives of each request of one enrolment from its seed and ``s``
+    (``scheme.requester_view``), once per credential, epoch and expiry, whichever member
+    answers first."""
 
     pp: PublicParams
     seed: bytes
     s: int
-    expected: dict[tuple[str, Credential, int, int], bytes] = field(default_factory=dict)
+    derived: dict[tuple[str, Credential, int, int], scheme.RequesterView] = field(
+        default_factory=dict)
 
-    def secret(self, identity: str, credential: Credential, epoch: int, expires_at: int
-               ) -> int:
-        return scheme.derived_binding_secret(self.pp, identity, credential, epoch, expires_at,
-                                             self.seed, self.s)
-
-    def of(self, identity: str, credential: Credential, epoch: int, expires_at: int) -> bytes:
+    def of(self, identity: str, credential: Credential, epoch: int, expires_at: int
+           ) -> scheme.RequesterView:
         key = (identity, credential, epoch, expires_at)
-        if key not in self.expected:
-            self.expected[key] = bytes(self.pp.group.exp_secret(self.pp.mpk.g_hat,
-                                                                self.secret(*key)))
-        return self.expected[key]
+        if key not in self.derived:
+            self.derived[key] = scheme.requester_view(self.pp, *key, self.seed, self.s)
+        return self.derived[key]
 
 
 @dataclass(frozen=True)
@@ -303,10 +299,10 @@ class ThresholdKeyClient:
                 "max_credentials": max_credentials, "epoch": epoch,
                 "request_seed": base64.b64encode(seed).decode("ascii"),
                 "request_binding": base64.b64encode(bytes(binding)).decode("ascii")}
-        bindings = _Bindings(pp, seed, s)
+        views = _Views(pp, seed, s)
         found = await self._collect(
             "/v3/enrol/subscriber", body,
-            lambda index, answer: self._subscriber(bindings, index, answer),
+            lambda index, answer: self._subscriber(views, index, answer),
             agreed="the epoch, credentials, identity and connection requests",
             limit=max_answer_bytes(pp.schema))
         answers = list(found.shares.values())
@@ -314,24 +310,12 @@ class ThresholdKeyClient:
         first = answers[0]  # the requests, identity and expiry are what the answers agree on
         issued = []
         for k, credential in enumerate(c.credential for c in key.credentials):
-            if not scheme.derived_request_matches(pp, first.requests[k], first.identity,
-                                                  credential, key.epoch, first.expires_at,
-                                                  seed):
-                error = ThresholdEnrolmentError(
-                    f"members {list(found.shares)} signed alike a connection request for "
-                    f"{credential.label()} that this client's seed does not give (members "
-                    "of another release than the client?)")
-                error.failures = tuple(Failure(i, "its connection request is not the seed's")
-                                       for i in found.shares)
-                raise error
             signed = T.signed_request(self.group, self.tpk, first.requests[k],
                                       [a.request_partials[k] for a in answers])
-            sws = scheme.derived_request_secrets(pp, first.identity, credential, key.epoch,
-                                                 first.expires_at, seed)
-            s_c = bindings.secret(first.identity, credential, key.epoch, first.expires_at)
+            view = views.of(first.identity, credential, key.epoch, first.expires_at)
             issued.append(IssuedRequest(credential.attribute, credential, signed,
                                         scheme.bind_request_secrets(pp, credential, key.epoch,
-                                                                    sws, s_c)))
+                                                                    view.sws, view.s_c)))
         return CombinedSubscriberKey(key, first.expires_at, tuple(issued),
                                      tuple(found.shares), tuple(found.failures))
 
@@ -375,7 +359,7 @@ class ThresholdKeyClient:
 
     # -- reading one member's answer: (what must agree, the verified share) ------------------
 
-    def _subscriber(self, bindings: _Bindings, index: int, answer: Any
+    def _subscriber(self, views: _Views, index: int, answer: Any
                     ) -> tuple[Shape, _SubscriberAnswer]:
         share = T.decode_subscriber_share(self.pp.group, _decoded(answer["share"]))
         key = share.key
@@ -393,7 +377,7 @@ class ThresholdKeyClient:
         signed = _signed_requests(answer, credentials)
         bodies = tuple(body for body, _ in signed)
         requests = tuple(self._request(body, c, key.epoch, expires_at,
-                                       bindings.of(identity, c, key.epoch, expires_at))
+                                       views.of(identity, c, key.epoch, expires_at))
                          for body, c in zip(bodies, credentials, strict=True))
         partials = tuple(T.decode_partial_signature(self.group, signature)
                          for _, signature in signed)
@@ -406,20 +390,24 @@ class ThresholdKeyClient:
                 _SubscriberAnswer(share, identity, expires_at, requests, partials))
 
     def _request(self, body: bytes, credential: Credential, epoch: int, expires_at: int,
-                 binding: bytes) -> ConnectionRequest:
+                 view: scheme.RequesterView) -> ConnectionRequest:
         """The member's connection request for ``credential``, if it is for what was asked:
-        its attribute, the epoch and expiry of the share, one entry per position, bound to
-        this client's ``V_c`` (``binding``). Its entries are checked only by the ``t``
-        members that sign the same bytes: a member that answers other entries forms a group
-        of its own."""
+        its attribute, the epoch and expiry of the share, one entry per position, and what
+        this client can check of a body without building it (``view.matches``: its
+        ``V_c``, and entry 0, so that members of another release are found here). Its other
+        entries are checked only by the ``t`` members that sign the same bytes: a member
+        that answers other entries forms a group of its own."""
         request = codec.decode_request_body(self.group, body)
         if ((request.attribute, request.epoch, request.expires_at) != (
                 credential.attribute, epoch, expires_at)
                 or len(request.entries) != self.pp.schema.attribute(
-                    credential.attribute).positions
-                or request.binding is None or bytes(request.binding) != binding):
+                    credential.attribute).positions):
             raise _BadAnswer(f"its connection request for {credential.label()} is not the one "
                              "asked for")
+        if not view.matches(request):
+            raise _BadAnswer(f"its connection request for {credential.label()} is not the one "
+                             "asked for: this client's seed does not give it (a member of "
+                             "another release than the client?)")
         return request
 
     def _publisher(self, index: int, answer: Any) -> tuple[Shape,

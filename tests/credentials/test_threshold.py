@@ -207,11 +207,15 @@ def binding(pp):
     return pp.group.exp_secret(pp.mpk.g_hat, REQUESTER_SECRET)
 
 
+def view(pp, credential, seed, identity="alice"):
+    """What the requester derives of its request for ``credential`` without building it."""
+    return S.requester_view(pp, identity, credential, EPOCH, 2**40, seed, REQUESTER_SECRET)
+
+
 def bound_secrets(pp, credential, sws, seed, identity="alice"):
     """The requester's SW'_j of its request for ``credential``: bound with s_c = s h_c."""
-    s_c = S.derived_binding_secret(pp, identity, credential, EPOCH, 2**40, seed,
-                                   REQUESTER_SECRET)
-    return S.bind_request_secrets(pp, credential, EPOCH, sws, s_c)
+    return S.bind_request_secrets(pp, credential, EPOCH, sws,
+                                  view(pp, credential, seed, identity).s_c)
 
 
 def request_partials(pp, secrets, credential, seed, servers, identity="alice"):
@@ -236,16 +240,15 @@ def test_members_sign_one_connection_request_built_from_the_requesters_seed(depl
     body, _ = T.partial_sign_request(pp, secrets[4], "alice", requester, EPOCH, 2**40, seed,
                                      binding(pp))
     assert codec.decode_request_body(group, body) == request
-    assert S.derived_request_secrets(pp, "alice", requester, EPOCH, 2**40, seed) == sws
-    assert S.derived_request_secrets(pp, "bob", requester, EPOCH, 2**40, seed) != sws
-    # the client's spot check of a body members built: entry 0 is the seed's
-    assert S.derived_request_matches(pp, request, "alice", requester, EPOCH, 2**40, seed)
+    assert view(pp, requester, seed).sws == sws
+    assert view(pp, requester, seed, "bob").sws != sws
+    # the client's spot check of a body members built: its binding and entry 0 are the seed's
+    assert view(pp, requester, seed).matches(request)
     swapped = replace(request, entries=(request.entries[1], request.entries[0],
                                         *request.entries[2:]))
     for other, identity in ((derive(pp, requester, b"\x02" * 32)[0], "alice"),
                             (request, "bob"), (swapped, "alice")):
-        assert not S.derived_request_matches(pp, other, identity, requester, EPOCH, 2**40,
-                                             seed)
+        assert not view(pp, requester, seed, identity).matches(other)
     other_seed, _ = derive(pp, requester, b"\x02" * 32)
     other_credential, _ = derive(pp, Credential("symbol", "str", "IBN"), seed)
     other_identity, _ = derive(pp, requester, seed, identity="bob")
