@@ -272,17 +272,19 @@ def held_transport_addresses(caller: AnIdentity, state: State) -> dict[str, Any]
     return {"addresses": [{"address": a, "expires_at": until} for a, until in held]}
 
 
-@router.post("/transport", response_model=TransportCertificateOut,
-             responses=error_responses(401, 403, 409, 422))
-async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
-                          state: State) -> dict[str, Any]:
-    """Certify a peer's Ed25519 link key (X.509 from the peer-link CA) for the identity, its
-    role, the addresses it listens on and, for a root, the trees its policy leaves whole,
-    until the epoch's end plus grace. The addresses become the identity's own until the
-    certificate expires (409 ``address_taken`` while another identity's certificate names
-    one); 409 ``too_many_addresses`` if the identity would then hold more live addresses
-    than the server's cap (re-certifying the ones it holds always works)."""
-    single_server_only(state, "peer-link certificates")
+LinkAnswer = Callable[[AppState, bytes, PeerBinding, float, Epoch],
+                     Awaitable[tuple[float, dict[str, Any], str]]]
+"""What a link-key enrolment answers for (key, binding, now, epoch): version 2's X.509
+certificate or a threshold member's partial signature; with the end of its validity and the
+kind of key it counts as issued."""
+
+
+async def enrol_transport_with(state: AppState, caller: Caller, body: TransportEnrolment,
+                               answer: LinkAnswer) -> dict[str, Any]:
+    """The pipeline of every link-key enrolment, version 2's and a threshold member's: the
+    key and addresses checked, the epoch, one key charged, the binding (for a root, the
+    trees its policy leaves whole) answered for, then the addresses claimed and the
+    issuance audited in one transaction."""
     identity = caller.identity
     assert identity is not None
     raw_key = _ed25519_key(body.public_key, "public_key")
@@ -294,10 +296,7 @@ async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
     charge_keys(state, caller, 1)
     binding = PeerBinding(identity.name, identity.role, tuple(body.addresses), attributes,
                           epoch.number)
-    certificate = issue_peer_certificate(state.store.peer_ca.key,
-                                         Ed25519PublicKey.from_public_bytes(raw_key), binding,
-                                         now, epoch.end + epoch.grace)
-    not_after = certificate.not_valid_after_utc.timestamp()
+    not_after, out, kind = await answer(state, raw_key, binding, now, epoch)
     claim = (state, identity, body.addresses, now, not_after, epoch.number,
              {"identity": identity.name, "role": identity.role, "addresses": body.addresses,
               "attributes": list(attributes), "key_fingerprint": fingerprint(raw_key),
@@ -306,7 +305,30 @@ async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
         await run_in_threadpool(_claim_and_record, *claim)
     except IntegrityError:  # a concurrent first claim of an address won the insert
         await run_in_threadpool(_claim_and_record, *claim)
-    state.metrics.keys_issued("peer_certificate", 1)
-    return {"certificate": to_pem(certificate), "epoch": epoch.number,
-            "epoch_end": epoch.end, "not_after": not_after, "identity": identity.name,
-            "role": identity.role, "addresses": body.addresses, "attributes": list(attributes)}
+    state.metrics.keys_issued(kind, 1)
+    return {"epoch": epoch.number, "epoch_end": epoch.end, "not_after": not_after,
+            "identity": identity.name, "role": identity.role, "addresses": body.addresses,
+            "attributes": list(attributes)} | out
+
+
+@router.post("/transport", response_model=TransportCertificateOut,
+             responses=error_responses(401, 403, 409, 422))
+async def enrol_transport(body: TransportEnrolment, caller: AnIdentity,
+                          state: State) -> dict[str, Any]:
+    """Certify a peer's Ed25519 link key (X.509 from the peer-link CA) for the identity, its
+    role, the addresses it listens on and, for a root, the trees its policy leaves whole,
+    until the epoch's end plus grace. The addresses become the identity's own until the
+    certificate expires (409 ``address_taken`` while another identity's certificate names
+    one); 409 ``too_many_addresses`` if the identity would then hold more live addresses
+    than the server's cap (re-certifying the ones it holds always works)."""
+    single_server_only(state, "peer-link certificates")
+    return await enrol_transport_with(state, caller, body, _link_certificate)
+
+
+async def _link_certificate(state: AppState, raw_key: bytes, binding: PeerBinding, now: float,
+                            epoch: Epoch) -> tuple[float, dict[str, Any], str]:
+    certificate = issue_peer_certificate(state.store.peer_ca.key,
+                                         Ed25519PublicKey.from_public_bytes(raw_key), binding,
+                                         now, epoch.end + epoch.grace)
+    return (certificate.not_valid_after_utc.timestamp(), {"certificate": to_pem(certificate)},
+            "peer_certificate")
