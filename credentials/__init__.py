@@ -14,8 +14,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "certificates": (
         "CertificateError", "ED25519_KEY_BYTES", "RootCertificate", "bundle_message", "fingerprint",
-        "peer_ca_message", "root_certificate_message", "schema_message", "verify_bundle",
-        "verify_peer_ca", "verify_schema",
+        "peer_ca_message", "peer_link_message", "root_certificate_message", "schema_message",
+        "verify_bundle", "verify_peer_ca", "verify_schema",
     ),
     "codec": (
         "CodecError", "codec", "decode_mpk", "decode_msk", "decode_publisher_key",
@@ -43,8 +43,9 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "messages": ("ConnectionRequest", "RequestOpening", "StreamEvent"),
     "numeric": ("numeric",),
     "peer_certificates": (
-        "MAX_ADDRESSES", "PeerBinding", "PeerCertificate", "PeerCertificateError",
-        "ca_certificate", "ca_key_from_seed", "canonical_address", "is_unspecified",
+        "LINK_SIGNATURE_EXTENSION", "MAX_ADDRESSES", "ROLES", "PeerBinding", "PeerCertificate",
+        "PeerCertificateError", "ca_certificate", "ca_key_from_seed", "canonical_address",
+        "handshake_ca_key", "is_unspecified",
         "issue_peer_certificate", "read_peer_certificate", "read_peer_certificate_der", "to_pem",
     ),
     "policy_regions": ("OutsidePolicy", "clause_text", "first_outside"),

@@ -17,6 +17,19 @@ bytes; the key server also signs it with its Ed25519 key (``certificates.
 transport_ca_message``) so peers take it from the public parameters they already
 check. The extension is not critical: TLS libraries verify the chain and dates, and
 this module reads the bindings.
+
+A threshold deployment (version 3) has no CA key: no member may hold one. There ``t``
+members sign the link key, the binding and the expiry together
+(``certificates.peer_link_message``), and the signature travels in a second extension,
+:data:`LINK_SIGNATURE_EXTENSION`, of a certificate issued by the deployment's *handshake
+CA*, whose key every peer, and anyone else, derives from the deployment's public signing
+key (:func:`handshake_ca_key`). That CA vouches for nothing; it lets TLS run, since
+Python's ssl verifies every certificate it requests. What vouches for the link is read
+after the handshake: :func:`read_peer_certificate` with the deployment as ``links`` takes
+a certificate only with a signature of ``X`` over its own public key, binding and
+expiry, before it parses the binding. With TLS 1.3 proving that the other side holds the
+certificate's private key, that is what version 2's CA signature gives: the key server
+vouched for this key, with this binding, until then.
 """
 
 from __future__ import annotations
@@ -33,11 +46,16 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID, ObjectIdentifier
 
+from ibe_pubsub.credentials.certificates import peer_link_message
 from ibe_pubsub.credentials.exceptions import CredentialsError
+from ibe_pubsub.credentials.server_keys import ServerVerifier
 
 #: A UUID-based OID (ITU-T X.667, arc 2.25) naming this project's peer-binding extension.
 PEER_EXTENSION = ObjectIdentifier("2.25.113840910988005767357125380419690456792")
 EXTENSION_VERSION = 1
+#: The extension holding a threshold deployment's signature of the link (version 3).
+LINK_SIGNATURE_EXTENSION = ObjectIdentifier("2.25.71483995365589669488560753349689420978")
+HANDSHAKE_CA_TAG = b"ibe-pubsub/v3/peer-link-handshake-ca"
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ibe-pubsub"),
                      x509.NameAttribute(NameOID.COMMON_NAME, "ibe-pubsub peer-link CA")])
 PEER_NAME = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ibe-pubsub"),
@@ -160,6 +178,13 @@ def ca_key_from_seed(seed: bytes) -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(seed)
 
 
+def handshake_ca_key(deployment_key: bytes) -> Ed25519PrivateKey:
+    """A threshold deployment's handshake CA key, ``SHA-256(tag || X)``: public on purpose
+    (see the module's docstring), the same for every peer of the deployment."""
+    return Ed25519PrivateKey.from_private_bytes(
+        hashlib.sha256(HANDSHAKE_CA_TAG + deployment_key).digest())
+
+
 def ca_certificate(ca_key: Ed25519PrivateKey) -> x509.Certificate:
     """The self-signed CA certificate; the same bytes for the same key, every time."""
     public = ca_key.public_key()
@@ -177,13 +202,19 @@ def ca_certificate(ca_key: Ed25519PrivateKey) -> x509.Certificate:
 
 
 def issue_peer_certificate(ca_key: Ed25519PrivateKey, public_key: Ed25519PublicKey,
-                           binding: PeerBinding, now: float, not_after: float
-                           ) -> x509.Certificate:
+                           binding: PeerBinding, now: float, not_after: float,
+                           link_signature: bytes | None = None) -> x509.Certificate:
     """Certify ``public_key`` for ``binding`` from ``now`` (less the clock skew) until
-    ``not_after``."""
+    ``not_after``; with a threshold deployment's ``link_signature`` of them (and
+    ``not_after`` a whole second), under its handshake CA."""
     start = datetime.datetime.fromtimestamp(now - CLOCK_SKEW, datetime.UTC)
     end = datetime.datetime.fromtimestamp(not_after, datetime.UTC)
-    return (x509.CertificateBuilder().subject_name(PEER_NAME).issuer_name(CA_NAME)
+    builder = x509.CertificateBuilder()
+    if link_signature is not None:
+        builder = builder.add_extension(
+            x509.UnrecognizedExtension(LINK_SIGNATURE_EXTENSION, link_signature),
+            critical=False)
+    return (builder.subject_name(PEER_NAME).issuer_name(CA_NAME)
             .public_key(public_key).serial_number(x509.random_serial_number())
             .not_valid_before(start).not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -196,25 +227,52 @@ def issue_peer_certificate(ca_key: Ed25519PrivateKey, public_key: Ed25519PublicK
             .sign(ca_key, None))
 
 
-def read_peer_certificate(cert: x509.Certificate) -> PeerCertificate:
-    """The binding of a certificate whose chain and dates TLS has already verified."""
+def _extension(cert: x509.Certificate, oid: ObjectIdentifier, what: str) -> bytes:
     try:
-        ext = cert.extensions.get_extension_for_oid(PEER_EXTENSION)
+        value = cert.extensions.get_extension_for_oid(oid).value
     except x509.ExtensionNotFound:
-        raise PeerCertificateError("the certificate binds no peer identity") from None
-    value = ext.value
+        raise PeerCertificateError(f"the certificate carries no {what}") from None
+    except (ValueError, x509.DuplicateExtension) as exc:  # anyone may mint certificates
+        raise PeerCertificateError(f"the certificate's extensions do not decode: {exc}"
+                                   ) from None                 # under a handshake CA
     if not isinstance(value, x509.UnrecognizedExtension):
-        raise PeerCertificateError("the peer binding extension does not decode")
-    return PeerCertificate(PeerBinding.from_bytes(value.value),
-                           cert.not_valid_after_utc.timestamp())
+        raise PeerCertificateError(f"the certificate's {what} does not decode")
+    return value.value
 
 
-def read_peer_certificate_der(der: bytes) -> PeerCertificate:
+def _check_link_signature(cert: x509.Certificate, binding: bytes, not_after: float,
+                          links: ServerVerifier) -> None:
+    """Refuse a certificate unless ``links`` signed its key, ``binding`` and expiry."""
+    signature = _extension(cert, LINK_SIGNATURE_EXTENSION,
+                           "signature of the key service (a version-2 certificate?)")
+    key = cert.public_key()
+    if not isinstance(key, Ed25519PublicKey):
+        raise PeerCertificateError("the certificate's key is not an Ed25519 link key")
+    if not links.verify(peer_link_message(key.public_bytes_raw(), binding, int(not_after)),
+                        signature):
+        raise PeerCertificateError("the key service's signature of the link key, binding "
+                                   "and expiry does not verify")
+
+
+def read_peer_certificate(cert: x509.Certificate, links: ServerVerifier | None = None
+                          ) -> PeerCertificate:
+    """The binding of a certificate whose chain and dates TLS has already verified; with
+    ``links`` (a threshold deployment), only once its signature of the certificate's key,
+    binding and expiry verifies."""
+    binding = _extension(cert, PEER_EXTENSION, "peer binding")
+    not_after = cert.not_valid_after_utc.timestamp()
+    if links is not None:
+        _check_link_signature(cert, binding, not_after, links)
+    return PeerCertificate(PeerBinding.from_bytes(binding), not_after)
+
+
+def read_peer_certificate_der(der: bytes, links: ServerVerifier | None = None
+                              ) -> PeerCertificate:
     try:
         cert = x509.load_der_x509_certificate(der)
     except ValueError as exc:
         raise PeerCertificateError(f"not a DER certificate: {exc}") from None
-    return read_peer_certificate(cert)
+    return read_peer_certificate(cert, links)
 
 
 def to_pem(cert: x509.Certificate) -> str:

@@ -35,10 +35,9 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
         "write_access_file",
     ),
     "threshold_client": (
-        "CombinedPublisherKeys", "CombinedRoot", "CombinedSubscriberKey", "Failure",
-        "MemberAccess",
-        "ThresholdEnrolmentError", "ThresholdKeyClient", "MAX_ANSWER_BYTES", "max_answer_bytes",
-        "read_access_file",
+        "CombinedLinkCertificate", "CombinedPublisherKeys", "CombinedRoot",
+        "CombinedSubscriberKey", "Failure", "MemberAccess", "ThresholdEnrolmentError",
+        "ThresholdKeyClient", "MAX_ANSWER_BYTES", "max_answer_bytes", "read_access_file",
     ),
     "threshold_store": (
         "MEMBER_KEY_FILE", "SHARES_FILE", "THRESHOLD_PUBLIC_FILE", "ThresholdMember",

@@ -345,6 +345,22 @@ class RootSharesOut(BaseModel):
                                "the attribute's whole-domain credential")
 
 
+class LinkSignatureOut(BaseModel):
+    index: int = Field(description="this member's number in the deployment (1..n)")
+    identity: str
+    role: Role
+    addresses: list[str]
+    attributes: list[str] = Field(description="trees a root may serve (others: none)")
+    epoch: int
+    epoch_end: float
+    not_after: int = Field(description="end of validity (Unix time, whole seconds): epoch "
+                           "end + grace")
+    public_key: str = Field(description="the link key signed for (base64, raw Ed25519)")
+    signature: str = Field(description="base64 partial signature (tag 21) of the link key, "
+                           "binding and expiry (credentials.peer_link_message): t of them "
+                           "combine into the signature a peer's certificate carries")
+
+
 # -- bulk -----------------------------------------------------------------------------------
 
 class BulkCredential(Strict):

@@ -13,8 +13,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from ibe_pubsub.credentials import G2, Credential, GroupError, scheme
+from ibe_pubsub.credentials import G2, Credential, GroupError, PeerBinding, scheme
 from ibe_pubsub.keyserver.api_models import (
+    LinkSignatureOut,
     PublisherShareEnrolment,
     PublisherSharesOut,
     RootShareEnrolment,
@@ -23,6 +24,7 @@ from ibe_pubsub.keyserver.api_models import (
     SubscriberShareOut,
     ThresholdOut,
     ThresholdSchemaOut,
+    TransportEnrolment,
 )
 from ibe_pubsub.keyserver.auth import AnIdentity, State
 from ibe_pubsub.keyserver.enrolment import labels, target_epoch
@@ -32,6 +34,7 @@ from ibe_pubsub.keyserver.routes_enrol import (
     decoded_bytes,
     enrol_keys,
     enrol_root_with,
+    enrol_transport_with,
     publisher_plan,
     subscriber_plan,
 )
@@ -169,3 +172,25 @@ async def _root_shares(state: AppState, who: str, credential: Credential,
     state.metrics.keys_issued("root_certificate_signature", 1)
     state.metrics.keys_issued("routing_token_share", 1)
     return shares
+
+
+@router.post("/enrol/transport", response_model=LinkSignatureOut,
+             responses=error_responses(401, 403, 404, 409, 422))
+async def enrol_link_signature(body: TransportEnrolment, caller: AnIdentity,
+                               state: State) -> dict[str, Any]:
+    """This member's partial signature of a peer's Ed25519 link key with its binding (the
+    identity, its role, the addresses it listens on, for a root the trees its policy
+    leaves whole, the epoch) and expiry, under the same checks and address claims as
+    ``/v1/enrol/transport``: ``t`` of them make the certificate peers check after the
+    TLS handshake."""
+    member = _member(state)
+    return {"index": member.index, "public_key": body.public_key} | await enrol_transport_with(
+        state, caller, body, _link_signature)
+
+
+async def _link_signature(state: AppState, link_key: bytes, binding: PeerBinding, _now: float,
+                          epoch: Epoch) -> tuple[float, dict[str, Any], str]:
+    not_after = int(epoch.end + epoch.grace)
+    signature = await state.issuer.link_signature(binding.identity, link_key,
+                                                  binding.to_bytes(), not_after)
+    return not_after, {"signature": signature}, "peer_link_signature"

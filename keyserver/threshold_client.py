@@ -15,6 +15,11 @@ which peers check against ``X`` (``ThresholdServer``); it derives only the reque
 secrets from the seed (no group operation), and binds them to ``s_c = s h_c``, so the
 members, who know the seed, cannot prove an opening.
 
+A peer's link key is certified the same way (:meth:`ThresholdKeyClient.certify_link_key`):
+``t`` members' partial signatures of its key, binding and expiry, combined into the
+signature a certificate of the deployment's public handshake CA carries, which peers check
+after the TLS handshake (``credentials.peer_certificates``).
+
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
 same credentials: keys exist only where ``t`` members agree. The schema, unless given, is
@@ -47,25 +52,34 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ibe_pubsub.credentials import (
     ED25519_KEY_BYTES,
+    ROLES,
     ConnectionRequest,
     Credential,
     Element,
     PairingGroup,
+    PeerBinding,
     PublicParams,
     PublisherKey,
     RootCertificate,
     RoutingToken,
     Schema,
     SubscriberKey,
+    ca_certificate,
     codec,
+    handshake_ca_key,
+    issue_peer_certificate,
     load_group,
+    peer_link_message,
+    read_peer_certificate,
     root_certificate_message,
     root_credential,
     schema_message,
     scheme,
+    to_pem,
 )
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.bundles import IssuedRequest
@@ -148,6 +162,21 @@ class CombinedRoot:
 
     certificate: RootCertificate
     token: RoutingToken
+    members: tuple[int, ...]
+    failures: tuple[Failure, ...]
+
+
+@dataclass(frozen=True)
+class CombinedLinkCertificate:
+    """A peer's link certificate: its binding, expiry and key signed by ``t`` members
+    (checked against ``X``), in an X.509 certificate of the deployment's handshake CA: a
+    peer's TLS credentials are ``PeerTLS(key, certificate, client.handshake_ca,
+    links=client.links)``."""
+
+    certificate: str
+    """PEM."""
+    binding: PeerBinding
+    not_after: int
     members: tuple[int, ...]
     failures: tuple[Failure, ...]
 
@@ -344,6 +373,47 @@ class ThresholdKeyClient:
         token = T.combine_token(pp, self.tpk, [a[2] for a in answers])
         return CombinedRoot(signed, token, tuple(found.shares), tuple(found.failures))
 
+    @property
+    def links(self) -> T.ThresholdServer:
+        """The deployment as the signer of peer-link certificates (``PeerTLS(links=...)``)."""
+        return T.ThresholdServer(self.group, self.tpk.X)
+
+    @property
+    def handshake_ca(self) -> str:
+        """The deployment's handshake CA certificate (PEM), the CA of ``PeerTLS`` on its
+        peer links: derived from ``X`` by everyone alike, so it vouches for nothing; the
+        members' signature in each certificate does."""
+        return to_pem(ca_certificate(handshake_ca_key(bytes(self.tpk.X))))
+
+    async def certify_link_key(self, link_key: bytes, addresses: Sequence[str] = (),
+                               epoch: str | None = None) -> CombinedLinkCertificate:
+        """A certificate of ``link_key`` (raw Ed25519, 32 bytes) for this identity at
+        ``addresses`` (none for a peer that does not listen), this epoch or the ``"next"``,
+        signed by ``t`` members that agree on the binding (role, and a root's trees) and
+        its expiry. Each member that certifies claims the addresses for the identity, as
+        version 2's key server does, so every member is asked (those slower than the hedge
+        delay after ``t`` agreed are not waited for): an address claimed at only ``t``
+        members could be claimed by another identity at the others, which would then
+        refuse the owner's renewal."""
+        if len(link_key) != ED25519_KEY_BYTES:
+            raise KeyServerError("a link key is a raw 32-byte Ed25519 public key")
+        encoded = base64.b64encode(link_key).decode("ascii")
+        body = {"public_key": encoded, "addresses": list(addresses), "epoch": epoch}
+        found = await self._collect(
+            "/v3/enrol/transport", body,
+            lambda index, answer: self._link(link_key, encoded, tuple(addresses), index,
+                                             answer),
+            agreed="the binding and expiry", everyone=True)
+        (binding, not_after), _ = next(iter(found.shares.values()))
+        signature = T.combine_signatures(self.group, self.tpk,
+                                         [partial for _, partial in found.shares.values()])
+        certificate = issue_peer_certificate(
+            handshake_ca_key(bytes(self.tpk.X)), Ed25519PublicKey.from_public_bytes(link_key),
+            binding, time.time(), not_after, link_signature=bytes(signature))
+        read_peer_certificate(certificate, self.links)  # as peers will read it
+        return CombinedLinkCertificate(to_pem(certificate), binding, not_after,
+                                       tuple(found.shares), tuple(found.failures))
+
     async def enrol_publisher(self, advertisement: str, max_credentials: int | None = None,
                               epoch: str | int | None = None) -> CombinedPublisherKeys:
         """One publisher key per credential of ``advertisement``, combined likewise."""
@@ -428,14 +498,8 @@ class ThresholdKeyClient:
     def _root(self, credential: Credential, transport_key: bytes, asked: str | int | None,
               index: int, answer: Any
               ) -> tuple[Shape, tuple[RootCertificate, T.PartialSignature, T.TokenShare]]:
-        identity, epoch, expires_at = _identity(answer), answer["epoch"], answer["expires_at"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
-                   for v in (epoch, expires_at)):
-            raise _BadAnswer("its epoch or expires_at is not a number")
-        if isinstance(asked, int) and epoch != asked:
-            raise _BadAnswer(f"it answered for epoch {epoch}, not the {asked} asked for")
-        if expires_at <= time.time():
-            raise _BadAnswer("its certificate has expired")
+        identity = _identity(answer)
+        epoch, expires_at = _epoch_and_expiry(answer, "expires_at", asked)
         if (answer["attribute"], answer["transport_key"]) != (
                 credential.attribute, base64.b64encode(transport_key).decode("ascii")):
             raise _BadAnswer("it certifies another attribute or transport key")
@@ -453,6 +517,24 @@ class ThresholdKeyClient:
             raise _BadAnswer("its token share does not verify against the deployment's "
                              "public key")
         return (epoch, expires_at, identity), (certificate, partial, share)
+
+    def _link(self, link_key: bytes, encoded: str, addresses: tuple[str, ...], index: int,
+              answer: Any) -> tuple[Shape, tuple[tuple[PeerBinding, int], T.PartialSignature]]:
+        epoch, not_after = _epoch_and_expiry(answer, "not_after", None)
+        role, attributes = answer["role"], answer["attributes"]
+        if (answer["public_key"], answer["addresses"]) != (encoded, list(addresses)):
+            raise _BadAnswer("it certifies another link key or other addresses")
+        if role not in ROLES or not isinstance(attributes, list) or not all(
+                isinstance(a, str) for a in attributes):
+            raise _BadAnswer("its role or attributes are not a binding's")
+        binding = PeerBinding(_identity(answer), role, addresses, tuple(attributes), epoch)
+        partial = T.decode_partial_signature(self.group, _decoded(answer["signature"]))
+        _check_index(index, partial.index)
+        if not T.verify_partial_signature(self.group, self.tpk, peer_link_message(
+                link_key, binding.to_bytes(), not_after), partial):
+            raise _BadAnswer("its signature of the link key does not verify against the "
+                             "deployment's public key")
+        return (epoch, not_after, binding.to_bytes()), ((binding, not_after), partial)
 
     def _schema(self, index: int, answer: Any) -> tuple[Shape, tuple[Schema, T.PartialSignature]]:
         schema = Schema.from_dict(answer["schema"])
@@ -530,14 +612,20 @@ class ThresholdKeyClient:
                        describe: Callable[[Shape], str] = lambda shape:
                        f"share (epoch {shape[0]}) agrees",
                        agreed: str = "the epoch, credentials and identity",
-                       limit: int = MAX_ANSWER_BYTES) -> _Collected[Share]:
+                       limit: int = MAX_ANSWER_BYTES, everyone: bool = False
+                       ) -> _Collected[Share]:
         """Ask ``t`` members at once; ask one more for each that fails or disagrees, and
         one more whenever no member answered for the hedge delay, until ``t`` verified
         shares agree on the epoch and credentials. Every member is asked the same request,
         so an answer for another epoch or other credentials only forms a group of its own
         and steers nobody. A member whose share is of an older epoch than another's (an
-        epoch boundary between two answers) is asked once more when no other is left."""
+        epoch boundary between two answers) is asked once more when no other is left.
+        With ``everyone``, every member is asked at once, and once ``t`` agree the others
+        are given the hedge delay to answer too (for requests that claim something at
+        each member)."""
         t, waiting = self.tpk.t, self._order()
+        loop = asyncio.get_running_loop()
+        settle_by: float | None = None
         by_index = {m.index: m for m in self.members}
         groups: dict[Shape, dict[int, Share]] = {}
         failures: list[Failure] = []
@@ -565,13 +653,14 @@ class ThresholdKeyClient:
                                f"{agreed}")
                     for shape, shares in groups.items() if shape != chosen for i in shares]
 
-        for _ in range(t):
+        for _ in range(len(waiting) if everyone else t):
             ask(waiting.popleft())
         try:
             while running:
-                done, _ = await asyncio.wait(running, timeout=self._hedge_delay(),
+                wait = self._hedge_delay() if settle_by is None else settle_by - loop.time()
+                done, _ = await asyncio.wait(running, timeout=max(0.0, wait),
                                              return_when=asyncio.FIRST_COMPLETED)
-                if not done and (member := spare()) is not None:
+                if not done and settle_by is None and (member := spare()) is not None:
                     ask(member)
                 for task in done:
                     member = running.pop(task)
@@ -581,6 +670,10 @@ class ThresholdKeyClient:
                     else:
                         groups.setdefault(outcome[0], {})[member.index] = outcome[1]
                 chosen, best = max(groups.items(), key=lambda g: len(g[1]), default=(None, {}))
+                if len(best) >= t and everyone and running:
+                    settle_by = settle_by or loop.time() + self.hedge
+                    if loop.time() < settle_by:
+                        continue
                 if len(best) >= t:
                     failures += disagreeing(chosen) + [
                         Failure(m.index, f"it had not answered when {t} others agreed")
@@ -644,6 +737,20 @@ def _signed_requests(answer: Any, credentials: Sequence[Credential]
                          "member of an earlier release than this client)")
     return [(_decoded(by_label[c.label()]["request"]),
              _decoded(by_label[c.label()].get("signature"))) for c in credentials]
+
+
+def _epoch_and_expiry(answer: Any, expiry: str, asked: str | int | None) -> tuple[int, int]:
+    """A member's epoch and the expiry it signed (its field ``expiry``): whole numbers, the
+    epoch asked for when one was, the expiry still ahead."""
+    epoch, expires_at = answer["epoch"], answer[expiry]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+               for v in (epoch, expires_at)):
+        raise _BadAnswer(f"its epoch or {expiry} is not a number")
+    if isinstance(asked, int) and epoch != asked:
+        raise _BadAnswer(f"it answered for epoch {epoch}, not the {asked} asked for")
+    if expires_at <= time.time():
+        raise _BadAnswer("what it signed has expired")
+    return epoch, expires_at
 
 
 def _check_index(asked: int, answered: int) -> None:

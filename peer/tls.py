@@ -6,6 +6,12 @@ every link present their certificate and require the other's (``CERT_REQUIRED`` 
 server too). Host names are not checked (``check_hostname=False``): peers are named
 ``host:port``, which X.509 name checks do not cover, so the transport compares the address
 it dialed, or the address a dialer claims, with the addresses the certificate binds.
+
+On a threshold deployment the CA is the deployment's public handshake CA and ``links`` is
+the deployment (``credentials.threshold.ThresholdServer``): a certificate counts only with
+the members' signature of its key, binding and expiry, checked on both sides right after
+the handshake, before any frame (:mod:`credentials.peer_certificates` says why that is
+worth version 2's CA).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ibe_pubsub.credentials import (
     PeerCertificate,
     PeerCertificateError,
+    ServerVerifier,
     read_peer_certificate,
     read_peer_certificate_der,
 )
@@ -30,11 +37,14 @@ from ibe_pubsub.credentials import (
 
 class PeerTLS:
     """A peer's TLS credentials: a server and a client context sharing one key, one
-    certificate and the CA. :meth:`install` swaps in a renewed certificate for the same key;
-    connections already open keep the certificate they were made with."""
+    certificate and the CA, and on a threshold deployment the deployment (``links``), whose
+    signature every certificate needs. :meth:`install` swaps in a renewed certificate for
+    the same key; connections already open keep the certificate they were made with."""
 
-    def __init__(self, key: Ed25519PrivateKey, certificate_pem: str, ca_pem: str) -> None:
+    def __init__(self, key: Ed25519PrivateKey, certificate_pem: str, ca_pem: str,
+                 links: ServerVerifier | None = None) -> None:
         self._key = key
+        self.links = links
         #: For accepted connections (it requires the dialer's certificate).
         self.server_context = _context(ssl.PROTOCOL_TLS_SERVER, ca_pem)
         #: For dialed connections.
@@ -59,18 +69,18 @@ class PeerTLS:
             raise PeerCertificateError(f"not a PEM certificate: {exc}") from None
         if cert.public_key() != self._key.public_key():
             raise PeerCertificateError("the certificate is for another transport key")
-        certificate = read_peer_certificate(cert)
+        certificate = read_peer_certificate(cert, self.links)
         _load_chain((self.server_context, self.client_context), self._key, certificate_pem)
         return certificate
 
-
-def peer_certificate(ssl_object: ssl.SSLObject | None) -> PeerCertificate:
-    """The verified peer's certificate on a connection whose handshake has completed.
-    Raises :class:`PeerCertificateError` if there is none or it binds no peer."""
-    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-    if not der:
-        raise PeerCertificateError("the peer presented no certificate")
-    return read_peer_certificate_der(der)
+    def remote_certificate(self, ssl_object: ssl.SSLObject | None) -> PeerCertificate:
+        """The other side's certificate on a connection whose handshake has completed.
+        Raises :class:`PeerCertificateError` if there is none, it binds no peer, or (on a
+        threshold deployment) the deployment did not sign it."""
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if not der:
+            raise PeerCertificateError("the peer presented no certificate")
+        return read_peer_certificate_der(der, self.links)
 
 
 def _context(protocol: int, ca_pem: str) -> ssl.SSLContext:

@@ -57,7 +57,7 @@ from ibe_pubsub.credentials import PeerCertificate, PeerCertificateError, escape
 from ibe_pubsub.peer import frames
 from ibe_pubsub.peer.exceptions import PeerError
 from ibe_pubsub.peer.log_limits import RateLimit
-from ibe_pubsub.peer.tls import PeerTLS, peer_certificate
+from ibe_pubsub.peer.tls import PeerTLS
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,9 @@ def _tls_reason(exc: OSError) -> str:
     return "tls"
 
 
-def _certificate_of(writer: asyncio.StreamWriter) -> PeerCertificate:
+def _certificate_of(tls: PeerTLS, writer: asyncio.StreamWriter) -> PeerCertificate:
     try:
-        return peer_certificate(writer.get_extra_info("ssl_object"))
+        return tls.remote_certificate(writer.get_extra_info("ssl_object"))
     except PeerCertificateError as exc:
         raise _Refused("bad_certificate", str(exc)) from None
 
@@ -692,7 +692,7 @@ class Transport:
                                    ssl_handshake_timeout=HELLO_TIMEOUT)
         except OSError as exc:  # ssl.SSLError, a reset, or the handshake timing out
             raise _Refused(_tls_reason(exc), str(exc) or type(exc).__name__) from None
-        certificate = _certificate_of(writer)
+        certificate = _certificate_of(tls, writer)
         return certificate, min(own.not_after, certificate.not_after)
 
     def _count_refusal(self, refusal: _Refused, peer: str, what: str = "a connection") -> None:

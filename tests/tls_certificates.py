@@ -1,5 +1,6 @@
 """Throwaway certificates for the TLS tests: a self-signed one for 127.0.0.1 (the key
-server's HTTPS), and a peer-link CA minting peers' credentials as the key server does."""
+server's HTTPS), a peer-link CA minting peers' credentials as the key server does, and a
+threshold deployment's peer-link certificates as its members and clients make them."""
 
 from __future__ import annotations
 
@@ -15,12 +16,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.certificates import peer_link_message
 from ibe_pubsub.credentials.peer_certificates import (
     PeerBinding,
     ca_certificate,
+    handshake_ca_key,
     issue_peer_certificate,
     to_pem,
 )
+from ibe_pubsub.credentials.shamir import lagrange_at_zero
+from ibe_pubsub.evaluation.threshold_lab import local_deployment
 from ibe_pubsub.peer.tls import PeerTLS
 
 
@@ -69,3 +76,47 @@ class PeerCA:
         key = key or Ed25519PrivateKey.generate()
         return PeerTLS(key, self.certificate(key, addresses, identity=identity,
                                              lifetime=lifetime, issued=issued), self.pem)
+
+
+class ThresholdLinks:
+    """A threshold deployment's peer-link certificates, made as a client makes them from
+    its members' answers (``ThresholdKeyClient.certify_link_key``): ``t`` servers' partial
+    signatures of the link key, binding and expiry combined, in a certificate of the
+    deployment's public handshake CA. ``credentials`` fits :func:`peer_links.secure_peer`."""
+
+    def __init__(self, deployment: bytes = b"peer-links", t: int = 3, n: int = 5) -> None:
+        self.group = load_group()
+        self.tpk, self.secrets = local_deployment(self.group, t, n, deployment)
+        self.links = T.ThresholdServer(self.group, self.tpk.X)
+        self.ca_key = handshake_ca_key(bytes(self.tpk.X))
+        self.pem = to_pem(ca_certificate(self.ca_key))
+
+    def sign(self, link_key: bytes, binding: PeerBinding, not_after: int,
+             servers: Sequence[int] = (1, 2, 3)) -> bytes:
+        """What ``servers`` sign, combined with their Lagrange weights (``t`` of them give
+        the deployment's signature; fewer, the best an attacker holding them can do)."""
+        message = peer_link_message(link_key, binding.to_bytes(), not_after)
+        weights = lagrange_at_zero(servers, self.group.order)
+        return bytes(self.group.multi_exp(
+            [T.partial_sign(self.group, self.secrets[i], message).sigma for i in servers],
+            [weights[i] for i in servers]))
+
+    def certificate(self, key: Ed25519PrivateKey, addresses: Sequence[str] = (), *,
+                    identity: str = "peer", role: str = "subscriber",
+                    lifetime: float = 3600.0, signature: bytes | None = None) -> str:
+        """A PEM certificate for ``key``, with the deployment's signature of its binding
+        unless ``signature`` is given."""
+        now = time.time()
+        binding = PeerBinding(identity, role, tuple(addresses), (), 1)
+        not_after = int(now + lifetime)
+        if signature is None:
+            signature = self.sign(key.public_key().public_bytes_raw(), binding, not_after)
+        return to_pem(issue_peer_certificate(self.ca_key, key.public_key(), binding, now,
+                                             not_after, link_signature=signature))
+
+    def credentials(self, addresses: Sequence[str] = (), *, key: Ed25519PrivateKey | None = None,
+                    identity: str = "peer", lifetime: float = 3600.0) -> PeerTLS:
+        """:class:`PeerTLS` of a peer of this deployment, which takes only its certificates."""
+        key = key or Ed25519PrivateKey.generate()
+        return PeerTLS(key, self.certificate(key, addresses, identity=identity,
+                                             lifetime=lifetime), self.pem, links=self.links)

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from peer_links import FAST, Inbox
 from repository import REPO_ROOT
 
 from ibe_pubsub.credentials import codec
@@ -33,6 +36,7 @@ from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.certificates import root_certificate_message, schema_message
 from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.peer_certificates import LINK_SIGNATURE_EXTENSION, PeerBinding
 from ibe_pubsub.credentials.schema import Schema, default_schema
 from ibe_pubsub.credentials.server_keys import Ed25519Server
 from ibe_pubsub.credentials.shamir import lagrange_at_zero
@@ -57,6 +61,8 @@ from ibe_pubsub.keyserver import (
     read_access_file,
     read_public_document,
 )
+from ibe_pubsub.peer.tls import PeerTLS
+from ibe_pubsub.peer.transport import Transport
 
 t, n = 3, 5
 PASSPHRASE = "threshold issuance passphrase"
@@ -174,8 +180,10 @@ def test_members_serve_one_outcome_and_no_version_2_keys(deployment, keyserver):
         == deployment.tpk
     token = deployment.register("mallory", "subscriber", at=[1])[1]["token"]
     headers = {"Authorization": f"Bearer {token}"}
+    link_key = base64.b64encode(bytes(32)).decode()
     for path, body in (("/v1/enrol/subscriber", {"subscription": ""}),
-                       ("/v1/enrol/publisher", {"advertisement": ""})):
+                       ("/v1/enrol/publisher", {"advertisement": ""}),
+                       ("/v1/enrol/transport", {"public_key": link_key, "addresses": []})):
         answer = httpx.post(deployment.url(1) + path, json=body, headers=headers)
         assert answer.status_code == 409 and answer.json()["error"]["code"] == \
             "threshold_member", answer.text
@@ -336,6 +344,89 @@ def test_the_documented_root_program_enrols(deployment, tmp_path):
         outputs.append(done.stdout.split(", signed")[0])
     assert outputs[0] == outputs[1]
     assert (tmp_path / "transport.key").stat().st_mode & 0o777 == 0o600
+
+
+async def certify(client, key, addresses):
+    async with client:
+        return await client.certify_link_key(key.public_key().public_bytes_raw(), addresses)
+
+
+def link_signature(certificate_pem):
+    cert = x509.load_pem_x509_certificate(certificate_pem.encode())
+    return cert.extensions.get_extension_for_oid(LINK_SIGNATURE_EXTENSION).value.value
+
+
+def test_link_certificates_signed_by_t_members_carry_mutual_tls(deployment):
+    """A subscriber's and a root's link keys, certified by different sets of 3 members,
+    make a TLS link between two transports on the certified addresses; the
+    binding is what the members know of the identity."""
+    lina, rooty = deployment.register("lina", "subscriber"), deployment.register("rooty", "root")
+    keys = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    addresses = [f"127.0.0.1:{free_port()}" for _ in keys]
+    a = run(certify(deployment.client(lina), keys[0], [addresses[0]]))
+    b = run(certify(deployment.client(rooty, order=(3, 4, 5)), keys[1], [addresses[1]]))
+    epoch = httpx.get(deployment.url(1) + "/v1/epoch").json()["epoch"]
+    assert (a.members, b.members) == ((1, 2, 3), (3, 4, 5)) and not a.failures + b.failures
+    assert a.binding == PeerBinding("lina", "subscriber", (addresses[0],), (), epoch)
+    assert b.binding.role == "root" and set(b.binding.attributes) == set(
+        deployment.pp.schema.names)
+    # Any 3 members sign alike: the same signature from members 2, 4, 5.
+    again = run(certify(deployment.client(lina, order=(2, 4, 5)), keys[0], [addresses[0]]))
+    assert again.members == (2, 4, 5) and link_signature(again.certificate) == link_signature(
+        a.certificate)
+    client = deployment.client(lina)
+
+    async def link():
+        inboxes = Inbox(), Inbox()
+        peers = [Transport(inbox, backoff=FAST) for inbox in inboxes]
+        for peer, key, address, combined in zip(peers, keys, addresses, (a, b), strict=True):
+            await peer.listen("127.0.0.1", int(address.rsplit(":", 1)[1]))
+            peer.tls = PeerTLS(key, combined.certificate, client.handshake_ca,
+                               links=client.links)
+        peers[0].send(addresses[1], b"to the root")
+        assert await inboxes[1].wait_for(1) == [(addresses[0], b"to the root")]
+        assert peers[1].peer_certificate(addresses[0]).binding == a.binding
+        assert not (peers[0].refused or peers[1].refused)
+        for peer in peers:
+            await peer.close()
+        await client.aclose()
+    run(link())
+
+
+def test_link_addresses_are_claimed_at_each_member_and_a_bad_signature_routed_around(
+        deployment):
+    owner, eve = deployment.register("owner", "subscriber"), deployment.register("eve",
+                                                                                 "subscriber")
+    address = [f"127.0.0.1:{free_port()}"]
+    run(certify(deployment.client(owner), Ed25519PrivateKey.generate(), address))
+    # Every member was asked and claimed it, so another identity cannot have the address
+    # certified at any (409), not even at the members beyond the first 3 that agreed.
+    with pytest.raises(ThresholdEnrolmentError) as refused:
+        run(certify(deployment.client(eve), Ed25519PrivateKey.generate(), address))
+    assert sorted(f.index for f in refused.value.failures) == [1, 2, 3, 4, 5]
+    assert all("409" in f.reason and "certified to another identity" in f.reason
+               for f in refused.value.failures)
+
+    def later(handler, body):  # signs what the client would read as a longer life
+        document = handler.forward(body)
+        handler.reply(json.dumps(document | {"not_after": document["not_after"] + 86400})
+                      .encode())
+
+    def slow(handler, body):
+        time.sleep(4)
+        handler.reply(json.dumps(handler.forward(body)).encode())
+
+    with hostile_member(deployment.url(2), later) as bad, hostile_member(
+            deployment.url(5), slow) as late:
+        started = time.monotonic()
+        combined = run(certify(deployment.client(owner, urls={2: bad, 5: late}, hedge=0.5),
+                               Ed25519PrivateKey.generate(), address))
+        took = time.monotonic() - started
+    assert combined.members == (1, 3, 4) and took < 3.5, took
+    assert [(f.index, "does not verify" in f.reason) for f in combined.failures[:1]] == [
+        (2, True)]
+    assert [(f.index, "had not answered" in f.reason) for f in combined.failures[1:]] == [
+        (5, True)]
 
 
 def raw_shares(deployment, tokens, members, subscription):
