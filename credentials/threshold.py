@@ -361,15 +361,22 @@ def _token_share(group: PairingGroup, secrets: ServerSecrets, F: Element, identi
         identity_point(group, identity, binding), secrets.rho)
 
 
+def _lone_token(epoch: int, credential: Credential) -> tuple[bytes, bytes]:
+    """A token issued alone: its credential's identity string ``name``, and what binds its
+    ``rho`` term, ``I || name`` with ``I`` the issuance digest of no credential and this
+    one fine credential."""
+    name = identity_string(credential.attribute, SUB, epoch, credential)
+    return name, issuance_digest(epoch, (), (credential,)) + name
+
+
 def keyshare_token(pp: PublicParams, tpk: ThresholdPublicKey, secrets: ServerSecrets,
                    identity: str, epoch: int, credential: Credential) -> TokenShare:
     """A routing token issued alone (a root's): with ``I`` the issuance digest of no
     credential and this one fine credential, ``T_i = F^phi_i * H(identity, I, name)^rho_i``,
     the fine token of :func:`keyshare_subscriber` for that issuance."""
-    name = identity_string(credential.attribute, SUB, epoch, credential)
-    issuance = issuance_digest(epoch, (), (credential,))
+    name, binding = _lone_token(epoch, credential)
     return TokenShare(secrets.index, RoutingToken(credential, epoch, _token_share(
-        pp.group, secrets, pp.F(name), identity, issuance + name)))
+        pp.group, secrets, pp.F(name), identity, binding)))
 
 
 def keyshare_publisher(pp: PublicParams, tpk: ThresholdPublicKey, secrets: ServerSecrets,
@@ -473,8 +480,8 @@ def verify_token_share(pp: PublicParams, tpk: ThresholdPublicKey, share: TokenSh
     if phi_i is None or rho_i is None or (token.credential, token.epoch) != (credential,
                                                                                epoch):
         return False
-    name = identity_string(credential.attribute, SUB, epoch, credential)
-    H = identity_point(pp.group, identity, issuance_digest(epoch, (), (credential,)) + name)
+    name, binding = _lone_token(epoch, credential)
+    H = identity_point(pp.group, identity, binding)
     return _holds(pp.group, (token.T, tpk.mpk.g_hat), (~pp.F(name), phi_i), (~H, rho_i))
 
 
