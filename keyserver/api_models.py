@@ -16,6 +16,9 @@ from ibe_pubsub.credentials import MAX_ADDRESSES
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 MAX_PREDICATE = 4096
+#: The most credentials, and fine credentials, one enrolment decomposes into (422 beyond,
+#: keyserver.enrolment); clients of a threshold deployment bound members' answers by them.
+MAX_CREDENTIALS, MAX_FINE_CREDENTIALS = 256, 4096
 #: Neighbours one directory registration may vouch for.
 MAX_SEEN = 32
 _NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")

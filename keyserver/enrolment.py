@@ -25,13 +25,14 @@ from ibe_pubsub.credentials import (
     parse_predicate,
     virtual_peer_credentials,
 )
-from ibe_pubsub.keyserver.api_models import BulkCredential
+from ibe_pubsub.keyserver.api_models import (
+    MAX_CREDENTIALS,
+    MAX_FINE_CREDENTIALS,
+    BulkCredential,
+)
 from ibe_pubsub.keyserver.epochs import Epoch
 from ibe_pubsub.keyserver.errors import ApiError
 from ibe_pubsub.keyserver.state import AppState
-
-MAX_CREDENTIALS = 256
-MAX_FINE_CREDENTIALS = 4096
 
 
 def parse(schema: Schema, text: str, what: str) -> Predicate:

@@ -82,18 +82,20 @@ from ibe_pubsub.credentials import (
     to_pem,
 )
 from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.keyserver.api_models import MAX_CREDENTIALS, MAX_FINE_CREDENTIALS
 from ibe_pubsub.keyserver.bundles import IssuedRequest
 from ibe_pubsub.keyserver.client import KEEPALIVE_SECONDS, KeyServerRequestError
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 log = logging.getLogger(__name__)
-#: Bounds on one member's answer: an enrolment has at most 256 credentials and as many
-#: fine tokens (keyserver.enrolment), about 120 KiB of base64 in all, and a subscriber's a
-#: connection request per credential (:func:`max_answer_bytes`).
-MAX_CREDENTIALS, MAX_ANSWER_BYTES = 256, 512 * 1024
-MAX_KEYS = 2 * MAX_CREDENTIALS
-#: More than a request's fields and one entry's (U, 96 bytes, and a 62-byte box) encode to.
-REQUEST_BYTES, REQUEST_ENTRY_BYTES = 512, 256
+#: Bounds on one member's answer: any but a subscriber's holds at most 256 keys, about
+#: 120 KiB of base64; a subscriber's may hold 256 credentials, a connection request for
+#: each, and 4096 fine tokens (keyserver.enrolment; :func:`max_answer_bytes`).
+MAX_ANSWER_BYTES = 512 * 1024
+MAX_KEYS = MAX_CREDENTIALS + MAX_FINE_CREDENTIALS
+#: More than a request's fields and one entry's (U, 96 bytes, and a 62-byte box) encode to,
+#: and than a fine token's (T, 48 bytes, and its framing) beside its attribute and path.
+REQUEST_BYTES, REQUEST_ENTRY_BYTES, TOKEN_BYTES = 512, 256, 128
 #: How many of its members' recent answer times a client keeps to set its hedge delay.
 ANSWER_TIMES_KEPT = 32
 #: The access file's format (``ibe-pubsub identity threshold-add --access-file``).
@@ -482,7 +484,7 @@ class ThresholdKeyClient:
 
     def _publisher(self, index: int, answer: Any) -> tuple[Shape,
                                                            list[T.PublisherKeyShare]]:
-        _check_count(len(answer["shares"]))
+        _check_count(len(answer["shares"]), MAX_CREDENTIALS)
         shares = [T.decode_publisher_share(self.pp.group, _decoded(s))
                   for s in answer["shares"]]
         if not shares:
@@ -713,11 +715,15 @@ def _identity(answer: Any) -> str:
 
 def max_answer_bytes(schema: Schema) -> int:
     """The most a member's answer to a subscriber's enrolment may hold under ``schema``:
-    ``MAX_ANSWER_BYTES`` and a connection request of its largest attribute per credential,
-    in base64 (other answers carry no request and are held to ``MAX_ANSWER_BYTES``)."""
+    ``MAX_ANSWER_BYTES`` and, in base64, a connection request of its largest attribute per
+    credential and a fine token of its longest path per fine credential (a path has at most
+    ``positions`` characters of up to 4 bytes). Other answers carry neither and are held
+    to ``MAX_ANSWER_BYTES``."""
     request = max(REQUEST_BYTES + 4 * len(a.name.encode()) + a.positions * REQUEST_ENTRY_BYTES
                   for a in schema.attributes)
-    return MAX_ANSWER_BYTES + MAX_CREDENTIALS * 4 * request // 3
+    token = max(TOKEN_BYTES + 4 * len(a.name.encode()) + 4 * a.positions
+                for a in schema.attributes)
+    return MAX_ANSWER_BYTES + 4 * (MAX_CREDENTIALS * request + MAX_FINE_CREDENTIALS * token) // 3
 
 
 def _signed_requests(answer: Any, credentials: Sequence[Credential]
@@ -758,6 +764,6 @@ def _check_index(asked: int, answered: int) -> None:
         raise _BadAnswer(f"it answered with member {answered}'s share")
 
 
-def _check_count(keys: int) -> None:
-    if keys > MAX_KEYS:
-        raise _BadAnswer(f"it answered {keys} keys, more than an enrolment has ({MAX_KEYS})")
+def _check_count(keys: int, most: int = MAX_KEYS) -> None:
+    if keys > most:
+        raise _BadAnswer(f"it answered {keys} keys, more than an enrolment has ({most})")

@@ -7,10 +7,20 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ibe_pubsub.credentials import scheme as S
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.credential import Credential
+from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.evaluation.threshold_lab import local_deployment
+from ibe_pubsub.keyserver.api_models import MAX_CREDENTIALS, MAX_FINE_CREDENTIALS
+from ibe_pubsub.keyserver.enrolment import labels
 from ibe_pubsub.keyserver.epochs import EpochClock
+from ibe_pubsub.keyserver.keystore import b64
 from ibe_pubsub.keyserver.metrics import Metrics
 from ibe_pubsub.keyserver.ratelimit import RateLimiter
 from ibe_pubsub.keyserver.sealing import UnsealError, seal_secret, unseal_secret
+from ibe_pubsub.keyserver.threshold_client import MAX_ANSWER_BYTES, MAX_KEYS, max_answer_bytes
 
 
 def test_epochs_are_numbered_from_the_start_and_keep_numbering_when_rescheduled():
@@ -104,3 +114,38 @@ def test_a_key_store_of_scheme_version_1_is_refused_with_what_to_do(tmp_path):
         {"msk": v1_msk, "signing_key": store.signing_key_bytes()}), "pass"))
     with pytest.raises(KeyStoreError, match=r"format version 1 .*keyserver init"):
         load_keystore(tmp_path, "pass")
+
+
+def test_the_largest_honest_subscriber_answer_fits_a_threshold_clients_cap():
+    """The most one enrolment issues (MAX_CREDENTIALS credentials of the attribute with the
+    largest connection requests, each with its request, and MAX_FINE_CREDENTIALS fine tokens
+    of the longest paths of 4-byte characters) answered as a member answers it: its key
+    count passes the client's check and its JSON fits max_answer_bytes."""
+    group = load_group()
+    tpk, secrets = local_deployment(group, 2, 3, b"answer cap")
+    schema = default_schema()
+    pp = S.PublicParams(group, tpk.mpk, schema)
+    numeric = max((a for a in schema.attributes if a.kind == "num"), key=lambda a: a.positions)
+    text = max((a for a in schema.attributes if a.kind == "str"), key=lambda a: a.positions)
+    bits = numeric.positions - 1
+    credentials = [Credential(numeric.name, "num", format(i, f"0{bits}b"))
+                   for i in range(MAX_CREDENTIALS)]
+    glyphs = [chr(0x1F600 + k) for k in range(64)]
+    fine = [Credential(text.name, "str", "".join(glyphs[(i >> (6 * k)) % 64]
+                                                 for k in range(text.positions - 1)))
+            for i in range(MAX_FINE_CREDENTIALS)]
+    epoch, expires_at, seed = 7, 2**40, bytes(32)
+    binding = group.exp_secret(tpk.mpk.g_hat, 5)
+    share = T.keyshare_subscriber(pp, tpk, secrets[1], "alice", epoch, credentials, fine)
+    signed = [T.partial_sign_request(pp, secrets[1], "alice", c, epoch, expires_at, seed,
+                                     binding) for c in credentials]
+    answer = {"index": 1, "identity": "alice", "epoch": epoch, "epoch_end": 1e12,
+              "expires_at": expires_at, "credentials": labels(credentials),
+              "fine_credentials": labels(fine), "share": b64(T.encode_subscriber_share(share)),
+              "request_signatures": [
+                  {"attribute": c.attribute, "credential": c.label(), "request": b64(body),
+                   "signature": b64(T.encode_partial_signature(partial))}
+                  for c, (body, partial) in zip(credentials, signed, strict=True)]}
+    size = len(json.dumps(answer, ensure_ascii=False).encode())
+    assert MAX_ANSWER_BYTES < size <= max_answer_bytes(schema), (size, max_answer_bytes(schema))
+    assert len(credentials) + len(fine) <= MAX_KEYS
