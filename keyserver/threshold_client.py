@@ -244,6 +244,14 @@ class _SubscriberAnswer:
     request_partials: tuple[T.PartialSignature, ...]
 
 
+@dataclass(frozen=True)
+class _RootAnswer:
+    certificate: RootCertificate
+    """Unsigned: the signature is what ``t`` partials combine into."""
+    partial: T.PartialSignature
+    token: T.TokenShare
+
+
 @dataclass
 class _Collected(Generic[Share]):
     shares: dict[int, Share]
@@ -366,13 +374,13 @@ class ThresholdKeyClient:
             lambda index, answer: self._root(credential, transport_key, epoch, index, answer),
             agreed="the epoch, expiry and identity")
         answers = list(found.shares.values())
-        certificate = answers[0][0]
-        signature = T.combine_signatures(self.group, self.tpk, [a[1] for a in answers])
+        certificate = answers[0].certificate
+        signature = T.combine_signatures(self.group, self.tpk, [a.partial for a in answers])
         signed = replace(certificate, signature=bytes(signature))
         if not signed.verify(T.ThresholdServer(self.group, self.tpk.X)):
             raise KeyServerError("the members' certificate signatures combine into one that "
                                  "does not verify")  # as for the schema: a bad threshold.json
-        token = T.combine_token(pp, self.tpk, [a[2] for a in answers])
+        token = T.combine_token(pp, self.tpk, [a.token for a in answers])
         return CombinedRoot(signed, token, tuple(found.shares), tuple(found.failures))
 
     @property
@@ -499,7 +507,7 @@ class ThresholdKeyClient:
 
     def _root(self, credential: Credential, transport_key: bytes, asked: str | int | None,
               index: int, answer: Any
-              ) -> tuple[Shape, tuple[RootCertificate, T.PartialSignature, T.TokenShare]]:
+              ) -> tuple[Shape, _RootAnswer]:
         identity = _identity(answer)
         epoch, expires_at = _epoch_and_expiry(answer, "expires_at", asked)
         if (answer["attribute"], answer["transport_key"]) != (
@@ -518,7 +526,7 @@ class ThresholdKeyClient:
         if not T.verify_token_share(self.pp, self.tpk, share, identity, epoch, credential):
             raise _BadAnswer("its token share does not verify against the deployment's "
                              "public key")
-        return (epoch, expires_at, identity), (certificate, partial, share)
+        return (epoch, expires_at, identity), _RootAnswer(certificate, partial, share)
 
     def _link(self, link_key: bytes, encoded: str, addresses: tuple[str, ...], index: int,
               answer: Any) -> tuple[Shape, tuple[tuple[PeerBinding, int], T.PartialSignature]]:
