@@ -45,7 +45,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "peer_certificates": (
         "LINK_SIGNATURE_EXTENSION", "MAX_ADDRESSES", "ROLES", "PeerBinding", "PeerCertificate",
         "PeerCertificateError", "ca_certificate", "ca_key_from_seed", "canonical_address",
-        "handshake_ca_key", "is_unspecified",
+        "handshake_ca_certificate", "handshake_ca_key", "is_handshake_ca", "is_unspecified",
         "issue_peer_certificate", "read_peer_certificate", "read_peer_certificate_der", "to_pem",
     ),
     "policy_regions": ("OutsidePolicy", "clause_text", "first_outside"),

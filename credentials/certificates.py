@@ -8,8 +8,9 @@
   CA from the public parameters under the key they already trust.
 * Bundles of bulk issuance: a peer that takes its keys from a file can tell a bundle of
   this key server, whole, from one of another server or one altered since.
-* Peer-link bindings, in a threshold deployment only (version 3): ``t`` members sign a
-  peer's link key with its binding (identity, role, addresses, epoch) and expiry, where
+* Peer-link bindings, in a threshold deployment only (version 3): a quorum of members
+  signs a peer's link key with its binding (identity, role, addresses, epoch) and expiry,
+  where
   version 2's peer-link CA signs an X.509 certificate (:mod:`credentials.peer_certificates`).
 
 Every signed message starts with its own domain tag and length-prefixes each field,
@@ -90,8 +91,8 @@ def verify_bundle(server: ServerVerifier, bundle: Mapping[str, Any], signature: 
 
 def peer_link_message(link_key: bytes, binding: bytes, not_after: int) -> bytes:
     """tag || link key (raw Ed25519, 32 bytes) || the peer binding's canonical bytes ||
-    not_after (u64): what ``t`` members of a threshold deployment sign where version 2's
-    peer-link CA signs a certificate."""
+    not_after (u64): what a quorum of a threshold deployment's members signs where version
+    2's peer-link CA signs a certificate."""
     if len(link_key) != ED25519_KEY_BYTES:
         raise CertificateError("a link key is a raw 32-byte Ed25519 public key")
     return _fields(PEER_LINK_TAG, link_key, binding, int(not_after).to_bytes(8, "big"))

@@ -18,18 +18,20 @@ transport_ca_message``) so peers take it from the public parameters they already
 check. The extension is not critical: TLS libraries verify the chain and dates, and
 this module reads the bindings.
 
-A threshold deployment (version 3) has no CA key: no member may hold one. There ``t``
-members sign the link key, the binding and the expiry together
+A threshold deployment (version 3) has no CA key: no member may hold one. There a quorum
+of ``ceil((n + t) / 2)`` members (``threshold.link_quorum``; more than ``t``, so that any
+two certificates share an honest member, which certifies an address to one identity only)
+sign the link key, the binding and the expiry together
 (``certificates.peer_link_message``), and the signature travels in a second extension,
 :data:`LINK_SIGNATURE_EXTENSION`, of a certificate issued by the deployment's *handshake
 CA*, whose key every peer, and anyone else, derives from the deployment's public signing
 key (:func:`handshake_ca_key`). That CA vouches for nothing; it lets TLS run, since
 Python's ssl verifies every certificate it requests. What vouches for the link is read
 after the handshake: :func:`read_peer_certificate` with the deployment as ``links`` takes
-a certificate only with a signature of ``X`` over its own public key, binding and
-expiry, before it parses the binding. With TLS 1.3 proving that the other side holds the
-certificate's private key, that is what version 2's CA signature gives: the key server
-vouched for this key, with this binding, until then.
+a certificate only with such a signature over its own public key, binding and expiry
+(``threshold.QuorumSigners``), before it parses the binding. With TLS 1.3 proving that
+the other side holds the certificate's private key, that is what version 2's CA signature
+gives: the key service vouched for this key, with this binding, until then.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import re
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID, ObjectIdentifier
@@ -58,6 +61,11 @@ LINK_SIGNATURE_EXTENSION = ObjectIdentifier("2.25.714839953655896694885607533496
 HANDSHAKE_CA_TAG = b"ibe-pubsub/v3/peer-link-handshake-ca"
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ibe-pubsub"),
                      x509.NameAttribute(NameOID.COMMON_NAME, "ibe-pubsub peer-link CA")])
+#: A threshold deployment's handshake CA, named apart so that nothing takes it for a CA
+#: that vouches (``PeerTLS`` refuses it without the deployment's signature check).
+HANDSHAKE_CA_NAME = x509.Name([
+    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ibe-pubsub"),
+    x509.NameAttribute(NameOID.COMMON_NAME, "ibe-pubsub handshake CA (vouches for nothing)")])
 PEER_NAME = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ibe-pubsub"),
                        x509.NameAttribute(NameOID.COMMON_NAME, "ibe-pubsub peer")])
 ROLES = ("subscriber", "root", "publisher")
@@ -185,12 +193,27 @@ def handshake_ca_key(deployment_key: bytes) -> Ed25519PrivateKey:
         hashlib.sha256(HANDSHAKE_CA_TAG + deployment_key).digest())
 
 
-def ca_certificate(ca_key: Ed25519PrivateKey) -> x509.Certificate:
+def handshake_ca_certificate(deployment_key: bytes) -> x509.Certificate:
+    """The handshake CA's certificate (see :func:`handshake_ca_key`)."""
+    return ca_certificate(handshake_ca_key(deployment_key), HANDSHAKE_CA_NAME)
+
+
+def is_handshake_ca(ca_pem: str) -> bool:
+    """Whether ``ca_pem`` is a threshold deployment's handshake CA, which vouches for
+    nothing by itself."""
+    try:
+        ca = x509.load_pem_x509_certificate(ca_pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        return False
+    return ca.subject == HANDSHAKE_CA_NAME
+
+
+def ca_certificate(ca_key: Ed25519PrivateKey, name: x509.Name = CA_NAME) -> x509.Certificate:
     """The self-signed CA certificate; the same bytes for the same key, every time."""
     public = ca_key.public_key()
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     serial = int.from_bytes(hashlib.sha256(raw).digest()[:16], "big") >> 1
-    return (x509.CertificateBuilder().subject_name(CA_NAME).issuer_name(CA_NAME)
+    return (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(public).serial_number(serial)
             .not_valid_before(_CA_NOT_BEFORE).not_valid_after(_CA_NOT_AFTER)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -214,7 +237,8 @@ def issue_peer_certificate(ca_key: Ed25519PrivateKey, public_key: Ed25519PublicK
         builder = builder.add_extension(
             x509.UnrecognizedExtension(LINK_SIGNATURE_EXTENSION, link_signature),
             critical=False)
-    return (builder.subject_name(PEER_NAME).issuer_name(CA_NAME)
+    issuer = CA_NAME if link_signature is None else HANDSHAKE_CA_NAME
+    return (builder.subject_name(PEER_NAME).issuer_name(issuer)
             .public_key(public_key).serial_number(x509.random_serial_number())
             .not_valid_before(start).not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -245,7 +269,10 @@ def _check_link_signature(cert: x509.Certificate, binding: bytes, not_after: flo
     """Refuse a certificate unless ``links`` signed its key, ``binding`` and expiry."""
     signature = _extension(cert, LINK_SIGNATURE_EXTENSION,
                            "signature of the key service (a version-2 certificate?)")
-    key = cert.public_key()
+    try:
+        key = cert.public_key()
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise PeerCertificateError(f"the certificate's key does not decode: {exc}") from None
     if not isinstance(key, Ed25519PublicKey):
         raise PeerCertificateError("the certificate's key is not an Ed25519 link key")
     if not links.verify(peer_link_message(key.public_bytes_raw(), binding, int(not_after)),
@@ -268,11 +295,14 @@ def read_peer_certificate(cert: x509.Certificate, links: ServerVerifier | None =
 
 def read_peer_certificate_der(der: bytes, links: ServerVerifier | None = None
                               ) -> PeerCertificate:
+    """:func:`read_peer_certificate` of what a TLS handshake gave; whatever in it does not
+    decode (under a handshake CA anyone may mint one) is a :class:`PeerCertificateError`."""
     try:
-        cert = x509.load_der_x509_certificate(der)
-    except ValueError as exc:
-        raise PeerCertificateError(f"not a DER certificate: {exc}") from None
-    return read_peer_certificate(cert, links)
+        return read_peer_certificate(x509.load_der_x509_certificate(der), links)
+    except PeerCertificateError:
+        raise
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise PeerCertificateError(f"the certificate does not decode: {exc}") from None
 
 
 def to_pem(cert: x509.Certificate) -> str:

@@ -46,6 +46,7 @@ from ibe_pubsub.credentials.ceremony import BetaState
 from ibe_pubsub.credentials.codec import (
     TAG_PARTIAL_SIGNATURE,
     TAG_PUBLISHER_KEY_SHARE,
+    TAG_QUORUM_SIGNATURE,
     TAG_SUBSCRIBER_KEY_SHARE,
     TAG_THRESHOLD_PUBLIC_KEY,
     TAG_TOKEN_SHARE,
@@ -629,6 +630,62 @@ def verify_signature(group: PairingGroup, X: Element, message: bytes, signature:
     """``e(sigma, ĝ) = e(M(message), X)``: one public key for the whole deployment."""
     return _holds(group, (signature, group.generator(G2)),
                   (~_message_point(group, message), X))
+
+
+def link_quorum(t: int, n: int) -> int:
+    """``q = ceil((n + t) / 2)``: any two sets of ``q`` of the ``n`` servers share at least
+    ``2q - n >= t`` servers, so at least one honest server when at most ``t - 1`` are not.
+    What needs one honest server in common (an address certified to one identity only)
+    takes ``q`` signers, not ``t``."""
+    return (n + t + 1) // 2
+
+
+def encode_quorum_signature(partials: Sequence[PartialSignature]) -> bytes:
+    """Tag 24: the signers' indices (``u8`` count, then ``u8`` each, ascending) and
+    ``prod sigma_i`` (G1): a multi-signature that names who signed, unlike the combined
+    ``M(message)^x``, which is the same whoever did."""
+    ordered = sorted(partials, key=lambda p: p.index)
+    w = Writer(TAG_QUORUM_SIGNATURE).u8(len(ordered))
+    for partial in ordered:
+        w.u8(partial.index)
+    product = ordered[0].sigma
+    for partial in ordered[1:]:
+        product = product * partial.sigma
+    return w.element(product).done()
+
+
+def verify_quorum_signature(group: PairingGroup, tpk: ThresholdPublicKey, quorum: int,
+                            message: bytes, data: bytes) -> bool:
+    """At least ``quorum`` distinct servers of the deployment signed ``message``:
+    ``e(sigma, ĝ) = e(M(message), prod ĝ^x_i)`` over the indices named (a repeated index
+    would count one server twice, so the indices must ascend strictly)."""
+    try:
+        r = Reader(group, data, TAG_QUORUM_SIGNATURE, "quorum signature")
+        indices = [r.u8() for _ in range(r.u8())]
+        sigma = r.element(G1)
+        r.end()
+    except CodecError:
+        return False
+    if (len(indices) < quorum or indices != sorted(set(indices))
+            or any(i not in tpk.x_shares for i in indices)):
+        return False
+    keys = tpk.x_shares[indices[0]]
+    for i in indices[1:]:
+        keys = keys * tpk.x_shares[i]
+    return _holds(group, (sigma, tpk.mpk.g_hat), (~_message_point(group, message), keys))
+
+
+@dataclass(frozen=True)
+class QuorumSigners:
+    """A threshold deployment as the :class:`~credentials.server_keys.ServerVerifier` of
+    what ``quorum`` of its servers must sign (tag 24): peer-link certificates."""
+
+    group: PairingGroup
+    tpk: ThresholdPublicKey
+    quorum: int
+
+    def verify(self, message: bytes, signature: bytes) -> bool:
+        return verify_quorum_signature(self.group, self.tpk, self.quorum, message, signature)
 
 
 def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, identity: str,

@@ -15,10 +15,12 @@ which peers check against ``X`` (``ThresholdServer``); it derives only the reque
 secrets from the seed (no group operation), and binds them to ``s_c = s h_c``, so the
 members, who know the seed, cannot prove an opening.
 
-A peer's link key is certified the same way (:meth:`ThresholdKeyClient.certify_link_key`):
-``t`` members' partial signatures of its key, binding and expiry, combined into the
-signature a certificate of the deployment's public handshake CA carries, which peers check
-after the TLS handshake (``credentials.peer_certificates``).
+A peer's link key is certified much the same way
+(:meth:`ThresholdKeyClient.certify_link_key`): the partial signatures of its key, binding
+and expiry by a quorum of ``ceil((n + t) / 2)`` members (more than ``t``, so that an address
+is certified to one identity only), multiplied into the signature a certificate of the
+deployment's public handshake CA carries, which peers check after the TLS handshake
+(``credentials.peer_certificates``).
 
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
@@ -68,8 +70,8 @@ from ibe_pubsub.credentials import (
     RoutingToken,
     Schema,
     SubscriberKey,
-    ca_certificate,
     codec,
+    handshake_ca_certificate,
     handshake_ca_key,
     issue_peer_certificate,
     load_group,
@@ -170,8 +172,9 @@ class CombinedRoot:
 
 @dataclass(frozen=True)
 class CombinedLinkCertificate:
-    """A peer's link certificate: its binding, expiry and key signed by ``t`` members
-    (checked against ``X``), in an X.509 certificate of the deployment's handshake CA: a
+    """A peer's link certificate: its binding, expiry and key signed by a quorum of members
+    (``link_quorum``, checked against their public shares), in an X.509 certificate of the
+    deployment's handshake CA: a
     peer's TLS credentials are ``PeerTLS(key, certificate, client.handshake_ca,
     links=client.links)``."""
 
@@ -384,42 +387,49 @@ class ThresholdKeyClient:
         return CombinedRoot(signed, token, tuple(found.shares), tuple(found.failures))
 
     @property
-    def links(self) -> T.ThresholdServer:
-        """The deployment as the signer of peer-link certificates (``PeerTLS(links=...)``)."""
-        return T.ThresholdServer(self.group, self.tpk.X)
+    def links(self) -> T.QuorumSigners:
+        """The deployment as the signer of peer-link certificates (``PeerTLS(links=...)``):
+        ``link_quorum(t, n)`` of its members must have signed each."""
+        return T.QuorumSigners(self.group, self.tpk, T.link_quorum(self.tpk.t, self.tpk.n))
 
     @property
     def handshake_ca(self) -> str:
         """The deployment's handshake CA certificate (PEM), the CA of ``PeerTLS`` on its
         peer links: derived from ``X`` by everyone alike, so it vouches for nothing; the
         members' signature in each certificate does."""
-        return to_pem(ca_certificate(handshake_ca_key(bytes(self.tpk.X))))
+        return to_pem(handshake_ca_certificate(bytes(self.tpk.X)))
 
     async def certify_link_key(self, link_key: bytes, addresses: Sequence[str] = (),
                                epoch: str | None = None) -> CombinedLinkCertificate:
         """A certificate of ``link_key`` (raw Ed25519, 32 bytes) for this identity at
         ``addresses`` (none for a peer that does not listen), this epoch or the ``"next"``,
-        signed by ``t`` members that agree on the binding (role, and a root's trees) and
-        its expiry. Each member that certifies claims the addresses for the identity, as
-        version 2's key server does, so every member is asked (those slower than the hedge
-        delay after ``t`` agreed are not waited for): an address claimed at only ``t``
-        members could be claimed by another identity at the others, which would then
-        refuse the owner's renewal."""
+        signed by ``q = link_quorum(t, n)`` members (4 of 5 at threshold 3) that agree on
+        the binding (role, and a root's trees) and its expiry. Each member that certifies
+        claims the addresses for the identity, as version 2's key server does; any two sets
+        of ``q`` members share an honest one, which certifies an address to one identity
+        only, so no two identities hold certificates for one address while fewer than
+        ``t`` members misbehave. Every member is asked (those slower than the hedge delay
+        after ``q`` agreed are not waited for)."""
         if len(link_key) != ED25519_KEY_BYTES:
             raise KeyServerError("a link key is a raw 32-byte Ed25519 public key")
+        quorum = T.link_quorum(self.tpk.t, self.tpk.n)
+        if len(self.members) < quorum:
+            raise KeyServerError(f"a link certificate needs the signatures of {quorum} of the "
+                                 f"{self.tpk.n} members; this client may ask "
+                                 f"{len(self.members)}")
         encoded = base64.b64encode(link_key).decode("ascii")
         body = {"public_key": encoded, "addresses": list(addresses), "epoch": epoch}
         found = await self._collect(
             "/v3/enrol/transport", body,
             lambda index, answer: self._link(link_key, encoded, tuple(addresses), index,
                                              answer),
-            agreed="the binding and expiry", everyone=True)
+            agreed="the binding and expiry", everyone=True, needed=quorum)
         (binding, not_after), _ = next(iter(found.shares.values()))
-        signature = T.combine_signatures(self.group, self.tpk,
-                                         [partial for _, partial in found.shares.values()])
+        signature = T.encode_quorum_signature([partial for _, partial in
+                                               found.shares.values()])
         certificate = issue_peer_certificate(
             handshake_ca_key(bytes(self.tpk.X)), Ed25519PublicKey.from_public_bytes(link_key),
-            binding, time.time(), not_after, link_signature=bytes(signature))
+            binding, time.time(), not_after, link_signature=signature)
         read_peer_certificate(certificate, self.links)  # as peers will read it
         return CombinedLinkCertificate(to_pem(certificate), binding, not_after,
                                        tuple(found.shares), tuple(found.failures))
@@ -622,8 +632,8 @@ class ThresholdKeyClient:
                        describe: Callable[[Shape], str] = lambda shape:
                        f"share (epoch {shape[0]}) agrees",
                        agreed: str = "the epoch, credentials and identity",
-                       limit: int = MAX_ANSWER_BYTES, everyone: bool = False
-                       ) -> _Collected[Share]:
+                       limit: int = MAX_ANSWER_BYTES, everyone: bool = False,
+                       needed: int | None = None) -> _Collected[Share]:
         """Ask ``t`` members at once; ask one more for each that fails or disagrees, and
         one more whenever no member answered for the hedge delay, until ``t`` verified
         shares agree on the epoch and credentials. Every member is asked the same request,
@@ -632,8 +642,8 @@ class ThresholdKeyClient:
         epoch boundary between two answers) is asked once more when no other is left.
         With ``everyone``, every member is asked at once, and once ``t`` agree the others
         are given the hedge delay to answer too (for requests that claim something at
-        each member)."""
-        t, waiting = self.tpk.t, self._order()
+        each member). ``needed`` members must agree where that is more than ``t``."""
+        t, waiting = needed or self.tpk.t, self._order()
         loop = asyncio.get_running_loop()
         settle_by: float | None = None
         by_index = {m.index: m for m in self.members}

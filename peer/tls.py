@@ -8,8 +8,8 @@ server too). Host names are not checked (``check_hostname=False``): peers are na
 it dialed, or the address a dialer claims, with the addresses the certificate binds.
 
 On a threshold deployment the CA is the deployment's public handshake CA and ``links`` is
-the deployment (``credentials.threshold.ThresholdServer``): a certificate counts only with
-the members' signature of its key, binding and expiry, checked on both sides right after
+the deployment (``credentials.threshold.QuorumSigners``): a certificate counts only with
+a quorum of members' signature of its key, binding and expiry, checked on both sides right after
 the handshake, before any frame (:mod:`credentials.peer_certificates` says why that is
 worth version 2's CA).
 """
@@ -30,6 +30,7 @@ from ibe_pubsub.credentials import (
     PeerCertificate,
     PeerCertificateError,
     ServerVerifier,
+    is_handshake_ca,
     read_peer_certificate,
     read_peer_certificate_der,
 )
@@ -43,6 +44,10 @@ class PeerTLS:
 
     def __init__(self, key: Ed25519PrivateKey, certificate_pem: str, ca_pem: str,
                  links: ServerVerifier | None = None) -> None:
+        if links is None and is_handshake_ca(ca_pem):
+            raise PeerCertificateError(
+                "the CA is a threshold deployment's public handshake CA, under which anyone "
+                "can issue: its peer links need the deployment's signature check (links)")
         self._key = key
         self.links = links
         #: For accepted connections (it requires the dialer's certificate).

@@ -22,11 +22,11 @@ from ibe_pubsub.credentials.certificates import peer_link_message
 from ibe_pubsub.credentials.peer_certificates import (
     PeerBinding,
     ca_certificate,
+    handshake_ca_certificate,
     handshake_ca_key,
     issue_peer_certificate,
     to_pem,
 )
-from ibe_pubsub.credentials.shamir import lagrange_at_zero
 from ibe_pubsub.evaluation.threshold_lab import local_deployment
 from ibe_pubsub.peer.tls import PeerTLS
 
@@ -80,26 +80,27 @@ class PeerCA:
 
 class ThresholdLinks:
     """A threshold deployment's peer-link certificates, made as a client makes them from
-    its members' answers (``ThresholdKeyClient.certify_link_key``): ``t`` servers' partial
-    signatures of the link key, binding and expiry combined, in a certificate of the
-    deployment's public handshake CA. ``credentials`` fits :func:`peer_links.secure_peer`."""
+    its members' answers (``ThresholdKeyClient.certify_link_key``): a quorum of servers'
+    partial signatures of the link key, binding and expiry (tag 24), in a certificate of
+    the deployment's public handshake CA. ``credentials`` fits
+    :func:`peer_links.secure_peer`."""
 
     def __init__(self, deployment: bytes = b"peer-links", t: int = 3, n: int = 5) -> None:
         self.group = load_group()
         self.tpk, self.secrets = local_deployment(self.group, t, n, deployment)
-        self.links = T.ThresholdServer(self.group, self.tpk.X)
+        self.quorum = T.link_quorum(t, n)
+        self.links = T.QuorumSigners(self.group, self.tpk, self.quorum)
         self.ca_key = handshake_ca_key(bytes(self.tpk.X))
-        self.pem = to_pem(ca_certificate(self.ca_key))
+        self.pem = to_pem(handshake_ca_certificate(bytes(self.tpk.X)))
 
     def sign(self, link_key: bytes, binding: PeerBinding, not_after: int,
-             servers: Sequence[int] = (1, 2, 3)) -> bytes:
-        """What ``servers`` sign, combined with their Lagrange weights (``t`` of them give
-        the deployment's signature; fewer, the best an attacker holding them can do)."""
+             servers: Sequence[int] | None = None) -> bytes:
+        """What ``servers`` (by default the first quorum) sign, as a quorum signature; a
+        server listed twice is counted twice, as an attacker would try."""
         message = peer_link_message(link_key, binding.to_bytes(), not_after)
-        weights = lagrange_at_zero(servers, self.group.order)
-        return bytes(self.group.multi_exp(
-            [T.partial_sign(self.group, self.secrets[i], message).sigma for i in servers],
-            [weights[i] for i in servers]))
+        return T.encode_quorum_signature([
+            T.partial_sign(self.group, self.secrets[i], message)
+            for i in servers or range(1, self.quorum + 1)])
 
     def certificate(self, key: Ed25519PrivateKey, addresses: Sequence[str] = (), *,
                     identity: str = "peer", role: str = "subscriber",

@@ -1,10 +1,11 @@
 """Attacks on the peer links of a threshold deployment, over real sockets on 127.0.0.1 with
 real mutual TLS. There the CA that TLS checks is public (every peer derives its key from
 the deployment's signing key ``X``, and so can an attacker): what vouches for a link is
-the members' threshold signature of its key, binding and expiry, which each side checks
-right after the handshake. So every attack here mints its own certificate under that CA,
-and each is refused on both sides, with nothing delivered either way; the control is an
-honest certificate of the same deployment, which goes through.
+the signature of a quorum of members (``ceil((n + t) / 2)``, 4 of 5 here) over its key,
+binding and expiry, which each side checks right after the handshake. So every attack
+here mints its own certificate under that CA, and each is refused on both sides, with
+nothing delivered either way; the control is an honest certificate of the same
+deployment, which goes through.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from peer_links import FAST, Inbox, secure_peer
 from tls_certificates import PeerCA, ThresholdLinks
 
 from ibe_pubsub.credentials.peer_certificates import (
-    CA_NAME,
+    HANDSHAKE_CA_NAME,
     LINK_SIGNATURE_EXTENSION,
     PEER_EXTENSION,
     PEER_NAME,
@@ -42,6 +43,18 @@ def links():
     return ThresholdLinks()
 
 
+class TakesAnything:
+    """A "signature check" that passes everything: what an attacker's own peer runs, and
+    the control that shows the real check is what refuses."""
+
+    def verify(self, message: bytes, signature: bytes) -> bool:
+        return True
+
+
+def attacker_tls(links: ThresholdLinks, key: Ed25519PrivateKey, pem: str) -> PeerTLS:
+    return PeerTLS(key, pem, links.pem, links=TakesAnything())
+
+
 def test_peers_of_a_deployment_link_with_its_signature_and_see_each_others_binding(links):
     async def main():
         ia, ib = Inbox(), Inbox()
@@ -59,11 +72,16 @@ def test_peers_of_a_deployment_link_with_its_signature_and_see_each_others_bindi
 
 
 def unsigned(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
-    """A version-2 style certificate under the public handshake CA: no signature."""
+    """A version-2 style certificate of the public handshake CA's key: no signature."""
     now = time.time()
     return to_pem(issue_peer_certificate(links.ca_key, key.public_key(),
                                          PeerBinding("mallory", "subscriber", (address,), (), 1),
                                          now, now + 3600))
+
+
+def no_signature(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
+    """A signature of no one: 48 zero bytes."""
+    return signed_by(links, key, address, (), signature=bytes(48))
 
 
 def copied_signature(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
@@ -104,16 +122,29 @@ def longer_life(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> 
                                          int(now + 86400), link_signature=signature))
 
 
-def fewer_than_t(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
-    """Two members' partial signatures combined, as if they were enough."""
+def only_t(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
+    """``t`` members' signatures, fewer than the quorum that keeps an address one
+    identity's."""
+    return signed_by(links, key, address, (1, 2, 3))
+
+
+def one_signer_twice(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
+    """Three members' signatures, one of them counted twice to make up the quorum."""
+    return signed_by(links, key, address, (1, 1, 2, 3))
+
+
+def signed_by(links: ThresholdLinks, key: Ed25519PrivateKey, address: str,
+              servers: tuple[int, ...], signature: bytes | None = None) -> str:
     binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
     not_after = int(time.time() + 3600)
-    signature = links.sign(key.public_key().public_bytes_raw(), binding, not_after, (1, 2))
+    signature = signature or links.sign(key.public_key().public_bytes_raw(), binding,
+                                        not_after, servers)
     return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, time.time(),
                                          not_after, link_signature=signature))
 
 
-FORGERIES = [unsigned, copied_signature, another_binding, longer_life, fewer_than_t]
+FORGERIES = [no_signature, copied_signature, another_binding, longer_life, only_t,
+             one_signer_twice]
 
 
 @pytest.mark.parametrize("forge", FORGERIES, ids=[f.__name__ for f in FORGERIES])
@@ -124,7 +155,7 @@ def test_certificates_minted_under_the_public_ca_are_refused_in_both_directions(
         bad = Transport(bad_inbox, backoff=FAST)
         await bad.listen("127.0.0.1", 0)
         key = Ed25519PrivateKey.generate()
-        bad.tls = PeerTLS(key, forge(links, key, bad.address), links.pem)  # trusts anything
+        bad.tls = attacker_tls(links, key, forge(links, key, bad.address))
         # It dials the victim: the handshake completes, the signature check refuses it.
         bad.send(victim.address, b"let me in")
         await asyncio.sleep(1.0)
@@ -141,8 +172,8 @@ def test_certificates_minted_under_the_public_ca_are_refused_in_both_directions(
         naive_inbox, naive_key = Inbox(), Ed25519PrivateKey.generate()
         naive = Transport(naive_inbox, backoff=FAST)
         await naive.listen("127.0.0.1", 0)
-        naive.tls = PeerTLS(naive_key, links.certificate(naive_key, (naive.address,)),
-                            links.pem)
+        naive.tls = attacker_tls(links, naive_key,
+                                 links.certificate(naive_key, (naive.address,)))
         bad.send(naive.address, b"let me in")
         assert await naive_inbox.wait_for(1) == [(bad.address, b"let me in")]
         await naive.close()
@@ -185,6 +216,9 @@ def test_a_peer_takes_no_certificate_of_its_own_without_the_signature(links):
     key = Ed25519PrivateKey.generate()
     with pytest.raises(PeerCertificateError, match="version-2 certificate"):
         PeerTLS(key, unsigned(links, key, "127.0.0.1:9"), links.pem, links=links.links)
+    # Nor links under the public handshake CA without the check at all.
+    with pytest.raises(PeerCertificateError, match="public handshake CA"):
+        PeerTLS(key, links.certificate(key, ("127.0.0.1:9",)), links.pem)
     assert PeerTLS(key, links.certificate(key, ("127.0.0.1:9",)), links.pem,
                    links=links.links).certificate.binding.addresses == ("127.0.0.1:9",)
 
@@ -193,7 +227,7 @@ def mint(links: ThresholdLinks, public_key: object, binding: bytes, signature: b
          not_after: datetime.datetime | None = None) -> x509.Certificate:
     """Whatever certificate an attacker likes, under the public handshake CA."""
     now = datetime.datetime.now(datetime.UTC)
-    return (x509.CertificateBuilder().subject_name(PEER_NAME).issuer_name(CA_NAME)
+    return (x509.CertificateBuilder().subject_name(PEER_NAME).issuer_name(HANDSHAKE_CA_NAME)
             .public_key(public_key).serial_number(1).not_valid_before(now)
             .not_valid_after(not_after or now + datetime.timedelta(hours=2))
             .add_extension(x509.UnrecognizedExtension(PEER_EXTENSION, binding), critical=False)
@@ -207,10 +241,11 @@ def test_hostile_certificate_contents_are_refused_before_the_binding_is_read(lin
     honest = x509.load_pem_x509_certificate(links.certificate(key, ("127.0.0.1:9",)).encode())
     binding = honest.extensions.get_extension_for_oid(PEER_EXTENSION).value.value
     signature = honest.extensions.get_extension_for_oid(LINK_SIGNATURE_EXTENSION).value.value
-    # A binding nested deeper than the JSON parser recurses, and a signature of nothing.
+    # A binding nested deeper than the JSON parser recurses, and signatures of nothing.
     nested = b"[" * 100_000 + b"]" * 100_000
     for cert in (mint(links, key.public_key(), nested, signature),
                  mint(links, key.public_key(), binding, b"\x00" * 48),
+                 mint(links, key.public_key(), binding, signature[:-1]),
                  mint(links, key.public_key(), binding, b"")):
         with pytest.raises(PeerCertificateError, match="does not verify"):
             read_peer_certificate(cert, links.links)
