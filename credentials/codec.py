@@ -207,8 +207,9 @@ TAG_PARTIAL_SIGNATURE = 21
 TAG_BOUND_REQUEST_BODY = 22
 #: One server's share of a routing token (a root's whole-domain token, scheme version 3).
 TAG_TOKEN_SHARE = 23
-#: A quorum's multi-signature: its members and their partial signatures' product (v3).
-TAG_QUORUM_SIGNATURE = 24
+#: A quorum's signatures: each member's own Ed25519 signature, by index (scheme version 3),
+#: and the member keys the deployment vouches for.
+TAG_QUORUM_SIGNATURE, TAG_MEMBER_KEYS = 24, 25
 
 
 def encode_mpk(k: MasterPublicKey) -> bytes:

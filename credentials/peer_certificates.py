@@ -199,13 +199,13 @@ def handshake_ca_certificate(deployment_key: bytes) -> x509.Certificate:
 
 
 def is_handshake_ca(ca_pem: str) -> bool:
-    """Whether ``ca_pem`` is a threshold deployment's handshake CA, which vouches for
-    nothing by itself."""
+    """Whether ``ca_pem`` holds a threshold deployment's handshake CA (alone or among
+    others), which vouches for nothing by itself."""
     try:
-        ca = x509.load_pem_x509_certificate(ca_pem.encode("ascii"))
+        cas = x509.load_pem_x509_certificates(ca_pem.encode("ascii"))
     except (ValueError, UnicodeEncodeError):
         return False
-    return ca.subject == HANDSHAKE_CA_NAME
+    return any(ca.subject == HANDSHAKE_CA_NAME for ca in cas)
 
 
 def ca_certificate(ca_key: Ed25519PrivateKey, name: x509.Name = CA_NAME) -> x509.Certificate:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 
 from ibe_pubsub.credentials.ceremony import BetaState
 from ibe_pubsub.credentials.codec import (
+    TAG_MEMBER_KEYS,
     TAG_PARTIAL_SIGNATURE,
     TAG_PUBLISHER_KEY_SHARE,
     TAG_QUORUM_SIGNATURE,
@@ -81,6 +82,7 @@ from ibe_pubsub.credentials.scheme import (
     derive_connection_request,
     identity_string,
 )
+from ibe_pubsub.credentials.server_keys import Ed25519Server
 from ibe_pubsub.credentials.shamir import lagrange_at, lagrange_at_zero
 from ibe_pubsub.credentials.symmetric import prf_scalar
 
@@ -636,56 +638,64 @@ def link_quorum(t: int, n: int) -> int:
     """``q = ceil((n + t) / 2)``: any two sets of ``q`` of the ``n`` servers share at least
     ``2q - n >= t`` servers, so at least one honest server when at most ``t - 1`` are not.
     What needs one honest server in common (an address certified to one identity only)
-    takes ``q`` signers, not ``t``."""
+    takes ``q`` servers' own consent, not ``t`` shares."""
     return (n + t + 1) // 2
 
 
-def encode_quorum_signature(partials: Sequence[PartialSignature]) -> bytes:
-    """Tag 24: the signers' indices (``u8`` count, then ``u8`` each, ascending) and
-    ``prod sigma_i`` (G1): a multi-signature that names who signed, unlike the combined
-    ``M(message)^x``, which is the same whoever did."""
-    ordered = sorted(partials, key=lambda p: p.index)
-    w = Writer(TAG_QUORUM_SIGNATURE).u8(len(ordered))
-    for partial in ordered:
-        w.u8(partial.index)
-    product = ordered[0].sigma
-    for partial in ordered[1:]:
-        product = product * partial.sigma
-    return w.element(product).done()
+MEMBERS_TAG = b"ibe-pubsub/v3/member-keys"
+ED25519_SIGNATURE_BYTES = 64
 
 
-def verify_quorum_signature(group: PairingGroup, tpk: ThresholdPublicKey, quorum: int,
-                            message: bytes, data: bytes) -> bool:
-    """At least ``quorum`` distinct servers of the deployment signed ``message``:
-    ``e(sigma, ĝ) = e(M(message), prod ĝ^x_i)`` over the indices named (a repeated index
-    would count one server twice, so the indices must ascend strictly)."""
+def members_message(deployment: bytes, member_keys: Mapping[int, bytes]) -> bytes:
+    """What ``t`` servers sign with their shares of ``x`` so that clients take the members'
+    own Ed25519 keys (``threshold.json``) under the deployment's key ``X``: tag,
+    deployment, then each index (``u8``) and 32-byte key, by index."""
+    w = Writer(TAG_MEMBER_KEYS).blob(MEMBERS_TAG).blob(deployment).u8(len(member_keys))
+    for index in sorted(member_keys):
+        w.u8(index).blob(member_keys[index])
+    return w.done()
+
+
+def encode_quorum_signature(signatures: Mapping[int, bytes]) -> bytes:
+    """Tag 24: the signers' indices, ascending, each with its Ed25519 signature made with
+    its own member key. Not a product of partial signatures: those of any ``t`` servers
+    determine every other server's (their shares lie on one polynomial), so they cannot
+    show that more than ``t`` consented; independent keys can."""
+    w = Writer(TAG_QUORUM_SIGNATURE).u8(len(signatures))
+    for index in sorted(signatures):
+        w.u8(index).fixed(signatures[index])
+    return w.done()
+
+
+def verify_quorum_signature(member_keys: Mapping[int, bytes], quorum: int, message: bytes,
+                            data: bytes) -> bool:
+    """At least ``quorum`` distinct members signed ``message``, each with its own key
+    (indices strictly ascending, so none counts twice)."""
     try:
-        r = Reader(group, data, TAG_QUORUM_SIGNATURE, "quorum signature")
-        indices = [r.u8() for _ in range(r.u8())]
-        sigma = r.element(G1)
+        r = Reader(None, data, TAG_QUORUM_SIGNATURE, "quorum signature")  # type: ignore[arg-type]
+        signed = [(r.u8(), r.take(ED25519_SIGNATURE_BYTES)) for _ in range(r.u8())]
         r.end()
     except CodecError:
         return False
+    indices = [index for index, _ in signed]
     if (len(indices) < quorum or indices != sorted(set(indices))
-            or any(i not in tpk.x_shares for i in indices)):
+            or any(i not in member_keys for i in indices)):
         return False
-    keys = tpk.x_shares[indices[0]]
-    for i in indices[1:]:
-        keys = keys * tpk.x_shares[i]
-    return _holds(group, (sigma, tpk.mpk.g_hat), (~_message_point(group, message), keys))
+    return all(Ed25519Server(member_keys[i]).verify(message, signature)
+               for i, signature in signed)
 
 
 @dataclass(frozen=True)
 class QuorumSigners:
     """A threshold deployment as the :class:`~credentials.server_keys.ServerVerifier` of
-    what ``quorum`` of its servers must sign (tag 24): peer-link certificates."""
+    what ``quorum`` of its members must each sign with their own key (tag 24): peer-link
+    certificates. ``member_keys`` are the members' Ed25519 keys, index to raw 32 bytes."""
 
-    group: PairingGroup
-    tpk: ThresholdPublicKey
+    member_keys: Mapping[int, bytes]
     quorum: int
 
     def verify(self, message: bytes, signature: bytes) -> bool:
-        return verify_quorum_signature(self.group, self.tpk, self.quorum, message, signature)
+        return verify_quorum_signature(self.member_keys, self.quorum, message, signature)
 
 
 def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, identity: str,

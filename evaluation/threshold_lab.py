@@ -9,8 +9,6 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from ibe_pubsub.credentials import (
     G2,
     DkgResult,
@@ -26,6 +24,8 @@ from ibe_pubsub.keyserver import (
     Member,
     SetupMember,
     SetupPlan,
+    create_member_key,
+    load_member_key,
     raw_public_key,
     save_setup,
 )
@@ -86,8 +86,11 @@ def write_local_setup(group: PairingGroup, data_dirs: Sequence[Path], urls: Sequ
                       passphrase: str, deployment: str, t: int,
                       epoch_seconds: int = DEFAULT_EPOCH_SECONDS) -> None:
     """The set-up among members at ``urls``, run here and written to each data directory
-    as ``keyserver threshold-setup`` writes it (fresh member keys, never saved)."""
-    keys = [Ed25519PrivateKey.generate() for _ in urls]
+    as ``keyserver threshold-key`` and ``keyserver threshold-setup`` write it (a fresh
+    member key each, sealed there, and the outcome)."""
+    for data_dir in data_dirs:
+        create_member_key(data_dir, passphrase)
+    keys = [load_member_key(data_dir, passphrase) for data_dir in data_dirs]
     plan = SetupPlan(deployment, t, tuple(Member(url, raw_public_key(k))
                                           for url, k in zip(urls, keys, strict=True)),
                      epoch_seconds)

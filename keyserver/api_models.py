@@ -359,9 +359,22 @@ class LinkSignatureOut(BaseModel):
     not_after: int = Field(description="end of validity (Unix time, whole seconds): epoch "
                            "end + grace")
     public_key: str = Field(description="the link key signed for (base64, raw Ed25519)")
-    signature: str = Field(description="base64 partial signature (tag 21) of the link key, "
-                           "binding and expiry (credentials.peer_link_message): t of them "
-                           "combine into the signature a peer's certificate carries")
+    signature: str = Field(description="base64 Ed25519 signature, with this member's own key, "
+                           "of the link key, binding and expiry "
+                           "(credentials.peer_link_message): those of a quorum of members "
+                           "make the signature a peer's certificate carries (tag 24)")
+
+
+class MemberKeyOut(BaseModel):
+    index: int
+    key: str = Field(description="base64 raw Ed25519 public key")
+
+
+class MembersOut(BaseModel):
+    index: int = Field(description="this member's number in the deployment (1..n)")
+    members: list[MemberKeyOut]
+    signature: str = Field(description="base64 partial signature (tag 21) of the member "
+                           "keys (credentials.threshold.members_message)")
 
 
 # -- bulk -----------------------------------------------------------------------------------

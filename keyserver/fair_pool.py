@@ -26,7 +26,6 @@ from ibe_pubsub.keyserver.exceptions import ServerSettingsError
 from ibe_pubsub.keyserver.issuer import (
     IssuerPool,
     issue_connection_requests,
-    issue_link_signature,
     issue_publisher,
     issue_publisher_shares,
     issue_request_signatures,
@@ -109,11 +108,6 @@ class FairIssuer:
         the root's token: one job."""
         return await self._run(who, issue_root_shares, who, epoch, credential, transport_key,
                                expires_at)
-
-    async def link_signature(self, who: str, link_key: bytes, binding: bytes, not_after: int
-                             ) -> str:
-        """A threshold member's partial signature of a peer's link key and binding."""
-        return await self._run(who, issue_link_signature, link_key, binding, not_after)
 
     def _parts(self, credentials: tuple[Credential, ...]) -> list[tuple[Credential, ...]]:
         n = self.credentials_per_job

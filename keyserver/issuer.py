@@ -46,7 +46,6 @@ from ibe_pubsub.credentials import (
     keygen_routing_token,
     keygen_subscriber,
     load_group,
-    peer_link_message,
     root_certificate_message,
 )
 from ibe_pubsub.credentials import threshold as T
@@ -205,14 +204,6 @@ def issue_root_shares(identity: str, epoch: int, credential: Credential,
                 m.pp.group, m.shares, message))),
             "routing_token": b64(T.encode_token_share(T.keyshare_token(
                 m.pp, m.tpk, m.shares, identity, epoch, credential)))}
-
-
-def issue_link_signature(link_key: bytes, binding: bytes, not_after: int) -> str:
-    """This member's partial signature of a peer's link key, binding and expiry (where
-    version 2's peer-link CA signs an X.509 certificate), encoded."""
-    m = _member_secrets()
-    return b64(T.encode_partial_signature(T.partial_sign(
-        m.pp.group, m.shares, peer_link_message(link_key, binding, not_after))))
 
 
 def issue_publisher_shares(identity: str, epoch: int, credentials: Sequence[Credential]

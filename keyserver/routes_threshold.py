@@ -8,14 +8,23 @@ answer 404 ``not_threshold``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 from typing import Any
 
 from fastapi import APIRouter
 
-from ibe_pubsub.credentials import G2, Credential, GroupError, PeerBinding, scheme
+from ibe_pubsub.credentials import (
+    G2,
+    Credential,
+    GroupError,
+    PeerBinding,
+    peer_link_message,
+    scheme,
+)
 from ibe_pubsub.keyserver.api_models import (
     LinkSignatureOut,
+    MembersOut,
     PublisherShareEnrolment,
     PublisherSharesOut,
     RootShareEnrolment,
@@ -178,11 +187,11 @@ async def _root_shares(state: AppState, who: str, credential: Credential,
              responses=error_responses(401, 403, 404, 409, 422))
 async def enrol_link_signature(body: TransportEnrolment, caller: AnIdentity,
                                state: State) -> dict[str, Any]:
-    """This member's partial signature of a peer's Ed25519 link key with its binding (the
-    identity, its role, the addresses it listens on, for a root the trees its policy
-    leaves whole, the epoch) and expiry, under the same checks and address claims as
-    ``/v1/enrol/transport``: ``t`` of them make the certificate peers check after the
-    TLS handshake."""
+    """This member's signature, with its own member key, of a peer's Ed25519 link key with
+    its binding (the identity, its role, the addresses it listens on, for a root the trees
+    its policy leaves whole, the epoch) and expiry, under the same checks and address
+    claims as ``/v1/enrol/transport``: those of a quorum of members make the certificate
+    peers check after the TLS handshake."""
     member = _member(state)
     return {"index": member.index, "public_key": body.public_key} | await enrol_transport_with(
         state, caller, body, _link_signature)
@@ -190,7 +199,22 @@ async def enrol_link_signature(body: TransportEnrolment, caller: AnIdentity,
 
 async def _link_signature(state: AppState, link_key: bytes, binding: PeerBinding, _now: float,
                           epoch: Epoch) -> tuple[float, dict[str, Any], str]:
+    """Signed with this member's own key, not its share of ``x``: what a certificate must
+    show is that a quorum of members consented, and partial signatures of any ``t`` members
+    determine every other member's (``credentials.threshold.encode_quorum_signature``)."""
     not_after = int(epoch.end + epoch.grace)
-    signature = await state.issuer.link_signature(binding.identity, link_key,
-                                                  binding.to_bytes(), not_after)
-    return not_after, {"signature": signature}, "peer_link_signature"
+    signature = _member(state).signing_key.sign(peer_link_message(link_key, binding.to_bytes(),
+                                                                  not_after))
+    return not_after, {"signature": base64.b64encode(signature).decode()}, "peer_link_signature"
+
+
+@router.get("/members", response_model=MembersOut, responses=error_responses(404))
+def members(state: State) -> dict[str, Any]:
+    """Every member's own Ed25519 key (as ``threshold.json`` lists them) and this member's
+    partial signature of them (tag 21, made once): a client takes the keys ``t`` members
+    signed, under ``X``, to check the peer-link certificates a quorum of them signed."""
+    member = _member(state)
+    return {"index": member.index,
+            "members": [{"index": i, "key": base64.b64encode(key).decode()}
+                        for i, key in sorted(member.member_keys.items())],
+            "signature": state.members_signature}

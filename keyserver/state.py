@@ -100,6 +100,16 @@ class AppState:
         partial = T.partial_sign(group, self.member.secrets, schema_message(self.store.schema))
         return base64.b64encode(T.encode_partial_signature(partial)).decode()
 
+    @functools.cached_property
+    def members_signature(self) -> str:
+        """A member's partial signature of the deployment's member keys (base64, tag 21),
+        made once: clients take the keys ``t`` members signed, under ``X``."""
+        assert self.member is not None
+        message = T.members_message(self.member.public_key.deployment,
+                                    self.member.member_keys)
+        partial = T.partial_sign(self.store.group, self.member.secrets, message)
+        return base64.b64encode(T.encode_partial_signature(partial)).decode()
+
     def close(self) -> None:
         self.schedule.close()
         self.pool.shutdown()

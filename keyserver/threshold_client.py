@@ -15,12 +15,12 @@ which peers check against ``X`` (``ThresholdServer``); it derives only the reque
 secrets from the seed (no group operation), and binds them to ``s_c = s h_c``, so the
 members, who know the seed, cannot prove an opening.
 
-A peer's link key is certified much the same way
-(:meth:`ThresholdKeyClient.certify_link_key`): the partial signatures of its key, binding
-and expiry by a quorum of ``ceil((n + t) / 2)`` members (more than ``t``, so that an address
-is certified to one identity only), multiplied into the signature a certificate of the
-deployment's public handshake CA carries, which peers check after the TLS handshake
-(``credentials.peer_certificates``).
+A peer's link key is certified otherwise (:meth:`ThresholdKeyClient.certify_link_key`): a
+quorum of ``ceil((n + t) / 2)`` members (more than ``t``, so that an address is certified
+to one identity only) each sign its key, binding and expiry with their own member key;
+the signatures travel in a certificate of the deployment's public handshake CA, which
+peers check after the TLS handshake (``credentials.peer_certificates``) against the member
+keys that ``t`` members signed under ``X``.
 
 Members answer only for identities registered and allowed there, so each member has its
 own token. Shares are combined only among members that issued for the same epoch and the
@@ -61,6 +61,7 @@ from ibe_pubsub.credentials import (
     ROLES,
     ConnectionRequest,
     Credential,
+    Ed25519Server,
     Element,
     PairingGroup,
     PeerBinding,
@@ -173,10 +174,10 @@ class CombinedRoot:
 @dataclass(frozen=True)
 class CombinedLinkCertificate:
     """A peer's link certificate: its binding, expiry and key signed by a quorum of members
-    (``link_quorum``, checked against their public shares), in an X.509 certificate of the
-    deployment's handshake CA: a
-    peer's TLS credentials are ``PeerTLS(key, certificate, client.handshake_ca,
-    links=client.links)``."""
+    (``link_quorum``), each with its own key (checked against the member keys ``t`` members
+    signed under ``X``), in an X.509 certificate of the deployment's handshake CA: a peer's
+    TLS credentials are ``PeerTLS(key, certificate, client.handshake_ca,
+    links=await client.link_verifier())``."""
 
     certificate: str
     """PEM."""
@@ -287,6 +288,7 @@ class ThresholdKeyClient:
         self.tpk, self.members, self.spread = tpk, tuple(members), spread
         self.timeout, self.hedge = timeout, hedge
         self._answer_times: deque[float] = deque(maxlen=ANSWER_TIMES_KEPT)
+        self._member_keys: dict[int, bytes] | None = None
         self._http = httpx.AsyncClient(timeout=timeout, verify=verify,
                                        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS))
 
@@ -386,11 +388,28 @@ class ThresholdKeyClient:
         token = T.combine_token(pp, self.tpk, [a.token for a in answers])
         return CombinedRoot(signed, token, tuple(found.shares), tuple(found.failures))
 
-    @property
-    def links(self) -> T.QuorumSigners:
+    async def member_keys(self) -> dict[int, bytes]:
+        """Every member's own Ed25519 key, as ``t`` members signed them with their shares
+        (``/v3/members``, checked against ``X``; asked for once): the keys that check a
+        peer-link certificate's signatures."""
+        if self._member_keys is None:
+            found = await self._collect("/v3/members", None, self._members,
+                                        lambda _: "member list agrees", "the member keys")
+            keys = next(iter(found.shares.values()))[0]
+            signature = T.combine_signatures(self.group, self.tpk, [
+                partial for _, partial in found.shares.values()])
+            if not T.verify_signature(self.group, self.tpk.X, T.members_message(
+                    self.tpk.deployment, keys), signature):
+                raise KeyServerError("the members' signatures of the member keys combine "
+                                     "into one that does not verify")  # a bad threshold.json
+            self._member_keys = keys
+        return self._member_keys
+
+    async def link_verifier(self) -> T.QuorumSigners:
         """The deployment as the signer of peer-link certificates (``PeerTLS(links=...)``):
-        ``link_quorum(t, n)`` of its members must have signed each."""
-        return T.QuorumSigners(self.group, self.tpk, T.link_quorum(self.tpk.t, self.tpk.n))
+        ``link_quorum(t, n)`` members must each have signed one with their own key."""
+        return T.QuorumSigners(await self.member_keys(), T.link_quorum(self.tpk.t,
+                                                                        self.tpk.n))
 
     @property
     def handshake_ca(self) -> str:
@@ -417,20 +436,21 @@ class ThresholdKeyClient:
             raise KeyServerError(f"a link certificate needs the signatures of {quorum} of the "
                                  f"{self.tpk.n} members; this client may ask "
                                  f"{len(self.members)}")
+        links = await self.link_verifier()
         encoded = base64.b64encode(link_key).decode("ascii")
         body = {"public_key": encoded, "addresses": list(addresses), "epoch": epoch}
         found = await self._collect(
             "/v3/enrol/transport", body,
-            lambda index, answer: self._link(link_key, encoded, tuple(addresses), index,
-                                             answer),
+            lambda index, answer: self._link(links.member_keys, link_key, encoded,
+                                             tuple(addresses), index, answer),
             agreed="the binding and expiry", everyone=True, needed=quorum)
         (binding, not_after), _ = next(iter(found.shares.values()))
-        signature = T.encode_quorum_signature([partial for _, partial in
-                                               found.shares.values()])
+        signature = T.encode_quorum_signature({index: signed for index, (_, signed) in
+                                               found.shares.items()})
         certificate = issue_peer_certificate(
             handshake_ca_key(bytes(self.tpk.X)), Ed25519PublicKey.from_public_bytes(link_key),
             binding, time.time(), not_after, link_signature=signature)
-        read_peer_certificate(certificate, self.links)  # as peers will read it
+        read_peer_certificate(certificate, links)  # as peers will read it
         return CombinedLinkCertificate(to_pem(certificate), binding, not_after,
                                        tuple(found.shares), tuple(found.failures))
 
@@ -538,8 +558,9 @@ class ThresholdKeyClient:
                              "public key")
         return (epoch, expires_at, identity), _RootAnswer(certificate, partial, share)
 
-    def _link(self, link_key: bytes, encoded: str, addresses: tuple[str, ...], index: int,
-              answer: Any) -> tuple[Shape, tuple[tuple[PeerBinding, int], T.PartialSignature]]:
+    def _link(self, member_keys: dict[int, bytes], link_key: bytes, encoded: str,
+              addresses: tuple[str, ...], index: int, answer: Any
+              ) -> tuple[Shape, tuple[tuple[PeerBinding, int], bytes]]:
         epoch, not_after = _epoch_and_expiry(answer, "not_after", None)
         role, attributes = answer["role"], answer["attributes"]
         if (answer["public_key"], answer["addresses"]) != (encoded, list(addresses)):
@@ -548,13 +569,26 @@ class ThresholdKeyClient:
                 isinstance(a, str) for a in attributes):
             raise _BadAnswer("its role or attributes are not a binding's")
         binding = PeerBinding(_identity(answer), role, addresses, tuple(attributes), epoch)
+        signature = _decoded(answer["signature"])
+        if not Ed25519Server(member_keys[index]).verify(peer_link_message(
+                link_key, binding.to_bytes(), not_after), signature):
+            raise _BadAnswer("its signature of the link key does not verify against its "
+                             "member key")
+        return (epoch, not_after, binding.to_bytes()), ((binding, not_after), signature)
+
+    def _members(self, index: int, answer: Any
+                 ) -> tuple[Shape, tuple[dict[int, bytes], T.PartialSignature]]:
+        keys = {entry["index"]: _decoded(entry["key"]) for entry in answer["members"]}
+        if sorted(keys) != list(range(1, self.tpk.n + 1)) or any(
+                len(key) != ED25519_KEY_BYTES for key in keys.values()):
+            raise _BadAnswer(f"its member list is not {self.tpk.n} Ed25519 keys")
         partial = T.decode_partial_signature(self.group, _decoded(answer["signature"]))
         _check_index(index, partial.index)
-        if not T.verify_partial_signature(self.group, self.tpk, peer_link_message(
-                link_key, binding.to_bytes(), not_after), partial):
-            raise _BadAnswer("its signature of the link key does not verify against the "
+        if not T.verify_partial_signature(self.group, self.tpk, T.members_message(
+                self.tpk.deployment, keys), partial):
+            raise _BadAnswer("its signature of the member keys does not verify against the "
                              "deployment's public key")
-        return (epoch, not_after, binding.to_bytes()), ((binding, not_after), partial)
+        return (0, tuple(sorted(keys.items()))), (keys, partial)
 
     def _schema(self, index: int, answer: Any) -> tuple[Shape, tuple[Schema, T.PartialSignature]]:
         schema = Schema.from_dict(answer["schema"])

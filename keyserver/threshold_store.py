@@ -161,10 +161,18 @@ class ThresholdMember:
     plan: SetupPlan
     public_key: T.ThresholdPublicKey
     secrets: T.ServerSecrets
+    signing_key: Ed25519PrivateKey
+    """Its own member key (``threshold.json`` lists the public half): what it signs peer-link
+    certificates with, where its consent, not its share, is what counts."""
 
     @property
     def index(self) -> int:
         return self.secrets.index
+
+    @property
+    def member_keys(self) -> dict[int, bytes]:
+        """Every member's public key, by index."""
+        return {i: m.key for i, m in enumerate(self.plan.members, start=1)}
 
 
 def load_member(data_dir: Path, passphrase: str, group: PairingGroup) -> ThresholdMember | None:
@@ -184,7 +192,11 @@ def load_member(data_dir: Path, passphrase: str, group: PairingGroup) -> Thresho
         raise ThresholdStoreError(f"the shares in {data_dir / SHARES_FILE} are not server "
                                   f"{i}'s in {data_dir / THRESHOLD_PUBLIC_FILE}: this server "
                                   "would answer bad shares")
-    return ThresholdMember(plan, public_key, secrets)
+    signing_key = load_member_key(data_dir, passphrase)
+    if raw_public_key(signing_key) != plan.members[i - 1].key:
+        raise ThresholdStoreError(f"the member key in {data_dir / MEMBER_KEY_FILE} is not "
+                                  f"member {i}'s in {data_dir / THRESHOLD_PUBLIC_FILE}")
+    return ThresholdMember(plan, public_key, secrets, signing_key)
 
 
 def load_shares(data_dir: Path, passphrase: str) -> T.ServerSecrets:

@@ -80,27 +80,33 @@ class PeerCA:
 
 class ThresholdLinks:
     """A threshold deployment's peer-link certificates, made as a client makes them from
-    its members' answers (``ThresholdKeyClient.certify_link_key``): a quorum of servers'
-    partial signatures of the link key, binding and expiry (tag 24), in a certificate of
-    the deployment's public handshake CA. ``credentials`` fits
+    its members' answers (``ThresholdKeyClient.certify_link_key``): a quorum of members each
+    sign the link key, binding and expiry with their own Ed25519 member key (tag 24), in a
+    certificate of the deployment's public handshake CA. ``credentials`` fits
     :func:`peer_links.secure_peer`."""
 
     def __init__(self, deployment: bytes = b"peer-links", t: int = 3, n: int = 5) -> None:
         self.group = load_group()
         self.tpk, self.secrets = local_deployment(self.group, t, n, deployment)
+        self.member_keys = {i: Ed25519PrivateKey.generate() for i in range(1, n + 1)}
         self.quorum = T.link_quorum(t, n)
-        self.links = T.QuorumSigners(self.group, self.tpk, self.quorum)
+        self.links = T.QuorumSigners({i: k.public_key().public_bytes_raw()
+                                      for i, k in self.member_keys.items()}, self.quorum)
         self.ca_key = handshake_ca_key(bytes(self.tpk.X))
         self.pem = to_pem(handshake_ca_certificate(bytes(self.tpk.X)))
 
+    def signatures(self, link_key: bytes, binding: PeerBinding, not_after: int,
+                   servers: Sequence[int] | None = None) -> dict[int, bytes]:
+        """Each of ``servers``' (by default the first quorum's) signature, by index."""
+        message = peer_link_message(link_key, binding.to_bytes(), not_after)
+        return {i: self.member_keys[i].sign(message)
+                for i in servers or range(1, self.quorum + 1)}
+
     def sign(self, link_key: bytes, binding: PeerBinding, not_after: int,
              servers: Sequence[int] | None = None) -> bytes:
-        """What ``servers`` (by default the first quorum) sign, as a quorum signature; a
-        server listed twice is counted twice, as an attacker would try."""
-        message = peer_link_message(link_key, binding.to_bytes(), not_after)
-        return T.encode_quorum_signature([
-            T.partial_sign(self.group, self.secrets[i], message)
-            for i in servers or range(1, self.quorum + 1)])
+        """What ``servers`` (by default the first quorum) sign, as a quorum signature."""
+        return T.encode_quorum_signature(self.signatures(link_key, binding, not_after,
+                                                         servers))
 
     def certificate(self, key: Ed25519PrivateKey, addresses: Sequence[str] = (), *,
                     identity: str = "peer", role: str = "subscriber",

@@ -42,7 +42,7 @@ from ibe_pubsub.credentials.groups import G1, G2
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.schema import default_schema
 from ibe_pubsub.credentials.server_keys import Ed25519Server
-from ibe_pubsub.credentials.shamir import lagrange_at_zero
+from ibe_pubsub.credentials.shamir import lagrange_at, lagrange_at_zero
 from ibe_pubsub.evaluation.threshold_lab import local_deployment
 
 t, n, EPOCH, DEPLOYMENT = 3, 5, 7, b"test-deployment"
@@ -782,3 +782,29 @@ def test_a_roots_token_combines_from_any_three_servers_and_opens_entry_zero(depl
     assert forged != token.T
     pooled = shares("root", (1, 2)) + shares("mallory", (3,))
     assert T.combine_token(pp, tpk, pooled).T != token.T
+
+
+def test_t_partial_signatures_give_every_members_so_a_quorum_signs_with_its_own_keys(
+        deployment):
+    """Why a peer-link certificate carries each member's own Ed25519 signature and not
+    partial signatures of ``x``: the shares lie on one polynomial, so ``t`` partials give
+    any other member's by interpolation in the exponent, and a "quorum" of them shows no
+    more than ``t`` (an attack review found this in the first version). Member keys are
+    independent: ``t`` of them sign nothing for a fourth."""
+    pp, _, secrets, _ = deployment
+    group, message = pp.group, b"a link key, binding and expiry"
+    partials = {i: T.partial_sign(group, secrets[i], message).sigma for i in (1, 2, 3)}
+    weights = lagrange_at(partials, 4, group.order)
+    forged = group.multi_exp(list(partials.values()), [weights[i] for i in partials])
+    assert forged == T.partial_sign(group, secrets[4], message).sigma  # the attack
+    keys = {i: Ed25519PrivateKey.generate() for i in range(1, n + 1)}
+    public = {i: k.public_key().public_bytes_raw() for i, k in keys.items()}
+    signed = {i: keys[i].sign(message) for i in (1, 2, 3)}
+    quorum = T.link_quorum(t, n)
+    assert quorum == 4
+    assert not T.verify_quorum_signature(public, quorum, message,
+                                         T.encode_quorum_signature(signed))
+    signed[4] = keys[4].sign(message)
+    assert T.verify_quorum_signature(public, quorum, message, T.encode_quorum_signature(signed))
+    assert not T.verify_quorum_signature(public, quorum, b"another message",
+                                         T.encode_quorum_signature(signed))

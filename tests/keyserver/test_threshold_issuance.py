@@ -51,6 +51,7 @@ from ibe_pubsub.evaluation.launcher import (
 from ibe_pubsub.evaluation.threshold_lab import write_local_setup
 from ibe_pubsub.keyserver import (
     MAX_ANSWER_BYTES,
+    MEMBER_KEY_FILE,
     KeyServerError,
     MemberAccess,
     ThresholdEnrolmentError,
@@ -284,6 +285,13 @@ def test_a_member_with_another_set_ups_public_key_refuses_to_start(deployment, t
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "initialised with 3600 s epochs and a 300 s grace" in refused.stderr
     assert "has 600 s and 150 s" in refused.stderr
+    # The right set-up and shares, but another member's key (it signs link certificates
+    # as member 1): refused too.
+    shutil.copy(deployment.dirs[0] / "threshold.json", copy / "threshold.json")
+    shutil.copy(deployment.dirs[1] / MEMBER_KEY_FILE, copy / MEMBER_KEY_FILE)
+    refused = serve_expecting_exit(copy, PASSPHRASE, timeout=60)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "is not member 1's" in refused.stderr
 
 
 def test_keys_combined_from_different_member_sets_read_exactly_what_they_match(
@@ -372,10 +380,11 @@ def test_link_certificates_signed_by_a_quorum_of_members_carry_mutual_tls(deploy
     async def link():
         inboxes = Inbox(), Inbox()
         peers = [Transport(inbox, backoff=FAST) for inbox in inboxes]
+        links = await client.link_verifier()  # the member keys, as t members signed them
+        assert links.quorum == 4 and sorted(links.member_keys) == [1, 2, 3, 4, 5]
         for peer, key, address, combined in zip(peers, keys, addresses, (a, b), strict=True):
             await peer.listen("127.0.0.1", int(address.rsplit(":", 1)[1]))
-            peer.tls = PeerTLS(key, combined.certificate, client.handshake_ca,
-                               links=client.links)
+            peer.tls = PeerTLS(key, combined.certificate, client.handshake_ca, links=links)
         peers[0].send(addresses[1], b"to the root")
         assert await inboxes[1].wait_for(1) == [(addresses[0], b"to the root")]
         assert peers[1].peer_certificate(addresses[0]).binding == a.binding

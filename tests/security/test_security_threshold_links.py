@@ -21,6 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from peer_links import FAST, Inbox, secure_peer
 from tls_certificates import PeerCA, ThresholdLinks
 
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.credentials.certificates import peer_link_message
+from ibe_pubsub.credentials.codec import TAG_QUORUM_SIGNATURE, Writer
 from ibe_pubsub.credentials.peer_certificates import (
     HANDSHAKE_CA_NAME,
     LINK_SIGNATURE_EXTENSION,
@@ -124,13 +127,36 @@ def longer_life(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> 
 
 def only_t(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     """``t`` members' signatures, fewer than the quorum that keeps an address one
-    identity's."""
+    identity's. (With partial signatures of ``x`` instead, ``t`` would give every member's
+    by interpolation, which the first version of this design missed: the quorum signs with
+    independent keys.)"""
     return signed_by(links, key, address, (1, 2, 3))
 
 
 def one_signer_twice(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
-    """Three members' signatures, one of them counted twice to make up the quorum."""
-    return signed_by(links, key, address, (1, 1, 2, 3))
+    """Three members' signatures, one of them listed twice to make up the quorum."""
+    binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
+    not_after = int(time.time() + 3600)
+    signed = links.signatures(key.public_key().public_bytes_raw(), binding, not_after,
+                              (1, 2, 3))
+    w = Writer(TAG_QUORUM_SIGNATURE).u8(4)
+    for index in (1, 1, 2, 3):
+        w.u8(index).fixed(signed[index])
+    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, time.time(),
+                                         not_after, link_signature=w.done()))
+
+
+def outsiders(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
+    """Three members' signatures and one made with a key that is no member's."""
+    binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
+    not_after = int(time.time() + 3600)
+    link_key = key.public_key().public_bytes_raw()
+    signed = links.signatures(link_key, binding, not_after, (1, 2, 3))
+    signed[4] = Ed25519PrivateKey.generate().sign(
+        peer_link_message(link_key, binding.to_bytes(), not_after))
+    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, time.time(),
+                                         not_after,
+                                         link_signature=T.encode_quorum_signature(signed)))
 
 
 def signed_by(links: ThresholdLinks, key: Ed25519PrivateKey, address: str,
@@ -144,7 +170,7 @@ def signed_by(links: ThresholdLinks, key: Ed25519PrivateKey, address: str,
 
 
 FORGERIES = [no_signature, copied_signature, another_binding, longer_life, only_t,
-             one_signer_twice]
+             one_signer_twice, outsiders]
 
 
 @pytest.mark.parametrize("forge", FORGERIES, ids=[f.__name__ for f in FORGERIES])
@@ -216,9 +242,11 @@ def test_a_peer_takes_no_certificate_of_its_own_without_the_signature(links):
     key = Ed25519PrivateKey.generate()
     with pytest.raises(PeerCertificateError, match="version-2 certificate"):
         PeerTLS(key, unsigned(links, key, "127.0.0.1:9"), links.pem, links=links.links)
-    # Nor links under the public handshake CA without the check at all.
-    with pytest.raises(PeerCertificateError, match="public handshake CA"):
-        PeerTLS(key, links.certificate(key, ("127.0.0.1:9",)), links.pem)
+    # Nor links under the public handshake CA without the check at all, alone or in a
+    # bundle with another CA.
+    for cas in (links.pem, PeerCA().pem + links.pem):
+        with pytest.raises(PeerCertificateError, match="public handshake CA"):
+            PeerTLS(key, links.certificate(key, ("127.0.0.1:9",)), cas)
     assert PeerTLS(key, links.certificate(key, ("127.0.0.1:9",)), links.pem,
                    links=links.links).certificate.binding.addresses == ("127.0.0.1:9",)
 
