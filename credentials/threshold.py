@@ -643,7 +643,16 @@ def link_quorum(t: int, n: int) -> int:
 
 
 MEMBERS_TAG = b"ibe-pubsub/v3/member-keys"
+SCOPE_TAG = b"ibe-pubsub/v3/deployment-scope"
 ED25519_SIGNATURE_BYTES = 64
+
+
+def deployment_scope(tpk: ThresholdPublicKey) -> bytes:
+    """What every message a member signs with its own key starts with: the deployment's id
+    and ``X``, so that such a signature counts in no other deployment (a member key may
+    outlive a set-up: it is kept when a set-up is run again)."""
+    return (Writer(TAG_MEMBER_KEYS).blob(SCOPE_TAG).blob(tpk.deployment)
+            .element(tpk.X).done())
 
 
 def members_message(deployment: bytes, member_keys: Mapping[int, bytes]) -> bytes:
@@ -689,13 +698,16 @@ def verify_quorum_signature(member_keys: Mapping[int, bytes], quorum: int, messa
 class QuorumSigners:
     """A threshold deployment as the :class:`~credentials.server_keys.ServerVerifier` of
     what ``quorum`` of its members must each sign with their own key (tag 24): peer-link
-    certificates. ``member_keys`` are the members' Ed25519 keys, index to raw 32 bytes."""
+    certificates. ``member_keys`` are the members' Ed25519 keys, index to raw 32 bytes;
+    each signed ``scope`` (:func:`deployment_scope`) followed by the message."""
 
     member_keys: Mapping[int, bytes]
     quorum: int
+    scope: bytes
 
     def verify(self, message: bytes, signature: bytes) -> bool:
-        return verify_quorum_signature(self.member_keys, self.quorum, message, signature)
+        return verify_quorum_signature(self.member_keys, self.quorum, self.scope + message,
+                                       signature)
 
 
 def partial_sign_request(pp: PublicParams, secrets: ServerSecrets, identity: str,

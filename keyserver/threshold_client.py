@@ -408,8 +408,9 @@ class ThresholdKeyClient:
     async def link_verifier(self) -> T.QuorumSigners:
         """The deployment as the signer of peer-link certificates (``PeerTLS(links=...)``):
         ``link_quorum(t, n)`` members must each have signed one with their own key."""
-        return T.QuorumSigners(await self.member_keys(), T.link_quorum(self.tpk.t,
-                                                                        self.tpk.n))
+        return T.QuorumSigners(await self.member_keys(),
+                               T.link_quorum(self.tpk.t, self.tpk.n),
+                               T.deployment_scope(self.tpk))
 
     @property
     def handshake_ca(self) -> str:
@@ -441,8 +442,8 @@ class ThresholdKeyClient:
         body = {"public_key": encoded, "addresses": list(addresses), "epoch": epoch}
         found = await self._collect(
             "/v3/enrol/transport", body,
-            lambda index, answer: self._link(links.member_keys, link_key, encoded,
-                                             tuple(addresses), index, answer),
+            lambda index, answer: self._link(links, link_key, encoded, tuple(addresses),
+                                             index, answer),
             agreed="the binding and expiry", everyone=True, needed=quorum)
         (binding, not_after), _ = next(iter(found.shares.values()))
         signature = T.encode_quorum_signature({index: signed for index, (_, signed) in
@@ -558,7 +559,7 @@ class ThresholdKeyClient:
                              "public key")
         return (epoch, expires_at, identity), _RootAnswer(certificate, partial, share)
 
-    def _link(self, member_keys: dict[int, bytes], link_key: bytes, encoded: str,
+    def _link(self, links: T.QuorumSigners, link_key: bytes, encoded: str,
               addresses: tuple[str, ...], index: int, answer: Any
               ) -> tuple[Shape, tuple[tuple[PeerBinding, int], bytes]]:
         epoch, not_after = _epoch_and_expiry(answer, "not_after", None)
@@ -570,7 +571,7 @@ class ThresholdKeyClient:
             raise _BadAnswer("its role or attributes are not a binding's")
         binding = PeerBinding(_identity(answer), role, addresses, tuple(attributes), epoch)
         signature = _decoded(answer["signature"])
-        if not Ed25519Server(member_keys[index]).verify(peer_link_message(
+        if not Ed25519Server(links.member_keys[index]).verify(links.scope + peer_link_message(
                 link_key, binding.to_bytes(), not_after), signature):
             raise _BadAnswer("its signature of the link key does not verify against its "
                              "member key")

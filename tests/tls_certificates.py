@@ -85,20 +85,23 @@ class ThresholdLinks:
     certificate of the deployment's public handshake CA. ``credentials`` fits
     :func:`peer_links.secure_peer`."""
 
-    def __init__(self, deployment: bytes = b"peer-links", t: int = 3, n: int = 5) -> None:
+    def __init__(self, deployment: bytes = b"peer-links", t: int = 3, n: int = 5,
+                 member_keys: dict[int, Ed25519PrivateKey] | None = None) -> None:
         self.group = load_group()
         self.tpk, self.secrets = local_deployment(self.group, t, n, deployment)
-        self.member_keys = {i: Ed25519PrivateKey.generate() for i in range(1, n + 1)}
+        self.member_keys = member_keys or {i: Ed25519PrivateKey.generate()
+                                           for i in range(1, n + 1)}
         self.quorum = T.link_quorum(t, n)
         self.links = T.QuorumSigners({i: k.public_key().public_bytes_raw()
-                                      for i, k in self.member_keys.items()}, self.quorum)
+                                      for i, k in self.member_keys.items()}, self.quorum,
+                                     T.deployment_scope(self.tpk))
         self.ca_key = handshake_ca_key(bytes(self.tpk.X))
         self.pem = to_pem(handshake_ca_certificate(bytes(self.tpk.X)))
 
     def signatures(self, link_key: bytes, binding: PeerBinding, not_after: int,
                    servers: Sequence[int] | None = None) -> dict[int, bytes]:
         """Each of ``servers``' (by default the first quorum's) signature, by index."""
-        message = peer_link_message(link_key, binding.to_bytes(), not_after)
+        message = self.links.scope + peer_link_message(link_key, binding.to_bytes(), not_after)
         return {i: self.member_keys[i].sign(message)
                 for i in servers or range(1, self.quorum + 1)}
 

@@ -153,7 +153,7 @@ def outsiders(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> st
     link_key = key.public_key().public_bytes_raw()
     signed = links.signatures(link_key, binding, not_after, (1, 2, 3))
     signed[4] = Ed25519PrivateKey.generate().sign(
-        peer_link_message(link_key, binding.to_bytes(), not_after))
+        links.links.scope + peer_link_message(link_key, binding.to_bytes(), not_after))
     return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, time.time(),
                                          not_after,
                                          link_signature=T.encode_quorum_signature(signed)))
@@ -290,3 +290,17 @@ def test_hostile_certificate_contents_are_refused_before_the_binding_is_read(lin
     with pytest.raises(PeerCertificateError, match="does not verify"):
         read_peer_certificate(mint(links, key.public_key(), binding, signature,
                                    signed_end + datetime.timedelta(seconds=1)), links.links)
+
+
+def test_a_quorums_signatures_count_in_their_own_deployment_only(links):
+    """Member keys may outlive a set-up (a set-up run again keeps them): the same members'
+    signatures for another deployment (another id and X) are refused here."""
+    other = ThresholdLinks(b"a later set-up", member_keys=links.member_keys)
+    key = Ed25519PrivateKey.generate()
+    foreign = x509.load_pem_x509_certificate(other.certificate(key, ("127.0.0.1:9",)).encode())
+    with pytest.raises(PeerCertificateError, match="does not verify"):
+        read_peer_certificate(foreign, links.links)
+    # Control: there, and here for a certificate signed here, they pass.
+    assert read_peer_certificate(foreign, other.links).binding.addresses == ("127.0.0.1:9",)
+    own = x509.load_pem_x509_certificate(links.certificate(key, ("127.0.0.1:9",)).encode())
+    assert read_peer_certificate(own, links.links).binding.addresses == ("127.0.0.1:9",)
