@@ -311,11 +311,16 @@ def test_keys_combined_from_different_member_sets_read_exactly_what_they_match(
     assert not reads(pp, other.key, published)
 
 
+def documented_program(marker: str, path: Path) -> None:
+    """docs/operations.md's program after ``<!-- marker -->``, verbatim, written to
+    ``path``."""
+    text = (REPO_ROOT / "docs" / "operations.md").read_text()
+    path.write_text(text.split(f"<!-- {marker} -->\n```python\n", 1)[1].split("```", 1)[0])
+
+
 def test_the_documented_client_program_enrols(deployment, tmp_path):
     """docs/operations.md's program, verbatim, as a user runs it."""
-    text = (REPO_ROOT / "docs" / "operations.md").read_text()
-    program = text.split("<!-- threshold-example -->\n```python\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "enrol.py").write_text(program)
+    documented_program("threshold-example", tmp_path / "enrol.py")
     added = threshold_identity(deployment, "add", "zoe", [1, 3, 4, 5], "--role", "subscriber",
                                "--access-file", str(tmp_path / "zoe.json"))
     assert added.returncode == 0, added.stderr
@@ -332,10 +337,7 @@ def test_the_documented_root_program_enrols(deployment, tmp_path):
     """docs/operations.md's root program, verbatim: a root identity added at every member
     with one command gets a certificate that t members signed; run again, it keeps its
     transport key (mode 0600) and gets the same epoch's certificate."""
-    text = (REPO_ROOT / "docs" / "operations.md").read_text()
-    program = text.split("<!-- threshold-root-example -->\n```python\n", 1)[1].split(
-        "```", 1)[0]
-    (tmp_path / "root.py").write_text(program)
+    documented_program("threshold-root-example", tmp_path / "root.py")
     added = threshold_identity(deployment, "add", "root-doc", range(1, n + 1), "--role",
                                "root", "--access-file", str(tmp_path / "root-doc.json"))
     assert added.returncode == 0, added.stderr
@@ -445,6 +447,27 @@ def test_a_bad_link_signature_is_routed_around_and_a_slow_member_not_waited_for(
     assert combined.members == (1, 2, 3, 4) and took < 3.5, took
     assert [(f.index, "had not answered" in f.reason) for f in combined.failures] == [
         (5, True)]
+
+
+def test_the_documented_link_program_links_two_peers(deployment, tmp_path):
+    """docs/operations.md's link program, verbatim: two link keys of one identity added at
+    every member, each certified by a quorum, make a mutual-TLS link on which each side
+    sees the other's binding."""
+    documented_program("threshold-link-example", tmp_path / "link.py")
+    added = threshold_identity(deployment, "add", "link-doc", range(1, n + 1), "--role",
+                               "subscriber", "--access-file", str(tmp_path / "link-doc.json"))
+    assert added.returncode == 0, added.stderr
+    done = subprocess.run([sys.executable, "link.py", str(deployment.dirs[0] / "threshold.json"),
+                           "link-doc.json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    certified = [re.fullmatch(r"(127\.0\.0\.1:\d+): signed by members \[(\d), (\d), (\d), "
+                              r"(\d)\]", line) for line in lines[:2]]
+    assert all(certified) and len(lines) == 3, done.stdout
+    listener, dialer = (match[1] for match in certified)
+    assert lines[2] == (f"linked: the dialer sees link-doc at ['{listener}'], the listener "
+                        f"sees link-doc at ['{dialer}']"), done.stdout
 
 
 def raw_shares(deployment, tokens, members, subscription):
