@@ -38,8 +38,9 @@ from ibe_pubsub.credentials import (
 
 class PeerTLS:
     """A peer's TLS credentials: a server and a client context sharing one key, one
-    certificate and the CA, and on a threshold deployment the deployment (``links``), whose
-    signature every certificate needs. :meth:`install` swaps in a renewed certificate for
+    certificate and the CA, and on a threshold deployment its ``QuorumSigners``
+    (``links``): every certificate then needs ``link_quorum(t, n)`` members' own
+    signatures of its key, binding and expiry. :meth:`install` swaps in a renewed certificate for
     the same key; connections already open keep the certificate they were made with."""
 
     def __init__(self, key: Ed25519PrivateKey, certificate_pem: str, ca_pem: str,
@@ -47,7 +48,7 @@ class PeerTLS:
         if links is None and is_handshake_ca(ca_pem):
             raise PeerCertificateError(
                 "the CA is a threshold deployment's public handshake CA, under which anyone "
-                "can issue: its peer links need the deployment's signature check (links)")
+                "can issue: its peer links need the members' signature check (links)")
         self._key = key
         self.links = links
         #: For accepted connections (it requires the dialer's certificate).
