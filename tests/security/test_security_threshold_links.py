@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+from collections.abc import Callable
 
 import pytest
 from cryptography import x509
@@ -77,14 +78,30 @@ def test_peers_of_a_deployment_link_with_its_signature_and_see_each_others_bindi
 def unsigned(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     """A version-2 style certificate of the public handshake CA's key: no signature."""
     now = time.time()
-    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(),
-                                         PeerBinding("mallory", "subscriber", (address,), (), 1),
+    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), mallory(address),
                                          now, now + 3600))
+
+
+def mallory(address: str) -> PeerBinding:
+    return PeerBinding("mallory", "subscriber", (address,), (), 1)
+
+
+def forged(links: ThresholdLinks, key: Ed25519PrivateKey, address: str,
+           sign: Callable[[bytes, PeerBinding, int], bytes], *,
+           shown: PeerBinding | None = None, life: float = 3600.0) -> str:
+    """A certificate of ``key`` under the public handshake CA carrying ``sign(link key,
+    mallory's binding at address, in an hour)``, and saying ``shown`` (that binding by
+    default) until ``life`` seconds from now: what is signed and what the certificate
+    says may differ."""
+    binding, now = mallory(address), time.time()
+    signature = sign(key.public_key().public_bytes_raw(), binding, int(now + 3600))
+    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), shown or binding, now,
+                                         int(now + life), link_signature=signature))
 
 
 def no_signature(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     """A signature of no one: 48 zero bytes."""
-    return signed_by(links, key, address, (), signature=bytes(48))
+    return forged(links, key, address, lambda *_: bytes(48))
 
 
 def copied_signature(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
@@ -107,22 +124,13 @@ def swap_key(links: ThresholdLinks, pem: str, key: Ed25519PrivateKey) -> str:
 
 def another_binding(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     """The members signed this key as a subscriber: the certificate says root."""
-    binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
-    not_after = int(time.time() + 3600)
-    signature = links.sign(key.public_key().public_bytes_raw(), binding, not_after)
-    return to_pem(issue_peer_certificate(
-        links.ca_key, key.public_key(), PeerBinding("mallory", "root", (address,), ("symbol",),
-                                                    1),
-        time.time(), not_after, link_signature=signature))
+    return forged(links, key, address, links.sign,
+                  shown=PeerBinding("mallory", "root", (address,), ("symbol",), 1))
 
 
 def longer_life(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     """Signed until in an hour; the certificate says tomorrow."""
-    binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
-    now = time.time()
-    signature = links.sign(key.public_key().public_bytes_raw(), binding, int(now + 3600))
-    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, now,
-                                         int(now + 86400), link_signature=signature))
+    return forged(links, key, address, links.sign, life=86400)
 
 
 def only_t(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
@@ -130,43 +138,28 @@ def only_t(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     identity's. (With partial signatures of ``x`` instead, ``t`` would give every member's
     by interpolation, which the first version of this design missed: the quorum signs with
     independent keys.)"""
-    return signed_by(links, key, address, (1, 2, 3))
+    return forged(links, key, address, lambda *signed: links.sign(*signed, (1, 2, 3)))
 
 
 def one_signer_twice(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     """Three members' signatures, one of them listed twice to make up the quorum."""
-    binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
-    not_after = int(time.time() + 3600)
-    signed = links.signatures(key.public_key().public_bytes_raw(), binding, not_after,
-                              (1, 2, 3))
-    w = Writer(TAG_QUORUM_SIGNATURE).u8(4)
-    for index in (1, 1, 2, 3):
-        w.u8(index).fixed(signed[index])
-    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, time.time(),
-                                         not_after, link_signature=w.done()))
+    def sign(link_key: bytes, binding: PeerBinding, not_after: int) -> bytes:
+        signed = links.signatures(link_key, binding, not_after, (1, 2, 3))
+        w = Writer(TAG_QUORUM_SIGNATURE).u8(4)
+        for index in (1, 1, 2, 3):
+            w.u8(index).fixed(signed[index])
+        return w.done()
+    return forged(links, key, address, sign)
 
 
 def outsiders(links: ThresholdLinks, key: Ed25519PrivateKey, address: str) -> str:
     """Three members' signatures and one made with a key that is no member's."""
-    binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
-    not_after = int(time.time() + 3600)
-    link_key = key.public_key().public_bytes_raw()
-    signed = links.signatures(link_key, binding, not_after, (1, 2, 3))
-    signed[4] = Ed25519PrivateKey.generate().sign(
-        links.links.scope + peer_link_message(link_key, binding.to_bytes(), not_after))
-    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, time.time(),
-                                         not_after,
-                                         link_signature=T.encode_quorum_signature(signed)))
-
-
-def signed_by(links: ThresholdLinks, key: Ed25519PrivateKey, address: str,
-              servers: tuple[int, ...], signature: bytes | None = None) -> str:
-    binding = PeerBinding("mallory", "subscriber", (address,), (), 1)
-    not_after = int(time.time() + 3600)
-    signature = signature or links.sign(key.public_key().public_bytes_raw(), binding,
-                                        not_after, servers)
-    return to_pem(issue_peer_certificate(links.ca_key, key.public_key(), binding, time.time(),
-                                         not_after, link_signature=signature))
+    def sign(link_key: bytes, binding: PeerBinding, not_after: int) -> bytes:
+        signed = links.signatures(link_key, binding, not_after, (1, 2, 3))
+        signed[4] = Ed25519PrivateKey.generate().sign(
+            links.links.scope + peer_link_message(link_key, binding.to_bytes(), not_after))
+        return T.encode_quorum_signature(signed)
+    return forged(links, key, address, sign)
 
 
 FORGERIES = [no_signature, copied_signature, another_binding, longer_life, only_t,
