@@ -1,5 +1,6 @@
-"""Two hosts on one machine: network namespaces joined by a veth pair whose packets pass
-through :mod:`evaluation.link_emulator` (delay, loss, partitions).
+"""Hosts of their own on one machine, in network namespaces: two joined by a veth pair whose
+packets pass through :mod:`evaluation.link_emulator` (delay, loss, partitions), or one with
+only a loopback interface and the ephemeral ports a test chooses (:func:`loopback_host`).
 
 The *core* namespace holds the key server, the roots, the publishers and most
 subscribers; the *group* namespace holds a few subscribers, as if on another host behind
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -48,6 +50,44 @@ def _setns(fd: int) -> None:
         raise NetworkLabError(error, f"setns: {os.strerror(error)}")
 
 
+@contextlib.contextmanager
+def entered(namespace: str) -> Iterator[None]:
+    """The calling thread inside ``namespace`` for the context (so that what it starts and
+    every connection it makes stay there), back in its own namespace after."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+        yield
+    finally:
+        try:
+            _setns(home)
+        finally:
+            os.close(home)
+
+
+@contextlib.contextmanager
+def loopback_host(ports: tuple[int, int]) -> Iterator[None]:
+    """A host of its own for the calling thread: a new namespace with only its loopback
+    interface, whose ephemeral ports (those a bind to port 0 and an outgoing connection
+    draw from) are ``ports`` (first and last), so that a test knows which ports the system
+    can pick. Deleted on the way out."""
+    name = f"ibe{os.getpid():x}{secrets.randbelow(256):02x}-lo"
+    _run("ip", "netns", "add", name)
+    try:
+        _run("ip", "-n", name, "link", "set", "lo", "up")
+        with entered(name):
+            # /proc/sys/net is the namespace of the thread that opens it: this one's now
+            Path("/proc/sys/net/ipv4/ip_local_port_range").write_text(f"{ports[0]} {ports[1]}")
+            yield
+    finally:
+        with contextlib.suppress(NetworkLabError):
+            _run("ip", "netns", "delete", name)
+
+
 def _run(*command: str) -> None:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -65,7 +105,7 @@ class SplitNetwork:
         self.core, self.group = f"{tag}-core", f"{tag}-group"
         self._core_link, self._group_link = f"{tag}c", f"{tag}g"
         self._emulator: subprocess.Popen[bytes] | None = None
-        self._home: int | None = None
+        self._inside = contextlib.ExitStack()  # the caller's thread in the core namespace
         self._made: list[str] = []  # the namespaces this instance created
 
     @property
@@ -121,12 +161,7 @@ class SplitNetwork:
         finally:
             out.close()
         self._wait_for_emulator()
-        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        core = os.open(f"/run/netns/{self.core}", os.O_RDONLY)
-        try:
-            _setns(core)
-        finally:
-            os.close(core)
+        self._inside.enter_context(entered(self.core))
 
     def _wait_for_emulator(self, timeout: float = 30.0) -> None:
         """Until the emulator has bound its queue (until then the link drops everything)."""
@@ -154,12 +189,7 @@ class SplitNetwork:
         self._signal(signal.SIGUSR2)
 
     def _tear_down(self) -> None:
-        if self._home is not None:
-            try:
-                _setns(self._home)
-            finally:
-                os.close(self._home)
-                self._home = None
+        self._inside.close()
         if self._emulator is not None:
             self._emulator.terminate()
             try:

@@ -108,6 +108,9 @@ MAX_SEEN = 32
 LEAVE_TIMEOUT = 2.0
 #: Seconds between readings of a bundle file that does not hold the next epoch's keys yet.
 BUNDLE_RETRY = 10.0
+#: Ports a peer listening on a port the system picks tries before it gives up, when the
+#: key server says another identity's certificate names the port picked.
+PORT_PICKS = 8
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
@@ -368,8 +371,8 @@ class PeerNode:
             log.info("serving /healthz, /metrics and /status at %s", self.monitor.url)
         try:
             await self._through_restarts("its keys", self._enrol, deadline)
-            self._install_link_certificate(await self._through_restarts(
-                "its link certificate", functools.partial(self._certify, False), deadline))
+            self._install_link_certificate(
+                await self._certify_listening(host, port == 0, deadline))
         except Exception:
             await self.transport.close(0)
             self.client.close()
@@ -480,6 +483,30 @@ class PeerNode:
         assert self.params is not None
         return enrolment.certify_link_key(self.client, self.params, self._link_key,
                                           [self.address], next_epoch)
+
+    async def _certify_listening(self, host: str, picked: bool, deadline: float
+                                 ) -> TransportCertificate:
+        """The link certificate of the address this peer listens on. A port the system
+        ``picked`` may be one another identity's peer listened on before: the key server
+        refuses it (409 ``address_taken``) until that peer's certificate expires. The peer
+        then listens on another port the system picks, holding each refused one meanwhile so
+        that none is picked twice, up to ``PORT_PICKS`` ports."""
+        refused: list[asyncio.Server] = []
+        try:
+            while True:
+                try:
+                    return await self._through_restarts(
+                        "its link certificate", functools.partial(self._certify, False),
+                        deadline)
+                except KeyServerRequestError as exc:
+                    if (not picked or exc.code != "address_taken"
+                            or len(refused) + 1 == PORT_PICKS):
+                        raise
+                    log.warning("%s; listening on another port", exc)
+                refused.append(await self.transport.listen_elsewhere(host))
+        finally:
+            for server in refused:
+                server.close()
 
     def _install_link_certificate(self, certificate: TransportCertificate) -> None:
         """New handshakes present it; open links are renewed by ``Transport.maintain``. A

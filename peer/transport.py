@@ -336,6 +336,15 @@ class Transport:
         self.address = join_address(host, bound)
         return self.address
 
+    async def listen_elsewhere(self, host: str) -> asyncio.Server:
+        """Listen on another port of ``host`` that the system picks. The listener until now
+        stays bound meanwhile, so the system cannot pick its port again; it is returned, for
+        the caller to close once it has no more use for holding its port."""
+        held = self._server
+        assert held is not None, "listen_elsewhere before listen"
+        await self.listen(host, 0)
+        return held
+
     @property
     def dropped(self) -> int:
         """Frames dropped unsent, whatever the reason."""

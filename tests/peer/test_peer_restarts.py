@@ -1,6 +1,7 @@
 """Restarting a peer with the default ``--listen 127.0.0.1:0``: it takes the address its
 identity already holds, so restarts neither use up the cap of certified addresses nor leave
-a dead address of their own in the directory to slow the next join."""
+a dead address of their own in the directory to slow the next join; and a port the system
+picks that a stopped peer of another identity still holds is given up for another."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from keyserver_fixtures import PASSPHRASE
 
+from ibe_pubsub.evaluation import netns
 from ibe_pubsub.evaluation.cluster import Cluster
 from ibe_pubsub.evaluation.launcher import free_port, start_keyserver, wait_ready
 from ibe_pubsub.keyserver.client import KeyServerClient
@@ -47,6 +49,54 @@ def test_restarts_on_the_default_listen_reuse_the_held_address(keyserver_factory
     assert anonymous.status_code == 401 and addresses[0] not in anonymous.text
     with KeyServerClient(server.base_url, server.admin_token) as admin:
         assert admin.lookup("symbol")["roots"] == []  # each stop left the directory
+
+
+@pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable()))
+def test_a_picked_port_another_identity_holds_is_given_up_for_another(keyserver_factory,
+                                                                       tmp_path):
+    """A peer on the default ``--listen 127.0.0.1:0`` whose port, picked by the system, is
+    one a stopped peer of another identity had (its certificate lives until it expires)
+    exited, refused (409 ``address_taken``); now it listens on another port the system
+    picks. In a namespace whose ephemeral ports are 40000-40099, Linux gives a listener on
+    port 0 an odd port of the lower half first: the test holds all of them but 40001 on
+    127.0.0.1, and 40001 on 127.0.0.2 (so that no outgoing connection takes it: those skip
+    ports bound on any address), which leaves 40001 the first pick (checked first)."""
+    with netns.loopback_host((40000, 40099)), contextlib.ExitStack() as guards:
+        for host, port in [("127.0.0.2", 40001),
+                           *(("127.0.0.1", port) for port in range(40003, 40050, 2))]:
+            guard = guards.enter_context(socket.socket())
+            guard.bind((host, port))
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first != 40001:
+            pytest.skip(f"this kernel picks port {first} first, not 40001: the test cannot "
+                        "make the peer pick the held port")
+        server = keyserver_factory.start(port=8000)  # outside the ephemeral ports
+        cluster = Cluster(server.base_url, server.admin_token, tmp_path)
+        try:
+            holder = cluster.start_root("holder", ["symbol"], listen="127.0.0.1:40001")
+            cluster.wait_ready([holder])
+            holder.process.terminate()
+            assert holder.process.wait(10) == 0
+            picker = cluster.start_root("picker", ["symbol"])
+            cluster.wait_ready([picker])
+            with KeyServerClient(server.base_url, server.admin_token) as admin:
+                roots = [e["address"] for e in admin.lookup("symbol")["roots"]]
+            # a port the user chose is never changed: refused, the peer says so and exits
+            fixed = cluster.start_root("fixed", ["symbol"], listen="127.0.0.1:40001")
+            assert fixed.process.wait(30) != 0
+        finally:
+            cluster.stop_all()
+    log = picker.log_file.read_text()
+    print(f"picker listened on {picker.address}; its log:\n{log}")
+    assert "127.0.0.1:40001 is certified to another identity" in log  # the refusal happened
+    assert "listening on another port" in log
+    assert picker.address != "127.0.0.1:40001" and roots == [picker.address]
+    refusal = fixed.log_file.read_text()
+    assert "127.0.0.1:40001 is certified to another identity" in refusal, refusal
+    assert "listening on another port" not in refusal
 
 
 def test_a_crashed_subscriber_restarts_without_waiting_on_its_own_dead_entry(
