@@ -113,8 +113,11 @@ class Writer:
 
 
 class Reader:
-    def __init__(self, group: PairingGroup, data: bytes, tag: int, what: str) -> None:
-        self.group = group
+    """Reads what :class:`Writer` wrote; ``group`` None for objects with no group element
+    (reading one is then a :class:`CodecError`)."""
+
+    def __init__(self, group: PairingGroup | None, data: bytes, tag: int, what: str) -> None:
+        self._group = group
         self.data = memoryview(data)
         self.pos = 0
         self.what = what
@@ -150,6 +153,12 @@ class Reader:
             return self.take(n).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise CodecError(f"{self.what}: string is not UTF-8") from exc
+
+    @property
+    def group(self) -> PairingGroup:
+        if self._group is None:
+            raise CodecError(f"{self.what}: holds no group element")
+        return self._group
 
     def element(self, kind: GroupKind) -> Element:
         try:

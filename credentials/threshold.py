@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 
 from ibe_pubsub.credentials.ceremony import BetaState
 from ibe_pubsub.credentials.codec import (
+    SIGNATURE_BYTES,
     TAG_MEMBER_KEYS,
     TAG_PARTIAL_SIGNATURE,
     TAG_PUBLISHER_KEY_SHARE,
@@ -644,7 +645,6 @@ def link_quorum(t: int, n: int) -> int:
 
 MEMBERS_TAG = b"ibe-pubsub/v3/member-keys"
 SCOPE_TAG = b"ibe-pubsub/v3/deployment-scope"
-ED25519_SIGNATURE_BYTES = 64
 
 
 def deployment_scope(tpk: ThresholdPublicKey) -> bytes:
@@ -681,8 +681,8 @@ def verify_quorum_signature(member_keys: Mapping[int, bytes], quorum: int, messa
     """At least ``quorum`` distinct members signed ``message``, each with its own key
     (indices strictly ascending, so none counts twice)."""
     try:
-        r = Reader(None, data, TAG_QUORUM_SIGNATURE, "quorum signature")  # type: ignore[arg-type]
-        signed = [(r.u8(), r.take(ED25519_SIGNATURE_BYTES)) for _ in range(r.u8())]
+        r = Reader(None, data, TAG_QUORUM_SIGNATURE, "quorum signature")
+        signed = [(r.u8(), r.take(SIGNATURE_BYTES)) for _ in range(r.u8())]
         r.end()
     except CodecError:
         return False

@@ -808,3 +808,20 @@ def test_t_partial_signatures_give_every_members_so_a_quorum_signs_with_its_own_
     assert T.verify_quorum_signature(public, quorum, message, T.encode_quorum_signature(signed))
     assert not T.verify_quorum_signature(public, quorum, b"another message",
                                          T.encode_quorum_signature(signed))
+
+
+def test_a_malformed_quorum_signature_is_refused_not_raised():
+    """The quorum signature's decoding (tag 24, no group element): every spelling but the
+    one ``encode_quorum_signature`` writes is refused, and the honest one passes (the
+    control)."""
+    keys = {i: Ed25519PrivateKey.generate() for i in (1, 2)}
+    public = {i: k.public_key().public_bytes_raw() for i, k in keys.items()}
+    message = b"a link key, binding and expiry"
+    honest = T.encode_quorum_signature({i: k.sign(message) for i, k in keys.items()})
+    assert T.verify_quorum_signature(public, 2, message, honest)
+    first, second = honest[3:68], honest[68:]  # index byte and signature, each signer
+    for spelling in (honest[:-1], honest + b"\0", bytes([honest[0] + 1]) + honest[1:],
+                     honest[:2] + b"\x03" + first + second,  # a count beyond the entries
+                     honest[:3] + second + first,  # descending: the order is the check
+                     honest[:3] + first + first, b"", honest[:2]):
+        assert not T.verify_quorum_signature(public, 2, message, spelling)
