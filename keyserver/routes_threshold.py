@@ -22,7 +22,6 @@ from ibe_pubsub.credentials import (
     peer_link_message,
     scheme,
 )
-from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.api_models import (
     LinkSignatureOut,
     MembersOut,
@@ -204,7 +203,7 @@ async def _link_signature(state: AppState, link_key: bytes, binding: PeerBinding
     show is that a quorum of members consented, and partial signatures of any ``t`` members
     determine every other member's (``credentials.threshold.encode_quorum_signature``)."""
     member, not_after = _member(state), int(epoch.end + epoch.grace)
-    signature = member.signing_key.sign(T.deployment_scope(member.public_key) + peer_link_message(
+    signature = member.signing_key.sign(member.scope + peer_link_message(
         link_key, binding.to_bytes(), not_after))
     return not_after, {"signature": base64.b64encode(signature).decode()}, "peer_link_signature"
 

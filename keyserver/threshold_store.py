@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,11 @@ class ThresholdMember:
     @property
     def index(self) -> int:
         return self.secrets.index
+
+    @functools.cached_property
+    def scope(self) -> bytes:
+        """What each of its link signatures starts with (``T.deployment_scope``)."""
+        return T.deployment_scope(self.public_key)
 
     @property
     def member_keys(self) -> dict[int, bytes]:
