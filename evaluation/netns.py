@@ -31,13 +31,14 @@ CORE_ADDRESS, GROUP_ADDRESS = "10.213.0.1", "10.213.0.2"
 _CLONE_NEWNET = 0x40000000
 
 
-def unavailable() -> str | None:
-    """Why the namespaces cannot be built here, or None when they can."""
+def unavailable(tools: tuple[str, ...] = ("ip", "iptables")) -> str | None:
+    """Why the namespaces cannot be built here, or None when they can (with ``tools``:
+    the split network needs ``iptables`` too, :func:`loopback_host` only ``ip``)."""
     if not sys.platform.startswith("linux"):
         return "network namespaces are a Linux feature"
     if os.geteuid() != 0:
         return "not running as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
-    for tool in ("ip", "iptables"):
+    for tool in tools:
         if shutil.which(tool) is None:
             return f"the {tool} command is not installed (Debian: iproute2, iptables)"
     return None

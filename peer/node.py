@@ -370,9 +370,12 @@ class PeerNode:
                 raise NodeError(f"--http: {exc}") from exc
             log.info("serving /healthz, /metrics and /status at %s", self.monitor.url)
         try:
+            await self._through_restarts("its keys", self._fetch_params, deadline)
+            # Certified before the overlay machine is made with this peer's address: the
+            # port may still change (_certify_listening).
+            certificate = await self._certify_listening(host, port == 0, deadline)
             await self._through_restarts("its keys", self._enrol, deadline)
-            self._install_link_certificate(
-                await self._certify_listening(host, port == 0, deadline))
+            self._install_link_certificate(certificate)
         except Exception:
             await self.transport.close(0)
             self.client.close()
@@ -423,9 +426,15 @@ class PeerNode:
 
     # -- enrolment and the directory ----------------------------------------------------------
 
+    def _fetch_params(self) -> None:
+        self.params = enrolment.fetch_params(self.client, self.options.server_key,
+                                             self.options.known_servers)
+
     def _enrol(self) -> None:
-        params = self.params = enrolment.fetch_params(self.client, self.options.server_key,
-                                                      self.options.known_servers)
+        """Its keys (from the key server, or its bundle) and its overlay machine, made with
+        the address it is certified for."""
+        params = self.params
+        assert params is not None
         config = self.options.overlay
         crypto = enrolment.real_crypto(params)
         rng = random.Random(self.rng.getrandbits(64))
@@ -502,8 +511,9 @@ class PeerNode:
                     if (not picked or exc.code != "address_taken"
                             or len(refused) + 1 == PORT_PICKS):
                         raise
-                    log.warning("%s; listening on another port", exc)
+                    why = str(exc)
                 refused.append(await self.transport.listen_elsewhere(host))
+                log.warning("%s; listening on %s instead", why, self.address)
         finally:
             for server in refused:
                 server.close()
