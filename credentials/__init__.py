@@ -52,6 +52,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "predicates": (
         "EventFilter", "Predicate", "PredicateError", "check_within", "parse_predicate", "quote",
     ),
+    "resharing": ("ReshareDealer", "ReshareRecipient", "ReshareResult"),
     "schema": (
         "Attribute", "BUILTIN_SCHEMAS", "Schema", "SchemaError", "default_schema",
         "resolve_schema",

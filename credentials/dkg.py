@@ -34,7 +34,7 @@ uniformly distributed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ibe_pubsub.credentials.exceptions import CredentialsError
@@ -82,6 +82,16 @@ class DkgResult:
     qualified: frozenset[int]
 
 
+def deal(group: PairingGroup, dealer: int, polynomial: Sequence[int], n: int
+         ) -> tuple[Dealing, dict[int, int]]:
+    """``C_k = ĝ^(a_k)`` (the identity for a zero coefficient) and ``f(j)`` for each
+    recipient ``j`` of 1..n."""
+    g_hat, q = group.generator(G2), group.order
+    commitments = tuple(group.exp_secret(g_hat, a) if a else group.identity(G2)
+                        for a in polynomial)
+    return Dealing(dealer, commitments), {j: evaluate(polynomial, j, q) for j in range(1, n + 1)}
+
+
 def commitment_at(group: PairingGroup, dealing: Dealing, index: int) -> Element:
     """``prod_k C_k^(index^k) = ĝ^(f(index))``, from public values only."""
     return group.multi_exp(list(dealing.commitments),
@@ -113,12 +123,21 @@ def qualified_dealers(group: PairingGroup, dealings: Mapping[int, Dealing], t: i
     """The dealers that stay, from broadcast messages whose authors were checked:
     well-formed, every complaint against them answered exactly once with a share that
     verifies for its accuser, and no answer that does not verify."""
+    return answered_dealers(group, dealings, complaints, justifications,
+                            lambda dealing: is_well_formed(group, dealing, t, n, zero))
+
+
+def answered_dealers(group: PairingGroup, dealings: Mapping[int, Dealing],
+                     complaints: Sequence[Complaint], justifications: Sequence[Justification],
+                     well_formed: Callable[[Dealing], bool]) -> frozenset[int]:
+    """The dealers whose dealing is ``well_formed`` and who answered every complaint
+    against them exactly once with a share that verifies for its accuser."""
     answers: dict[tuple[int, int], list[int]] = {}
     for j in justifications:
         answers.setdefault((j.dealer, j.accuser), []).append(j.share)
     qualified = set()
     for dealer, dealing in dealings.items():
-        if not is_well_formed(group, dealing, t, n, zero):
+        if not well_formed(dealing):
             continue
         accusers = {c.accuser for c in complaints if c.dealer == dealer}
         given = {a: shares for (d, a), shares in answers.items() if d == dealer}
@@ -157,11 +176,7 @@ class Participant:
     def dealing(self) -> tuple[Dealing, dict[int, int]]:
         """The broadcast commitments and the private share for each server (its own
         included)."""
-        g_hat, q = self.group.generator(G2), self.group.order
-        commitments = tuple(self.group.exp_secret(g_hat, a) if a else self.group.identity(G2)
-                            for a in self._polynomial)
-        shares = {j: evaluate(self._polynomial, j, q) for j in range(1, self.n + 1)}
-        return Dealing(self.index, commitments), shares
+        return deal(self.group, self.index, self._polynomial, self.n)
 
     def _member(self, sender: int) -> None:
         if not 0 < sender <= self.n:

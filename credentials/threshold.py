@@ -179,8 +179,7 @@ def decode_public_key(group: PairingGroup, data: bytes) -> ThresholdPublicKey:
         for name, key, public in (("phi", mpk.h, phi), ("x", X, x)):
             check_public_shares(group, t, n, key, public, name)
         check_public_shares(group, t, n, group.identity(G2), rho, "rho", zero=True)
-        weights = lagrange_at_zero(range(1, t + 1), group.order)
-        delta_key = group.multi_exp([delta[i] for i in weights], list(weights.values()))
+        delta_key = _interpolated_key(group, t, delta)
         check_public_shares(group, t, n, delta_key, delta, "delta")
     except ThresholdError as exc:
         raise CodecError(f"threshold public key: {exc}") from exc
@@ -212,6 +211,54 @@ def check_public_shares(group: PairingGroup, t: int, n: int, key: Element,
         if group.multi_exp([shares[i] for i in base], [weights[i] for i in base]) != expected:
             raise ThresholdError(f"{name}: the public shares do not lie on one polynomial "
                                  f"of degree below {t} through the public key")
+
+
+def _interpolated_key(group: PairingGroup, t: int, shares: Mapping[int, Element]) -> Element:
+    """``ĝ^(f(0))`` from the public shares of servers 1..t."""
+    weights = lagrange_at_zero(range(1, t + 1), group.order)
+    return group.multi_exp([shares[i] for i in weights], list(weights.values()))
+
+
+def reshared_public_key(group: PairingGroup, old: ThresholdPublicKey, t: int, n: int,
+                        delta_shares: Mapping[int, Element], phi_shares: Mapping[int, Element],
+                        x_shares: Mapping[int, Element], rho_shares: Mapping[int, Element]
+                        ) -> ThresholdPublicKey:
+    """The public key of a new set of ``n`` servers with threshold ``t`` after a resharing
+    (``credentials.resharing``): ``old``'s deployment, MPK, ``W``, ``G`` and ``X`` with the
+    new public shares, refused unless each new sharing lies on one polynomial of degree
+    below ``t`` through the old key (``ĝ^delta``, ``h``, ``X``; the identity for ``rho``)."""
+    for name, key, shares in (("delta", _interpolated_key(group, old.t, old.delta_shares),
+                               delta_shares), ("phi", old.mpk.h, phi_shares),
+                              ("x", old.X, x_shares)):
+        check_public_shares(group, t, n, key, shares, name)
+    check_public_shares(group, t, n, group.identity(G2), rho_shares, "rho", zero=True)
+    return replace(old, t=t, n=n, delta_shares=dict(delta_shares),
+                   phi_shares=dict(phi_shares), x_shares=dict(x_shares),
+                   rho_shares=dict(rho_shares))
+
+
+RESHARE_TAG = b"ibe-pubsub/v3/reshared-key"
+
+
+def reshare_message(new: ThresholdPublicKey, generation: int) -> bytes:
+    """What ``t`` servers sign with their shares of ``x`` so that clients holding the
+    deployment's key take a new set's public shares: tag 25, the label, the resharing's
+    ``generation`` (``u64``, counted from 1 after the set-up) and the new public key's
+    encoding. Old and new shares of ``x`` sign alike (both give ``M^x``)."""
+    return (Writer(TAG_MEMBER_KEYS).blob(RESHARE_TAG).u64(generation)
+            .blob(encode_public_key(new)).done())
+
+
+def accept_reshared(group: PairingGroup, held: ThresholdPublicKey, held_generation: int,
+                    new: ThresholdPublicKey, generation: int, signature: Element) -> bool:
+    """Does a client holding ``held`` (of ``held_generation``, 0 for the set-up's) take
+    ``new``: a later generation of the same deployment (its id, MPK, ``W``, ``G`` and
+    ``X``), signed under ``X``? A lower or equal generation is refused, so an older set
+    (one a removed server was part of) cannot be brought back."""
+    return (generation > held_generation and new.deployment == held.deployment
+            and encode_mpk(new.mpk) == encode_mpk(held.mpk)
+            and (new.W, new.G, new.X) == (held.W, held.G, held.X)
+            and verify_signature(group, held.X, reshare_message(new, generation), signature))
 
 
 @dataclass(frozen=True)

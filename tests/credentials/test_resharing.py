@@ -1,0 +1,329 @@
+"""Resharing (docs/scheme.md 16.9): a 3-of-5 deployment's four secrets dealt again to a new
+set of servers (a member replaced, another threshold), every server in this process.
+The public keys stay, keys and signatures from the new shares work as before, old and
+new shares do not mix, and cheating dealers are found; each attack with its control."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ibe_pubsub.credentials import codec
+from ibe_pubsub.credentials import scheme as S
+from ibe_pubsub.credentials import threshold as T
+from ibe_pubsub.credentials.backends import load_group
+from ibe_pubsub.credentials.decomposition import decompose
+from ibe_pubsub.credentials.dkg import Complaint, DkgError, Justification
+from ibe_pubsub.credentials.groups import G2
+from ibe_pubsub.credentials.predicates import parse_predicate
+from ibe_pubsub.credentials.resharing import ReshareDealer, ReshareRecipient
+from ibe_pubsub.credentials.schema import default_schema
+from ibe_pubsub.credentials.shamir import lagrange_at_zero
+from ibe_pubsub.evaluation.threshold_lab import local_deployment
+
+SECRETS = ("delta", "phi", "x", "rho")
+EPOCH = 9
+EVENT = S.Event("quote-1", {"symbol": "IBM", "price": 131.5, "volume": 2000}, b"hello")
+
+
+@pytest.fixture(scope="module")
+def old():
+    """A 3-of-5 deployment, its public parameters and an event its publisher sent."""
+    group = load_group()
+    tpk, secrets = local_deployment(group, 3, 5, b"resharing-test")
+    pp = S.PublicParams(group, tpk.mpk, default_schema())
+    publisher = []
+    for credential in credentials(pp, ""):
+        shares = [T.keyshare_publisher(pp, tpk, secrets[i], "pub", credential, EPOCH)
+                  for i in (1, 2, 3)]
+        publisher.append(T.combine_publisher_key(pp, tpk, shares))
+    return pp, tpk, secrets, S.encrypt_and_sign(pp, publisher, EVENT)
+
+
+def credentials(pp, subscription):
+    parts = decompose(pp.schema, parse_predicate(pp.schema, subscription))
+    return [c for cs in parts.values() for c in cs]
+
+
+def public_shares(tpk, name):
+    return getattr(tpk, f"{name}_shares")
+
+
+def reshare(group, tpk, secrets, dealers, t, n, cheat=None, answer=None):
+    """Old servers ``dealers`` deal each secret to new servers 1..n (threshold ``t``), each
+    phase after the one before; returns every new server's result per secret and the
+    complaints. ``cheat(name, dealer, dealing, shares)`` may replace what a dealer sends
+    (a share left out is never sent); ``answer(justification)`` a dealer's answer (None:
+    silent)."""
+    results, complaints = {}, []
+    for name in SECRETS:
+        recipients = [ReshareRecipient(group, j, t, n, public_shares(tpk, name), tpk.t)
+                      for j in range(1, n + 1)]
+        dealing_of = {i: ReshareDealer(group, i, getattr(secrets[i], name), t, n)
+                      for i in dealers}
+        for i, dealer in dealing_of.items():
+            dealing, shares = dealer.dealing()
+            if cheat is not None:
+                dealing, shares = cheat(name, i, dealing, dict(shares))
+            for r in recipients:
+                r.receive(i, dealing)
+                if r.index in shares:
+                    r.receive_share(i, shares[r.index])
+        made = [c for r in recipients for c in r.complaints()]
+        for c in made:
+            for r in recipients:
+                r.receive(c.accuser, c)
+        for c in made:
+            given = dealing_of[c.dealer].answer(c)
+            given = answer(given) if answer is not None else given
+            if given is not None:
+                for r in recipients:
+                    r.receive(given.dealer, given)
+        results[name] = [r.finish() for r in recipients]
+        complaints += made
+    return results, complaints
+
+
+def new_deployment(group, tpk, results, t, n):
+    """The new public key (checked against the old keys) and every new server's secrets."""
+    for name in SECRETS:  # every new server computed the same public shares and dealers
+        assert len({tuple(bytes(r.public_shares[j]) for j in range(1, n + 1))
+                    for r in results[name]}) == 1
+        assert len({r.dealers for r in results[name]}) == 1
+    new = T.reshared_public_key(group, tpk, t, n,
+                                *(results[name][0].public_shares for name in SECRETS))
+    return new, {j: T.ServerSecrets(j, *(results[name][j - 1].share for name in SECRETS),
+                                    os.urandom(32)) for j in range(1, n + 1)}
+
+
+def secret_of(group, shares_by_server):
+    """What the scalar shares of some servers interpolate to at 0."""
+    weights = lagrange_at_zero(shares_by_server, group.order)
+    return sum(weights[i] * s for i, s in shares_by_server.items()) % group.order
+
+
+def signature(group, tpk, secrets, servers, message=b"a schema"):
+    return T.combine_signatures(group, tpk, [T.partial_sign(group, secrets[i], message)
+                                             for i in servers])
+
+
+def subscriber_key(pp, tpk, secrets, servers, subscription='symbol = "IBM"'):
+    shares = [T.keyshare_subscriber(pp, tpk, secrets[i], "alice", EPOCH,
+                                    credentials(pp, subscription)) for i in servers]
+    assert all(T.verify_subscriber_share(pp, tpk, s, "alice", EPOCH,
+                                         credentials(pp, subscription)) for s in shares)
+    return T.combine_subscriber_key(pp, tpk, shares)
+
+
+def reads(pp, key, ciphertext) -> bool:
+    try:
+        return S.decrypt(pp, S.prepare_subscriber_key(pp, key), ciphertext) == EVENT
+    except S.SchemeError:
+        return False
+
+
+def test_a_replaced_member_leaves_every_public_key_and_signature_as_it_was(old):
+    """Server 5 retires, a newcomer takes number 5: old servers 1-4 deal. The new public
+    key decodes (its shares lie on polynomials through the old keys), signatures of any 3
+    new servers equal the old ones under the same ``X``, and a subscriber key combined
+    from new shares reads what the old publisher key encrypted."""
+    pp, tpk, secrets, ciphertext = old
+    group = pp.group
+    results, complaints = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5)
+    assert complaints == []
+    new, new_secrets = new_deployment(group, tpk, results, 3, 5)
+    again = T.decode_public_key(group, T.encode_public_key(new))
+    assert T.encode_public_key(again) == T.encode_public_key(new)
+    assert (codec.encode_mpk(new.mpk), new.W, new.G, new.X) == (
+        codec.encode_mpk(tpk.mpk), tpk.W, tpk.G, tpk.X)
+    assert all(public_shares(new, name) != public_shares(tpk, name) for name in SECRETS)
+    for name in SECRETS:  # the same secret (rho: zero), shared anew
+        assert secret_of(group, {i: getattr(new_secrets[i], name) for i in (2, 4, 5)}) == \
+            secret_of(group, {i: getattr(secrets[i], name) for i in (1, 2, 3)})
+    assert signature(group, new, new_secrets, (2, 4, 5)) == signature(group, tpk, secrets,
+                                                                        (1, 3, 5))
+    assert T.verify_signature(group, tpk.X, b"a schema",
+                              signature(group, new, new_secrets, (1, 3, 5)))
+    assert reads(pp, subscriber_key(pp, new, new_secrets, (1, 3, 5)), ciphertext)
+    assert reads(pp, subscriber_key(pp, tpk, secrets, (2, 3, 4)), ciphertext)  # control
+    assert not reads(pp, subscriber_key(pp, new, new_secrets, (1, 3, 5), 'symbol = "MSFT"'),
+                     ciphertext)  # control: a key that does not match still does not read
+
+
+def test_old_and_new_shares_do_not_combine(old):
+    """The retired server's old shares are no use beside new ones: its partial signature and
+    key share do not verify under the new public shares, and combined with two new
+    servers' they give no signature and no key. The control: three new ones do."""
+    pp, tpk, secrets, ciphertext = old
+    group = pp.group
+    results, _ = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5)
+    new, new_secrets = new_deployment(group, tpk, results, 3, 5)
+    message = b"a schema"
+    retired = T.partial_sign(group, secrets[5], message)
+    assert T.verify_partial_signature(group, tpk, message, retired)  # control: it was valid
+    assert not T.verify_partial_signature(group, new, message, retired)
+    mixed = T.combine_signatures(group, new, [
+        T.partial_sign(group, new_secrets[1], message),
+        T.partial_sign(group, new_secrets[2], message), retired])
+    assert not T.verify_signature(group, new.X, message, mixed)
+    assert T.verify_signature(group, new.X, message,
+                              signature(group, new, new_secrets, (1, 2, 5), message))
+    wanted = credentials(pp, 'symbol = "IBM"')
+    old_share = T.keyshare_subscriber(pp, tpk, secrets[5], "alice", EPOCH, wanted)
+    assert not T.verify_subscriber_share(pp, new, old_share, "alice", EPOCH, wanted)
+    new_shares = [T.keyshare_subscriber(pp, new, new_secrets[i], "alice", EPOCH, wanted)
+                  for i in (1, 2)]
+    assert not reads(pp, T.combine_subscriber_key(pp, new, [*new_shares, old_share]),
+                     ciphertext)
+    for name in SECRETS:  # in scalars: two new shares and an old one miss the secret
+        assert secret_of(group, {1: getattr(new_secrets[1], name),
+                                 2: getattr(new_secrets[2], name),
+                                 5: getattr(secrets[5], name)}) != \
+            secret_of(group, {i: getattr(secrets[i], name) for i in (1, 2, 3)})
+
+
+@pytest.mark.parametrize("dealers, t, n", [((1, 3, 5), 2, 3), ((2, 3, 4), 4, 7)])
+def test_the_threshold_and_the_number_of_servers_change(old, dealers, t, n):
+    """3 of 5 to 2 of 3 and to 4 of 7: any ``t`` new servers sign as the old ones did, and
+    ``t - 1`` new shares interpolate to something else (the new threshold holds)."""
+    pp, tpk, secrets, ciphertext = old
+    group = pp.group
+    results, _ = reshare(group, tpk, secrets, dealers, t, n)
+    new, new_secrets = new_deployment(group, tpk, results, t, n)
+    assert (new.t, new.n) == (t, n)
+    expected = signature(group, tpk, secrets, (1, 2, 3))
+    for servers in ((range(1, t + 1)), range(n - t + 1, n + 1)):
+        assert signature(group, new, new_secrets, tuple(servers)) == expected
+    for name in SECRETS:
+        secret = secret_of(group, {i: getattr(secrets[i], name) for i in (1, 2, 3)})
+        assert secret_of(group, {i: getattr(new_secrets[i], name)
+                                 for i in range(1, t + 1)}) == secret
+        assert secret_of(group, {i: getattr(new_secrets[i], name)
+                                 for i in range(1, t)}) != secret
+    assert reads(pp, subscriber_key(pp, new, new_secrets, tuple(range(1, t + 1))), ciphertext)
+
+
+def test_a_dealer_that_deals_anything_but_its_share_is_left_out(old):
+    """Old server 2 deals its share plus one (a consistent polynomial with valid private
+    shares): its ``C_0`` is not its public share, so every new server leaves it out and
+    the others carry the resharing; with only 3 old dealers, 2 of them honest, it cannot
+    finish. The control: the same dealers, honest, all count."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+
+    def shifted(name, dealer, dealing, shares):
+        if dealer != 2:
+            return dealing, shares
+        return ReshareDealer(group, 2, getattr(secrets[2], name) + 1, 3, 5).dealing()
+
+    results, complaints = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5, cheat=shifted)
+    assert complaints == []  # its private shares were consistent with what it committed to
+    assert {r.dealers for name in SECRETS for r in results[name]} == {frozenset({1, 3, 4})}
+    new, new_secrets = new_deployment(group, tpk, results, 3, 5)
+    assert signature(group, new, new_secrets, (3, 4, 5)) == signature(group, tpk, secrets,
+                                                                        (1, 2, 3))
+    with pytest.raises(DkgError, match="only 2 old servers"):
+        reshare(group, tpk, secrets, (1, 2, 3), 3, 5, cheat=shifted)
+    honest, _ = reshare(group, tpk, secrets, (1, 2, 3), 3, 5)  # the control
+    assert {r.dealers for name in SECRETS for r in honest[name]} == {frozenset({1, 2, 3})}
+
+
+@pytest.mark.parametrize("answered", ["truly", "wrongly", "never"])
+def test_a_bad_private_share_draws_a_complaint_and_only_a_true_answer_keeps_the_dealer(
+        old, answered):
+    """Old server 1 sends new server 2 a wrong share (and new server 3 none): they complain.
+    Revealing the true shares keeps it in, and server 2 ends with a correct share; a wrong
+    answer, or none, leaves it out, and the resharing still finishes from 2, 3 and 4."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+
+    def bad(name, dealer, dealing, shares):
+        if dealer == 1:
+            shares[2] += 1
+            del shares[3]
+        return dealing, shares
+
+    def answer(justification):
+        if answered == "never":
+            return None
+        if answered == "wrongly":
+            return Justification(justification.dealer, justification.accuser,
+                                 justification.share + 1)
+        return justification
+
+    results, complaints = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5, cheat=bad,
+                                  answer=answer)
+    assert sorted({(c.accuser, c.dealer) for c in complaints}) == [(2, 1), (3, 1)]
+    expected = {1, 2, 3} if answered == "truly" else {2, 3, 4}
+    assert {r.dealers for name in SECRETS for r in results[name]} == {frozenset(expected)}
+    new, new_secrets = new_deployment(group, tpk, results, 3, 5)
+    g_hat = group.generator(G2)
+    assert all(group.exp_secret(g_hat, getattr(new_secrets[2], name))
+               == public_shares(new, name)[2] for name in SECRETS)
+    assert signature(group, new, new_secrets, (1, 2, 3)) == signature(group, tpk, secrets,
+                                                                        (3, 4, 5))
+
+
+def test_messages_in_another_servers_name_or_from_outside_are_refused(old):
+    """Dealings and answers in another old server's name, complaints in another new
+    server's name, a dealer that is not an old server, second dealings or shares, and a
+    new set with a threshold of 1 or fewer than 2t - 1 servers."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+    recipient = ReshareRecipient(group, 1, 3, 5, tpk.x_shares, tpk.t)
+    dealing, shares = ReshareDealer(group, 1, secrets[1].x, 3, 5).dealing()
+    with pytest.raises(DkgError, match="in the name of old server 1"):
+        recipient.receive(2, dealing)
+    with pytest.raises(DkgError, match="not one of the old set"):
+        recipient.receive(6, ReshareDealer(group, 6, 1, 3, 5).dealing()[0])
+    with pytest.raises(DkgError, match="not one of the old set"):
+        recipient.receive_share(6, 1)
+    with pytest.raises(DkgError, match="in the name of new server 2"):
+        recipient.receive(3, Complaint(2, 1))
+    with pytest.raises(DkgError, match="in the name of old server 1"):
+        recipient.receive(2, Justification(1, 3, shares[3]))
+    for t, n in ((1, 3), (3, 4)):  # one server holding the secrets; too few servers
+        with pytest.raises(DkgError, match="threshold of at least 2"):
+            ReshareRecipient(group, 1, t, n, tpk.x_shares, tpk.t)
+        with pytest.raises(DkgError, match="threshold of at least 2"):
+            ReshareDealer(group, 1, secrets[1].x, t, n)
+    recipient.receive(1, dealing)  # the control: from its author, taken
+    recipient.receive_share(1, shares[1])
+    with pytest.raises(DkgError, match="a second dealing"):
+        recipient.receive(1, dealing)
+    with pytest.raises(DkgError, match="a second share"):
+        recipient.receive_share(1, shares[1])
+
+
+def test_clients_take_a_later_generation_signed_under_x_and_nothing_else(old):
+    """A client holding the set-up's public key takes the new set's when ``t`` servers
+    signed it under ``X`` with a later generation; it refuses the same generation again,
+    an older one (which would bring a retired server back), another deployment's key
+    signed by its own servers, and a signature of another public key."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+    first, first_secrets = new_deployment(group, tpk, *reshare_args(group, tpk, secrets))
+    endorsement = T.combine_signatures(group, tpk, [
+        T.partial_sign(group, secrets[i], T.reshare_message(first, 1)) for i in (1, 2, 4)])
+    assert T.accept_reshared(group, tpk, 0, first, 1, endorsement)
+    assert not T.accept_reshared(group, tpk, 1, first, 1, endorsement)  # already held
+    second, _ = new_deployment(group, first, *reshare_args(group, first, first_secrets))
+    later = T.combine_signatures(group, first, [  # the new set signs the next one
+        T.partial_sign(group, first_secrets[i], T.reshare_message(second, 2))
+        for i in (3, 4, 5)])
+    assert T.accept_reshared(group, first, 1, second, 2, later)
+    assert not T.accept_reshared(group, second, 2, first, 1, endorsement)  # rolled back
+    assert not T.accept_reshared(group, tpk, 0, second, 1, endorsement)  # signed another
+    other, other_secrets = local_deployment(group, 3, 5, b"another deployment")
+    foreign = T.combine_signatures(group, other, [
+        T.partial_sign(group, other_secrets[i], T.reshare_message(other, 1))
+        for i in (1, 2, 3)])
+    assert T.verify_signature(group, other.X, T.reshare_message(other, 1), foreign)
+    assert not T.accept_reshared(group, tpk, 0, other, 1, foreign)
+
+
+def reshare_args(group, tpk, secrets):
+    """An honest resharing of ``tpk``'s servers 1-4 to 3 of 5 (for :func:`new_deployment`)."""
+    results, _ = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5)
+    return results, 3, 5
