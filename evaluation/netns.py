@@ -76,7 +76,7 @@ def loopback_host(ports: tuple[int, int]) -> Iterator[None]:
     interface, whose ephemeral ports (those a bind to port 0 and an outgoing connection
     draw from) are ``ports`` (first and last), so that a test knows which ports the system
     can pick. Deleted on the way out."""
-    name = f"ibe{os.getpid():x}{secrets.randbelow(256):02x}-lo"
+    name = f"ibe{os.getpid():x}-{secrets.token_hex(4)}-lo"
     _run("ip", "netns", "add", name)
     try:
         _run("ip", "-n", name, "link", "set", "lo", "up")

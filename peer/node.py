@@ -512,7 +512,10 @@ class PeerNode:
                             or len(refused) + 1 == PORT_PICKS):
                         raise
                     why = str(exc)
-                refused.append(await self.transport.listen_elsewhere(host))
+                try:
+                    refused.append(await self.transport.listen_elsewhere(host))
+                except TransportError as exc:
+                    raise NodeError(f"{why}, and no other port: {exc}") from exc
                 log.warning("%s; listening on %s instead", why, self.address)
         finally:
             for server in refused:
