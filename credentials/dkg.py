@@ -5,11 +5,11 @@ Each of ``n`` servers deals a random polynomial of degree ``t - 1``: it broadcas
 commitments ``C_k = ĝ^(a_k)`` and sends server ``j`` the share ``f(j)`` privately. A
 recipient checks ``ĝ^(f(j)) = prod_k C_k^(j^k)`` and complains openly if that fails or the
 share never came; the dealer answers by revealing that share, which everyone checks.
-Dealers with a malformed dealing, an unanswered complaint or a wrong or repeated answer
-are disqualified. The secret is the sum of the qualified dealers' ``a_0``, which nobody
-ever forms: server ``j`` keeps the sum of its shares, and everyone computes the public
-key ``ĝ^x = prod C_0`` and every server's public share ``ĝ^(x_j)``, which make later
-partial results publicly checkable.
+Dealers with a malformed dealing, an unanswered complaint, a wrong answer or two
+different answers to one complaint are disqualified. The secret is the sum of the
+qualified dealers' ``a_0``, which nobody ever forms: server ``j`` keeps the sum of its
+shares, and everyone computes the public key ``ĝ^x = prod C_0`` and every server's public
+share ``ĝ^(x_j)``, which make later partial results publicly checkable.
 
 **What the transport must give** (the caller's part; this module only takes and returns
 messages): private, authenticated channels for the shares, and one authenticated,
@@ -131,9 +131,11 @@ def answered_dealers(group: PairingGroup, dealings: Mapping[int, Dealing],
                      complaints: Sequence[Complaint], justifications: Sequence[Justification],
                      well_formed: Callable[[Dealing], bool]) -> frozenset[int]:
     """The dealers whose dealing is ``well_formed`` and who answered every complaint
-    against them exactly once with a share that verifies for its accuser."""
+    against them with one share that verifies for its accuser (the same answer delivered
+    twice counts once: a transport that repeats a message must not split the servers'
+    views; two different answers disqualify)."""
     answers: dict[tuple[int, int], list[int]] = {}
-    for j in justifications:
+    for j in dict.fromkeys(justifications):
         answers.setdefault((j.dealer, j.accuser), []).append(j.share)
     qualified = set()
     for dealer, dealing in dealings.items():

@@ -65,7 +65,8 @@ class ReshareResult:
 
 class ReshareDealer:
     """Old server ``index`` dealing its ``share`` to the ``n`` servers of a new set with
-    threshold ``t`` (send :meth:`dealing`; answer each complaint with :meth:`answer`)."""
+    threshold ``t`` (send :meth:`dealing`; give :meth:`answer` every complaint of the
+    broadcast, with its sender, and broadcast what it returns)."""
 
     def __init__(self, group: PairingGroup, index: int, share: int, t: int, n: int) -> None:
         _check_new_set(t, n)
@@ -74,17 +75,27 @@ class ReshareDealer:
         self.group, self.index, self.n = group, index, n
         self._polynomial = (share % group.order, *random_polynomial(group.random_scalar,
                                                                     t - 1)[1:])
+        self._answered: set[int] = set()
 
     def dealing(self) -> tuple[Dealing, dict[int, int]]:
         """The broadcast commitments and the private share of each new server."""
         return deal(self.group, self.index, self._polynomial, self.n)
 
-    def answer(self, complaint: Complaint) -> Justification | None:
-        """A complaint against this dealer, answered by revealing the accuser's share."""
-        if complaint.dealer != self.index or not 0 < complaint.accuser <= self.n:
+    def answer(self, sender: int, complaint: Complaint) -> Justification | None:
+        """A complaint against this dealer, broadcast by new server ``sender``: answered,
+        once, by revealing the accuser's share. Refused (:class:`DkgError`) unless
+        ``sender`` is its author, or anyone could have the dealer reveal any new server's
+        share (with ``t'`` of them, the secret). None for a complaint against another
+        dealer, or one answered already (a second answer, even the same, must not be
+        sent: receivers that saw only one would disagree)."""
+        if complaint.accuser != sender or not 0 < sender <= self.n:
+            raise DkgError(f"a complaint in the name of new server {complaint.accuser}, "
+                           f"from {sender}")
+        if complaint.dealer != self.index or sender in self._answered:
             return None
-        return Justification(self.index, complaint.accuser,
-                             evaluate(self._polynomial, complaint.accuser, self.group.order))
+        self._answered.add(sender)
+        return Justification(self.index, sender,
+                             evaluate(self._polynomial, sender, self.group.order))
 
 
 class ReshareRecipient:

@@ -219,6 +219,21 @@ def _interpolated_key(group: PairingGroup, t: int, shares: Mapping[int, Element]
     return group.multi_exp([shares[i] for i in weights], list(weights.values()))
 
 
+def _check_new_shares(group: PairingGroup, old: ThresholdPublicKey, t: int, n: int,
+                      delta_shares: Mapping[int, Element], phi_shares: Mapping[int, Element],
+                      x_shares: Mapping[int, Element], rho_shares: Mapping[int, Element]
+                      ) -> None:
+    """A new set as the set-up's plan allows one (``t >= 2``, ``n >= 2t - 1``) whose
+    sharings each lie on one polynomial of degree below ``t`` through ``old``'s key."""
+    if t < 2 or n < 2 * t - 1:
+        raise ThresholdError(f"a new set needs t >= 2 and n >= 2t - 1, got t={t}, n={n}")
+    for name, key, shares in (("delta", _interpolated_key(group, old.t, old.delta_shares),
+                               delta_shares), ("phi", old.mpk.h, phi_shares),
+                              ("x", old.X, x_shares)):
+        check_public_shares(group, t, n, key, shares, name)
+    check_public_shares(group, t, n, group.identity(G2), rho_shares, "rho", zero=True)
+
+
 def reshared_public_key(group: PairingGroup, old: ThresholdPublicKey, t: int, n: int,
                         delta_shares: Mapping[int, Element], phi_shares: Mapping[int, Element],
                         x_shares: Mapping[int, Element], rho_shares: Mapping[int, Element]
@@ -227,11 +242,7 @@ def reshared_public_key(group: PairingGroup, old: ThresholdPublicKey, t: int, n:
     (``credentials.resharing``): ``old``'s deployment, MPK, ``W``, ``G`` and ``X`` with the
     new public shares, refused unless each new sharing lies on one polynomial of degree
     below ``t`` through the old key (``ĝ^delta``, ``h``, ``X``; the identity for ``rho``)."""
-    for name, key, shares in (("delta", _interpolated_key(group, old.t, old.delta_shares),
-                               delta_shares), ("phi", old.mpk.h, phi_shares),
-                              ("x", old.X, x_shares)):
-        check_public_shares(group, t, n, key, shares, name)
-    check_public_shares(group, t, n, group.identity(G2), rho_shares, "rho", zero=True)
+    _check_new_shares(group, old, t, n, delta_shares, phi_shares, x_shares, rho_shares)
     return replace(old, t=t, n=n, delta_shares=dict(delta_shares),
                    phi_shares=dict(phi_shares), x_shares=dict(x_shares),
                    rho_shares=dict(rho_shares))
@@ -240,25 +251,36 @@ def reshared_public_key(group: PairingGroup, old: ThresholdPublicKey, t: int, n:
 RESHARE_TAG = b"ibe-pubsub/v3/reshared-key"
 
 
-def reshare_message(new: ThresholdPublicKey, generation: int) -> bytes:
-    """What ``t`` servers sign with their shares of ``x`` so that clients holding the
-    deployment's key take a new set's public shares: tag 25, the label, the resharing's
-    ``generation`` (``u64``, counted from 1 after the set-up) and the new public key's
-    encoding. Old and new shares of ``x`` sign alike (both give ``M^x``)."""
+def reshare_message(previous: ThresholdPublicKey, new: ThresholdPublicKey, generation: int
+                    ) -> bytes:
+    """What ``t`` servers sign with their shares of ``x`` so that clients holding
+    ``previous`` take ``new``, the set that replaces it: tag 25, the label, the
+    resharing's ``generation`` (``u64``, 1 for the first after the set-up), the SHA-256
+    of ``previous``'s encoding and ``new``'s encoding. Old and new shares of ``x`` sign
+    alike (both give ``M^x``)."""
     return (Writer(TAG_MEMBER_KEYS).blob(RESHARE_TAG).u64(generation)
+            .blob(hashlib.sha256(encode_public_key(previous)).digest())
             .blob(encode_public_key(new)).done())
 
 
 def accept_reshared(group: PairingGroup, held: ThresholdPublicKey, held_generation: int,
                     new: ThresholdPublicKey, generation: int, signature: Element) -> bool:
     """Does a client holding ``held`` (of ``held_generation``, 0 for the set-up's) take
-    ``new``: a later generation of the same deployment (its id, MPK, ``W``, ``G`` and
-    ``X``), signed under ``X``? A lower or equal generation is refused, so an older set
-    (one a removed server was part of) cannot be brought back."""
-    return (generation > held_generation and new.deployment == held.deployment
-            and encode_mpk(new.mpk) == encode_mpk(held.mpk)
-            and (new.W, new.G, new.X) == (held.W, held.G, held.X)
-            and verify_signature(group, held.X, reshare_message(new, generation), signature))
+    ``new``: the next generation, signed under ``X`` as the successor of ``held``, of the
+    same deployment (its id, MPK, ``W``, ``G`` and ``X``), with public shares that lie on
+    polynomials through the same keys? One generation at a time, each naming the one it
+    replaces, so an older set (one a removed server was part of) cannot be brought back
+    and no generation can be skipped over with a key that does not follow from it."""
+    if (generation != held_generation + 1 or new.deployment != held.deployment
+            or encode_mpk(new.mpk) != encode_mpk(held.mpk)
+            or (new.W, new.G, new.X) != (held.W, held.G, held.X)):
+        return False
+    try:
+        _check_new_shares(group, held, new.t, new.n, new.delta_shares, new.phi_shares,
+                          new.x_shares, new.rho_shares)
+    except ThresholdError:
+        return False
+    return verify_signature(group, held.X, reshare_message(held, new, generation), signature)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ new shares do not mix, and cheating dealers are found; each attack with its cont
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.decomposition import decompose
-from ibe_pubsub.credentials.dkg import Complaint, DkgError, Justification
+from ibe_pubsub.credentials.dkg import Complaint, DkgError, Justification, deal
 from ibe_pubsub.credentials.groups import G2
 from ibe_pubsub.credentials.predicates import parse_predicate
 from ibe_pubsub.credentials.resharing import ReshareDealer, ReshareRecipient
@@ -50,12 +51,14 @@ def public_shares(tpk, name):
     return getattr(tpk, f"{name}_shares")
 
 
-def reshare(group, tpk, secrets, dealers, t, n, cheat=None, answer=None):
+def reshare(group, tpk, secrets, dealers, t, n, cheat=None, answer=None, complain=None,
+            deliver=None):
     """Old servers ``dealers`` deal each secret to new servers 1..n (threshold ``t``), each
     phase after the one before; returns every new server's result per secret and the
     complaints. ``cheat(name, dealer, dealing, shares)`` may replace what a dealer sends
-    (a share left out is never sent); ``answer(justification)`` a dealer's answer (None:
-    silent)."""
+    (a share left out is never sent); ``complain(made)`` the broadcast complaints (a
+    false one, one sent twice); ``answer(justification)`` a dealer's answer (None: silent);
+    ``deliver(recipient, answer)`` the answers a recipient gets for one that was sent."""
     results, complaints = {}, []
     for name in SECRETS:
         recipients = [ReshareRecipient(group, j, t, n, public_shares(tpk, name), tpk.t)
@@ -71,15 +74,18 @@ def reshare(group, tpk, secrets, dealers, t, n, cheat=None, answer=None):
                 if r.index in shares:
                     r.receive_share(i, shares[r.index])
         made = [c for r in recipients for c in r.complaints()]
+        if complain is not None:
+            made = complain(made)
         for c in made:
             for r in recipients:
                 r.receive(c.accuser, c)
         for c in made:
-            given = dealing_of[c.dealer].answer(c)
-            given = answer(given) if answer is not None else given
+            given = dealing_of[c.dealer].answer(c.accuser, c)
+            given = answer(given) if answer is not None and given is not None else given
             if given is not None:
                 for r in recipients:
-                    r.receive(given.dealer, given)
+                    for got in (deliver(r.index, given) if deliver is not None else [given]):
+                        r.receive(got.dealer, got)
         results[name] = [r.finish() for r in recipients]
         complaints += made
     return results, complaints
@@ -265,6 +271,82 @@ def test_a_bad_private_share_draws_a_complaint_and_only_a_true_answer_keeps_the_
                                                                         (3, 4, 5))
 
 
+def test_a_dealer_answers_no_complaint_in_another_servers_name_and_each_once(old):
+    """Anyone could otherwise have an honest dealer reveal any new server's share (from
+    ``t'`` new servers' shares the secret follows, an attack review showed with the
+    retired server as the outsider), or disqualify every honest dealer by sending its
+    complaint twice (two answers to one complaint disqualify). Control: the true author's
+    complaint is answered, with the share the dealer sent it."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+    dealer = ReshareDealer(group, 1, secrets[1].x, 3, 5)
+    _, shares = dealer.dealing()
+    for outsider in (3, 6, 0):
+        with pytest.raises(DkgError, match="in the name of new server 2"):
+            dealer.answer(outsider, Complaint(2, 1))
+    assert dealer.answer(2, Complaint(2, 1)) == Justification(1, 2, shares[2])  # control
+    assert dealer.answer(2, Complaint(2, 1)) is None  # answered already
+    assert dealer.answer(3, Complaint(3, 2)) is None  # against another dealer
+
+    def twice(made):  # new server 5 complains, falsely, against every dealer, twice
+        return made + [Complaint(5, i) for i in (1, 2, 3, 4) for _ in range(2)]
+
+    results, complaints = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5, complain=twice)
+    assert len(complaints) == 8 * len(SECRETS)  # each secret
+    assert {r.dealers for name in SECRETS for r in results[name]} == {frozenset({1, 2, 3})}
+
+
+@pytest.mark.parametrize("delivered, kept", [("once", True), ("twice to some", True),
+                                             ("with a different one", False)])
+def test_an_answer_delivered_twice_counts_once_and_two_different_ones_disqualify(
+        old, delivered, kept):
+    """A transport that repeats an answer to some servers only must not make them disagree
+    on the dealers (an attack review: the repeated answer disqualified the dealer there);
+    a dealer that answers one complaint with two different shares is out everywhere."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+
+    def missing(name, dealer, dealing, shares):
+        if dealer == 1:
+            del shares[2]
+        return dealing, shares
+
+    def deliver(recipient, given):
+        if delivered == "twice to some":
+            return [given, given] if recipient % 2 else [given]
+        if delivered == "with a different one":
+            return [given, Justification(given.dealer, given.accuser, given.share + 1)]
+        return [given]
+
+    results, complaints = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5, cheat=missing,
+                                  deliver=deliver)
+    assert {(c.accuser, c.dealer) for c in complaints} == {(2, 1)}
+    expected = {1, 2, 3} if kept else {2, 3, 4}
+    assert {r.dealers for name in SECRETS for r in results[name]} == {frozenset(expected)}
+    new_deployment(group, tpk, results, 3, 5)  # every server computed the same
+
+
+@pytest.mark.parametrize("fault", ["short", "long", "identity"])
+def test_a_dealing_of_another_degree_or_with_an_identity_coefficient_is_left_out(old, fault):
+    """A dealing with t' - 1 or t' + 1 commitments, or with an identity coefficient (which
+    lowers the degree), is malformed: its dealer is left out everywhere, though its private
+    shares agree with what it committed to (no complaint)."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+
+    def malformed(name, dealer, dealing, shares):
+        if dealer != 1:
+            return dealing, shares
+        share, q = getattr(secrets[1], name), group.order
+        polynomial = {"short": (share, 5), "long": (share, 5, 6, 7),
+                      "identity": (share, 0, 7)}[fault]
+        return deal(group, 1, [a % q for a in polynomial], 5)
+
+    results, complaints = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5, cheat=malformed)
+    assert complaints == []
+    assert {r.dealers for name in SECRETS for r in results[name]} == {frozenset({2, 3, 4})}
+
+
 def test_messages_in_another_servers_name_or_from_outside_are_refused(old):
     """Dealings and answers in another old server's name, complaints in another new
     server's name, a dealer that is not an old server, second dealings or shares, and a
@@ -296,31 +378,68 @@ def test_messages_in_another_servers_name_or_from_outside_are_refused(old):
         recipient.receive_share(1, shares[1])
 
 
-def test_clients_take_a_later_generation_signed_under_x_and_nothing_else(old):
+def endorse(group, tpk, secrets, servers, previous, new, generation):
+    """``servers`` of ``tpk`` sign ``new`` as the successor of ``previous``."""
+    message = T.reshare_message(previous, new, generation)
+    return T.combine_signatures(group, tpk, [T.partial_sign(group, secrets[i], message)
+                                             for i in servers])
+
+
+def test_clients_take_the_next_generation_signed_under_x_and_nothing_else(old):
     """A client holding the set-up's public key takes the new set's when ``t`` servers
-    signed it under ``X`` with a later generation; it refuses the same generation again,
-    an older one (which would bring a retired server back), another deployment's key
-    signed by its own servers, and a signature of another public key."""
+    signed it under ``X`` as the successor of the key it holds, one generation later; then
+    the next from the new set. It refuses the same generation again, an older one (which
+    would bring a retired server back), a skipped one, a successor of another key, another
+    deployment's key signed by its own servers, and a signature of another public key."""
     pp, tpk, secrets, _ = old
     group = pp.group
     first, first_secrets = new_deployment(group, tpk, *reshare_args(group, tpk, secrets))
-    endorsement = T.combine_signatures(group, tpk, [
-        T.partial_sign(group, secrets[i], T.reshare_message(first, 1)) for i in (1, 2, 4)])
+    endorsement = endorse(group, tpk, secrets, (1, 2, 4), tpk, first, 1)
     assert T.accept_reshared(group, tpk, 0, first, 1, endorsement)
     assert not T.accept_reshared(group, tpk, 1, first, 1, endorsement)  # already held
     second, _ = new_deployment(group, first, *reshare_args(group, first, first_secrets))
-    later = T.combine_signatures(group, first, [  # the new set signs the next one
-        T.partial_sign(group, first_secrets[i], T.reshare_message(second, 2))
-        for i in (3, 4, 5)])
+    later = endorse(group, first, first_secrets, (3, 4, 5), first, second, 2)  # the new set
     assert T.accept_reshared(group, first, 1, second, 2, later)
     assert not T.accept_reshared(group, second, 2, first, 1, endorsement)  # rolled back
     assert not T.accept_reshared(group, tpk, 0, second, 1, endorsement)  # signed another
+    assert not T.accept_reshared(group, tpk, 0, second, 2, later)  # skips generation 1
+    stray = endorse(group, tpk, secrets, (1, 2, 3), first, second, 1)  # successor of first
+    assert not T.accept_reshared(group, tpk, 0, second, 1, stray)
+    assert T.accept_reshared(group, tpk, 0, second, 1, endorse(  # control: of the held key
+        group, tpk, secrets, (1, 2, 3), tpk, second, 1))
     other, other_secrets = local_deployment(group, 3, 5, b"another deployment")
-    foreign = T.combine_signatures(group, other, [
-        T.partial_sign(group, other_secrets[i], T.reshare_message(other, 1))
-        for i in (1, 2, 3)])
-    assert T.verify_signature(group, other.X, T.reshare_message(other, 1), foreign)
+    foreign = endorse(group, other, other_secrets, (1, 2, 3), other, other, 1)
+    assert T.verify_signature(group, other.X, T.reshare_message(other, other, 1), foreign)
     assert not T.accept_reshared(group, tpk, 0, other, 1, foreign)
+
+
+def test_clients_refuse_a_signed_key_that_changes_the_deployment_or_its_shares(old):
+    """Each of the client's checks alone, on keys the old servers really signed (so only
+    that check can refuse them): another deployment id, MPK, ``W``, ``G`` or ``X``; public
+    shares off the polynomial through the old key; fewer than ``2t - 1`` servers. The
+    control: the honest new key, signed the same way, is taken."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+    first, _ = new_deployment(group, tpk, *reshare_args(group, tpk, secrets))
+    other, _ = local_deployment(group, 3, 5, b"another deployment")
+    swapped = dict(first.x_shares)
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    bad = {
+        "deployment": replace(first, deployment=b"another deployment"),
+        "mpk": replace(first, mpk=other.mpk),
+        "W": replace(first, W=other.W),
+        "G": replace(first, G=other.G),
+        "X": replace(first, X=other.X),
+        "shares off the polynomial": replace(first, x_shares=swapped),
+        "4 servers at threshold 3": replace(first, n=4, **{
+            f"{name}_shares": {j: public_shares(first, name)[j] for j in range(1, 5)}
+            for name in SECRETS}),
+    }
+    for what, key in bad.items():
+        signed = endorse(group, tpk, secrets, (1, 2, 3), tpk, key, 1)
+        assert not T.accept_reshared(group, tpk, 0, key, 1, signed), what
+    assert T.accept_reshared(group, tpk, 0, first, 1,
+                             endorse(group, tpk, secrets, (1, 2, 3), tpk, first, 1))
 
 
 def reshare_args(group, tpk, secrets):
