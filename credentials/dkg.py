@@ -121,8 +121,8 @@ def qualified_dealers(group: PairingGroup, dealings: Mapping[int, Dealing], t: i
                       justifications: Sequence[Justification],
                       zero: bool = False) -> frozenset[int]:
     """The dealers that stay, from broadcast messages whose authors were checked:
-    well-formed, every complaint against them answered exactly once with a share that
-    verifies for its accuser, and no answer that does not verify."""
+    well-formed, every complaint against them answered with one share that verifies for
+    its accuser (:func:`answered_dealers`)."""
     return answered_dealers(group, dealings, complaints, justifications,
                             lambda dealing: is_well_formed(group, dealing, t, n, zero))
 

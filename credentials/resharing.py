@@ -42,14 +42,16 @@ from ibe_pubsub.credentials.dkg import (
 )
 from ibe_pubsub.credentials.groups import G2, Element, PairingGroup
 from ibe_pubsub.credentials.shamir import evaluate, lagrange_at_zero, random_polynomial
+from ibe_pubsub.credentials.threshold import MAX_SERVERS
 
 
 def _check_new_set(t: int, n: int) -> None:
     """As the set-up's plan: ``t >= 2`` (at 1 every new server would hold the secrets
-    themselves) and ``n >= 2t - 1``."""
-    if t < 2 or n < 2 * t - 1:
+    themselves) and ``2t - 1 <= n <= MAX_SERVERS``."""
+    if t < 2 or n < 2 * t - 1 or n > MAX_SERVERS:
         raise DkgError(f"a new set needs a threshold of at least 2 (at 1 each server would "
-                       f"hold the secrets) and n >= 2t - 1 servers, got t={t}, n={n}")
+                       f"hold the secrets) and 2t - 1 to {MAX_SERVERS} servers, got t={t}, "
+                       f"n={n}")
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,12 @@ class ReshareDealer:
         return deal(self.group, self.index, self._polynomial, self.n)
 
     def answer(self, sender: int, complaint: Complaint) -> Justification | None:
-        """A complaint against this dealer, broadcast by new server ``sender``: answered,
-        once, by revealing the accuser's share. Refused (:class:`DkgError`) unless
-        ``sender`` is its author, or anyone could have the dealer reveal any new server's
-        share (with ``t'`` of them, the secret). None for a complaint against another
-        dealer, or one answered already (a second answer, even the same, must not be
-        sent: receivers that saw only one would disagree)."""
+        """A complaint against this dealer, broadcast by new server ``sender`` (as the
+        transport authenticated it, never as the complaint says): answered, once, by
+        revealing the accuser's share, which the caller must broadcast. Refused
+        (:class:`DkgError`) unless ``sender`` is its author, or anyone could have the dealer
+        reveal any new server's share (with ``t'`` of them, the secret). None for a
+        complaint against another dealer, or one answered already."""
         if complaint.accuser != sender or not 0 < sender <= self.n:
             raise DkgError(f"a complaint in the name of new server {complaint.accuser}, "
                            f"from {sender}")

@@ -225,8 +225,9 @@ def _check_new_shares(group: PairingGroup, old: ThresholdPublicKey, t: int, n: i
                       ) -> None:
     """A new set as the set-up's plan allows one (``t >= 2``, ``n >= 2t - 1``) whose
     sharings each lie on one polynomial of degree below ``t`` through ``old``'s key."""
-    if t < 2 or n < 2 * t - 1:
-        raise ThresholdError(f"a new set needs t >= 2 and n >= 2t - 1, got t={t}, n={n}")
+    if t < 2 or n < 2 * t - 1 or n > MAX_SERVERS:
+        raise ThresholdError(f"a new set needs t >= 2 and 2t - 1 <= n <= {MAX_SERVERS}, got "
+                             f"t={t}, n={n}")
     for name, key, shares in (("delta", _interpolated_key(group, old.t, old.delta_shares),
                                delta_shares), ("phi", old.mpk.h, phi_shares),
                               ("x", old.X, x_shares)):
@@ -249,6 +250,8 @@ def reshared_public_key(group: PairingGroup, old: ThresholdPublicKey, t: int, n:
 
 
 RESHARE_TAG = b"ibe-pubsub/v3/reshared-key"
+#: Servers a public key can number (its encoding writes ``n`` in one byte).
+MAX_SERVERS = 255
 
 
 def reshare_message(previous: ThresholdPublicKey, new: ThresholdPublicKey, generation: int
@@ -271,7 +274,8 @@ def accept_reshared(group: PairingGroup, held: ThresholdPublicKey, held_generati
     polynomials through the same keys? One generation at a time, each naming the one it
     replaces, so an older set (one a removed server was part of) cannot be brought back
     and no generation can be skipped over with a key that does not follow from it."""
-    if (generation != held_generation + 1 or new.deployment != held.deployment
+    if (generation != held_generation + 1 or not 0 < generation < 1 << 64
+            or new.deployment != held.deployment
             or encode_mpk(new.mpk) != encode_mpk(held.mpk)
             or (new.W, new.G, new.X) != (held.W, held.G, held.X)):
         return False
@@ -724,11 +728,15 @@ def deployment_scope(tpk: ThresholdPublicKey) -> bytes:
             .element(tpk.X).done())
 
 
-def members_message(deployment: bytes, member_keys: Mapping[int, bytes]) -> bytes:
+def members_message(tpk: ThresholdPublicKey, member_keys: Mapping[int, bytes]) -> bytes:
     """What ``t`` servers sign with their shares of ``x`` so that clients take the members'
     own Ed25519 keys (``threshold.json``) under the deployment's key ``X``: tag,
-    deployment, then each index (``u8``) and 32-byte key, by index."""
-    w = Writer(TAG_MEMBER_KEYS).blob(MEMBERS_TAG).blob(deployment).u8(len(member_keys))
+    deployment, the SHA-256 of the threshold public key (tag 18) the list goes with, then
+    each index (``u8``) and 32-byte key, by index. ``X`` outlives a resharing; the public
+    key does not, so a list signed before one (a removed member's key in it) does not
+    verify for clients of the new set."""
+    w = (Writer(TAG_MEMBER_KEYS).blob(MEMBERS_TAG).blob(tpk.deployment)
+         .blob(hashlib.sha256(encode_public_key(tpk)).digest()).u8(len(member_keys)))
     for index in sorted(member_keys):
         w.u8(index).blob(member_keys[index])
     return w.done()

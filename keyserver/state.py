@@ -105,7 +105,7 @@ class AppState:
         """A member's partial signature of the deployment's member keys (base64, tag 21),
         made once: clients take the keys ``t`` members signed, under ``X``."""
         assert self.member is not None
-        message = T.members_message(self.member.public_key.deployment,
+        message = T.members_message(self.member.public_key,
                                     self.member.member_keys)
         partial = T.partial_sign(self.store.group, self.member.secrets, message)
         return base64.b64encode(T.encode_partial_signature(partial)).decode()

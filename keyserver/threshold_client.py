@@ -399,7 +399,7 @@ class ThresholdKeyClient:
             signature = T.combine_signatures(self.group, self.tpk, [
                 partial for _, partial in found.shares.values()])
             if not T.verify_signature(self.group, self.tpk.X, T.members_message(
-                    self.tpk.deployment, keys), signature):
+                    self.tpk, keys), signature):
                 raise KeyServerError("the members' signatures of the member keys combine "
                                      "into one that does not verify")  # a bad threshold.json
             self._member_keys = keys
@@ -586,7 +586,7 @@ class ThresholdKeyClient:
         partial = T.decode_partial_signature(self.group, _decoded(answer["signature"]))
         _check_index(index, partial.index)
         if not T.verify_partial_signature(self.group, self.tpk, T.members_message(
-                self.tpk.deployment, keys), partial):
+                self.tpk, keys), partial):
             raise _BadAnswer("its signature of the member keys does not verify against the "
                              "deployment's public key")
         return (0, tuple(sorted(keys.items()))), (keys, partial)

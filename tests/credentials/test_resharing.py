@@ -56,9 +56,10 @@ def reshare(group, tpk, secrets, dealers, t, n, cheat=None, answer=None, complai
     """Old servers ``dealers`` deal each secret to new servers 1..n (threshold ``t``), each
     phase after the one before; returns every new server's result per secret and the
     complaints. ``cheat(name, dealer, dealing, shares)`` may replace what a dealer sends
-    (a share left out is never sent); ``complain(made)`` the broadcast complaints (a
-    false one, one sent twice); ``answer(justification)`` a dealer's answer (None: silent);
-    ``deliver(recipient, answer)`` the answers a recipient gets for one that was sent."""
+    (a share left out is never sent); ``complain(made)`` the broadcast complaints, each
+    with its sender (a false one, one sent twice); ``answer(justification)`` a dealer's
+    answer (None: silent); ``deliver(recipient, answer)`` the answers a recipient gets for
+    one that was sent."""
     results, complaints = {}, []
     for name in SECRETS:
         recipients = [ReshareRecipient(group, j, t, n, public_shares(tpk, name), tpk.t)
@@ -73,21 +74,22 @@ def reshare(group, tpk, secrets, dealers, t, n, cheat=None, answer=None, complai
                 r.receive(i, dealing)
                 if r.index in shares:
                     r.receive_share(i, shares[r.index])
-        made = [c for r in recipients for c in r.complaints()]
+        # (sender, complaint): the sender is whom the broadcast authenticated
+        made = [(r.index, c) for r in recipients for c in r.complaints()]
         if complain is not None:
             made = complain(made)
-        for c in made:
+        for sender, c in made:
             for r in recipients:
-                r.receive(c.accuser, c)
-        for c in made:
-            given = dealing_of[c.dealer].answer(c.accuser, c)
+                r.receive(sender, c)
+        for sender, c in made:
+            given = dealing_of[c.dealer].answer(sender, c)
             given = answer(given) if answer is not None and given is not None else given
             if given is not None:
                 for r in recipients:
                     for got in (deliver(r.index, given) if deliver is not None else [given]):
                         r.receive(got.dealer, got)
         results[name] = [r.finish() for r in recipients]
-        complaints += made
+        complaints += [c for _, c in made]
     return results, complaints
 
 
@@ -289,7 +291,7 @@ def test_a_dealer_answers_no_complaint_in_another_servers_name_and_each_once(old
     assert dealer.answer(3, Complaint(3, 2)) is None  # against another dealer
 
     def twice(made):  # new server 5 complains, falsely, against every dealer, twice
-        return made + [Complaint(5, i) for i in (1, 2, 3, 4) for _ in range(2)]
+        return made + [(5, Complaint(5, i)) for i in (1, 2, 3, 4) for _ in range(2)]
 
     results, complaints = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5, complain=twice)
     assert len(complaints) == 8 * len(SECRETS)  # each secret
@@ -403,6 +405,10 @@ def test_clients_take_the_next_generation_signed_under_x_and_nothing_else(old):
     assert not T.accept_reshared(group, second, 2, first, 1, endorsement)  # rolled back
     assert not T.accept_reshared(group, tpk, 0, second, 1, endorsement)  # signed another
     assert not T.accept_reshared(group, tpk, 0, second, 2, later)  # skips generation 1
+    skipping = endorse(group, tpk, secrets, (1, 2, 3), tpk, first, 2)  # names the held key
+    assert not T.accept_reshared(group, tpk, 0, first, 2, skipping)  # but skips generation 1
+    for generation in (0, 1 << 64):  # out of the u64, refused, not raised
+        assert not T.accept_reshared(group, tpk, generation - 1, first, generation, skipping)
     stray = endorse(group, tpk, secrets, (1, 2, 3), first, second, 1)  # successor of first
     assert not T.accept_reshared(group, tpk, 0, second, 1, stray)
     assert T.accept_reshared(group, tpk, 0, second, 1, endorse(  # control: of the held key
@@ -422,15 +428,19 @@ def test_clients_refuse_a_signed_key_that_changes_the_deployment_or_its_shares(o
     group = pp.group
     first, _ = new_deployment(group, tpk, *reshare_args(group, tpk, secrets))
     other, _ = local_deployment(group, 3, 5, b"another deployment")
-    swapped = dict(first.x_shares)
-    swapped[1], swapped[2] = swapped[2], swapped[1]
+    def swapped(name):
+        shares = dict(public_shares(first, name))
+        shares[1], shares[2] = shares[2], shares[1]
+        return replace(first, **{f"{name}_shares": shares})
+
     bad = {
         "deployment": replace(first, deployment=b"another deployment"),
         "mpk": replace(first, mpk=other.mpk),
         "W": replace(first, W=other.W),
         "G": replace(first, G=other.G),
         "X": replace(first, X=other.X),
-        "shares off the polynomial": replace(first, x_shares=swapped),
+        **{f"{name} shares off the polynomial": swapped(name) for name in SECRETS},
+        "threshold 1": replace(first, t=1),
         "4 servers at threshold 3": replace(first, n=4, **{
             f"{name}_shares": {j: public_shares(first, name)[j] for j in range(1, 5)}
             for name in SECRETS}),
@@ -446,3 +456,21 @@ def reshare_args(group, tpk, secrets):
     """An honest resharing of ``tpk``'s servers 1-4 to 3 of 5 (for :func:`new_deployment`)."""
     results, _ = reshare(group, tpk, secrets, (1, 2, 3, 4), 3, 5)
     return results, 3, 5
+
+
+def test_a_member_list_signed_before_a_resharing_does_not_verify_after_it(old):
+    """``X`` outlives a resharing, so a list of member keys signed under it must name the
+    public key it goes with (an attack review: the old list, with a removed member's key,
+    stayed valid for good and counted toward link quorums). Control: the new set's
+    signature of its own list verifies."""
+    pp, tpk, secrets, _ = old
+    group = pp.group
+    new, new_secrets = new_deployment(group, tpk, *reshare_args(group, tpk, secrets))
+    keys = {i: bytes([i]) * 32 for i in range(1, 6)}
+    before = T.combine_signatures(group, tpk, [
+        T.partial_sign(group, secrets[i], T.members_message(tpk, keys)) for i in (1, 2, 3)])
+    assert T.verify_signature(group, tpk.X, T.members_message(tpk, keys), before)
+    assert not T.verify_signature(group, new.X, T.members_message(new, keys), before)
+    after = T.combine_signatures(group, new, [
+        T.partial_sign(group, new_secrets[i], T.members_message(new, keys)) for i in (2, 4, 5)])
+    assert T.verify_signature(group, new.X, T.members_message(new, keys), after)

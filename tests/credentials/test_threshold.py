@@ -596,6 +596,29 @@ def test_a_dealer_that_sends_a_bad_or_no_share_must_reveal_a_good_one_or_is_disq
         assert secret_of(group, results, (1, 4, 5)) == results[0].public_key
 
 
+def test_an_answer_seen_twice_counts_once_and_two_different_answers_disqualify():
+    """A transport that repeats an answer to some servers must not make them disagree (the
+    repeated answer used to disqualify its dealer there only); a dealer answering one
+    complaint with two different shares is out for everyone."""
+    group = load_group()
+    participants = [Participant(group, i, t, n) for i in range(1, n + 1)]
+    dealings = {}
+    for p in participants:
+        dealing, shares = p.dealing()
+        dealings[p.index] = dealing
+        if p.index == 2:
+            true_share = shares[4]
+    complaint = Complaint(4, 2)
+    answer = participants[1].receive(4, complaint)
+    assert answer == Justification(2, 4, true_share)
+    wrong = replace(answer, share=answer.share + 1)
+    for seen, kept in (([answer], True), ([answer, answer], True), ([answer, wrong], False),
+                       ([wrong], False)):
+        qualified = qualified_dealers(group, dealings, t, n, [complaint], seen)
+        assert (2 in qualified) is kept, seen
+        assert qualified - {2} == {1, 3, 4, 5}
+
+
 def test_messages_in_another_servers_name_are_refused_and_stray_answers_ignored():
     """A corrupt server 3 complains in server 1's name (the dealers would reveal server 1's
     shares: with two such names and its own, it would hold t shares of the secret), names
