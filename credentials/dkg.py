@@ -230,26 +230,37 @@ class Participant:
                                       self._complaints, self._justifications, self.zero)
         if len(qualified) < self.t:
             raise DkgError(f"only {len(qualified)} qualified dealers, fewer than t={self.t}")
-        mine = {c.dealer for c in self._complaints if c.accuser == self.index}
-        # A qualified dealer answered each of this server's complaints with a valid share
-        # (and any other answer naming this server is ignored).
-        answered = {j.dealer: j.share for j in self._justifications
-                    if j.accuser == self.index and j.dealer in mine}
         chosen = [self._dealings[d] for d in sorted(qualified)]
-        share = 0
-        for dealing in chosen:
-            own = answered.get(dealing.dealer) if dealing.dealer in mine else self._shares.get(
-                dealing.dealer)
-            if own is None or not share_is_valid(self.group, dealing, self.index, own):
-                raise DkgError(f"no valid share from dealer {dealing.dealer}, and no "
-                               f"complaint of this server against it was broadcast")
-            share = (share + own) % self.group.order
+        own = shares_from(self.group, self.index, self._dealings, sorted(qualified),
+                          self._shares, self._complaints, self._justifications)
+        share = sum(own.values()) % self.group.order
         public_key = chosen[0].commitments[0]
         for dealing in chosen[1:]:
             public_key = public_key * dealing.commitments[0]
         return DkgResult(self.index, share, public_key,
                          {j: public_share(self.group, chosen, j) for j in range(1, self.n + 1)},
                          qualified)
+
+
+def shares_from(group: PairingGroup, index: int, dealings: Mapping[int, Dealing],
+                chosen: Sequence[int], shares: Mapping[int, int],
+                complaints: Sequence[Complaint], justifications: Sequence[Justification]
+                ) -> dict[int, int]:
+    """Server ``index``'s share from each dealer of ``chosen``: the one it received, or,
+    where it complained, the dealer's broadcast answer (any other answer naming it is
+    ignored); :class:`DkgError` if one does not verify (a qualified dealer answered each
+    of this server's complaints with a valid share)."""
+    mine = {c.dealer for c in complaints if c.accuser == index}
+    answered = {j.dealer: j.share for j in justifications
+                if j.accuser == index and j.dealer in mine}
+    own = {}
+    for dealer in chosen:
+        share = answered.get(dealer) if dealer in mine else shares.get(dealer)
+        if share is None or not share_is_valid(group, dealings[dealer], index, share):
+            raise DkgError(f"no valid share from dealer {dealer}, and no complaint of this "
+                           "server against it was broadcast")
+        own[dealer] = share
+    return own
 
 
 def public_share(group: PairingGroup, dealings: Sequence[Dealing], index: int) -> Element:

@@ -39,6 +39,7 @@ from ibe_pubsub.credentials.dkg import (
     answered_dealers,
     deal,
     share_is_valid,
+    shares_from,
 )
 from ibe_pubsub.credentials.groups import G2, Element, PairingGroup
 from ibe_pubsub.credentials.shamir import evaluate, lagrange_at_zero, random_polynomial
@@ -182,17 +183,9 @@ class ReshareRecipient:
                            f"fewer than the old threshold {self.old_t}")
         chosen = sorted(qualified)[:self.old_t]
         weights = lagrange_at_zero(chosen, self.group.order)
-        mine = {c.dealer for c in self._complaints if c.accuser == self.index}
-        answered = {j.dealer: j.share for j in self._justifications
-                    if j.accuser == self.index and j.dealer in mine}
-        share = 0
-        for dealer in chosen:
-            own = answered.get(dealer) if dealer in mine else self._shares.get(dealer)
-            if own is None or not share_is_valid(self.group, self._dealings[dealer],
-                                                 self.index, own):
-                raise DkgError(f"no valid share from old server {dealer}, and no complaint "
-                               "of this server against it was broadcast")
-            share = (share + weights[dealer] * own) % self.group.order
+        own = shares_from(self.group, self.index, self._dealings, chosen, self._shares,
+                          self._complaints, self._justifications)
+        share = sum(weights[dealer] * own[dealer] for dealer in chosen) % self.group.order
         return ReshareResult(self.index, share, {j: self._public_share(chosen, weights, j)
                                                  for j in range(1, self.n + 1)},
                              frozenset(chosen))
