@@ -375,6 +375,12 @@ class PeerNode:
             # port may still change (_certify_listening).
             certificate = await self._certify_listening(host, port == 0, deadline)
             await self._through_restarts("its keys", self._enrol, deadline)
+            assert self.machine is not None
+            if certificate.certificate.binding.epoch < self.machine.epoch:
+                # An epoch began between the two: that certificate would expire before the
+                # refresh of these keys renews it (links refused as expired meanwhile).
+                certificate = await self._through_restarts(
+                    "its link certificate", functools.partial(self._certify, False), deadline)
             self._install_link_certificate(certificate)
         except Exception:
             await self.transport.close(0)
