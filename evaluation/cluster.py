@@ -94,6 +94,13 @@ class PeerProcess:
             raise ClusterError(f"{self.name} serves no --http endpoint")
         return httpx.get(self.http + path, timeout=10)
 
+    def counter(self, name: str) -> float:
+        """The value of the sample ``name`` in its ``/metrics``, read now: e.g.
+        ``ibe_peer_transport_missed_total``, or with its labels as the peer writes them,
+        ``ibe_peer_transport_dropped_total{reason="queue_delay"}``."""
+        return next(float(line.split()[-1]) for line in self.get("/metrics").text.splitlines()
+                    if line.startswith(name + " "))
+
 
 @dataclass
 class Cluster:

@@ -35,7 +35,7 @@ reader that stalls must not stall the tree: a link whose oldest frame waited
 holds nothing back until it has caught up (its oldest frame is fresh again), and its
 frames that waited :data:`MAX_QUEUE_DELAY` are dropped (``queue_delay``). Every dropped
 frame is counted by reason in :attr:`Transport.dropped_by` and told to the peer with a GAP
-frame ahead of the next one, which the peer counts in :attr:`Transport.missed`.
+frame, ahead of the next frame or alone, which the peer counts in :attr:`Transport.missed`.
 """
 
 from __future__ import annotations
@@ -437,6 +437,7 @@ class Transport:
         (rate-limited: a line per reason per interval)."""
         self.dropped_by[reason] += count
         link.gap += count
+        link.wake.set()  # to tell the gap, even if no frame follows
         held = self._drop_log.allow(reason)
         if held is not None:
             log.warning("dropped %d frame(s) queued for %s (%s)%s", count, escape(link.address),
@@ -562,9 +563,13 @@ class Transport:
         while not self._closed:
             await link.wake.wait()
             link.wake.clear()
-            while link.queue and not self._closed:
+            # A gap alone is told too (its frames were all dropped), on a live connection.
+            while (link.queue or (link.gap and self._writable(link))) and not self._closed:
                 if self.secure and self._tls is None:
                     break  # kept queued: setting the credentials wakes the link
+                now = time.monotonic()
+                if link.queue and link.conns and now - link.queue[0][0] > MAX_QUEUE_DELAY:
+                    self._trim(link, now)  # written late is not written: dropped and told
                 conn = self._writable(link) or await self._dial(link)
                 if conn is None:
                     log.warning("gave up on %s: dropped %d queued frame(s)",

@@ -43,11 +43,6 @@ def _first_linked_to(peer: PeerProcess, address: str) -> bool:
                for line in peer.log_file.read_text().splitlines())
 
 
-def _metric(peer: PeerProcess, name: str) -> float:
-    return next(float(line.split()[-1]) for line in peer.get("/metrics").text.splitlines()
-                if line.startswith(name + " "))
-
-
 def _until(what: str, done: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -135,10 +130,10 @@ def test_a_dropping_root_child_is_bypassed_then_replaced(keyserver_factory, tmp_
                 _until("the dropper is demoted below it", lambda: not any(
                     dropper.address in ps for p in honest if p in below
                     for ps in _parents(p)))
-                assert all(_metric(p, "ibe_peer_parents_demoted_total") >= 1
+                assert all(p.counter("ibe_peer_parents_demoted_total") >= 1
                            for p in honest if p in below)
-                assert _metric(control, "ibe_peer_parents_demoted_total") == 0
-        assert _metric(dropper, "ibe_peer_events_forwarded_total") == 0
-        assert _metric(dropper, "ibe_peer_events_received_total") > 0
+                assert control.counter("ibe_peer_parents_demoted_total") == 0
+        assert dropper.counter("ibe_peer_events_forwarded_total") == 0
+        assert dropper.counter("ibe_peer_events_received_total") > 0
     finally:
         cluster.stop_all()

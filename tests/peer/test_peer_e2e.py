@@ -83,12 +83,6 @@ def _wait_repaired(cluster: Cluster, killed: set[str], since: dict[str, int]) ->
             return
 
 
-def _counter(metrics: str, name: str) -> float:
-    """The value of an unlabelled sample in Prometheus text."""
-    return next(float(line.split()[-1]) for line in metrics.splitlines()
-                if line.startswith(name + " "))
-
-
 def _forged(cls: type[Message], **given: object) -> Message:
     """A well-formed message of ``cls`` whose other fields are junk of the right type."""
     junk = {str: "price", bytes: b"\x00forged" * 8, int: 3, bool: False}
@@ -141,10 +135,10 @@ def test_overlay_delivers_exactly_the_ground_truth(keyserver_factory, tmp_path, 
         # Each peer's /metrics agrees with what it delivered, and /status with the directory.
         for name, _ in subs:
             peer = cluster.peers[name]
-            assert _counter(peer.get("/metrics").text, "ibe_peer_events_delivered_total") \
+            assert peer.counter("ibe_peer_events_delivered_total") \
                 == len(peer.delivered()), name
         assert all(s["ready"] for s in cluster.statuses())
-        forwarded = sum(_counter(r.get("/metrics").text, "ibe_peer_events_forwarded_total")
+        forwarded = sum(r.counter("ibe_peer_events_forwarded_total")
                         for r in roots)
         assert forwarded >= len(first)
 

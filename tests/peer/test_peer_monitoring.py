@@ -41,11 +41,6 @@ def _poll(url: str, until, timeout: float = 30.0) -> httpx.Response:
         time.sleep(0.1)
 
 
-def _counter(metrics: str, name: str) -> float:
-    return next(float(line.split()[-1]) for line in metrics.splitlines()
-                if line.startswith(name + " "))
-
-
 def _status_command(url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cli_command("peer", "status", url), capture_output=True, text=True,
                           timeout=60, check=False)
@@ -80,10 +75,9 @@ def test_a_peer_reports_health_status_and_metrics_over_http(keyserver_factory, t
                   Event("c", {"symbol": "IBX", "price": 20.0, "volume": 5})]
         assert cluster.publish("pub", events).returncode == 0
         cluster.wait_deliveries({"sub": {"a", "c"}}, timeout=30, settle=0.5)
-        metrics = sub.get("/metrics").text
-        assert _counter(metrics, "ibe_peer_events_delivered_total") == len(sub.delivered()) == 2
-        assert _counter(metrics, "ibe_peer_events_false_positives_total") == 1
-        assert _counter(root.get("/metrics").text, "ibe_peer_events_forwarded_total") >= 3
+        assert sub.counter("ibe_peer_events_delivered_total") == len(sub.delivered()) == 2
+        assert sub.counter("ibe_peer_events_false_positives_total") == 1
+        assert root.counter("ibe_peer_events_forwarded_total") >= 3
 
         status = sub.get("/status").json()
         assert (status["identity"], status["role"], status["ready"]) == ("sub", "subscriber",

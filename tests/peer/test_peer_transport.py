@@ -19,6 +19,7 @@ from ibe_pubsub.credentials.logsafe import EscapingFormatter, escape
 from ibe_pubsub.credentials.peer_certificates import PeerCertificateError
 from ibe_pubsub.evaluation.bench_transport import run_transport_bench
 from ibe_pubsub.peer import frames
+from ibe_pubsub.peer import transport as transport_module
 from ibe_pubsub.peer.transport import Backoff, Transport, TransportError, split_address
 
 
@@ -313,6 +314,44 @@ def test_a_message_to_itself_is_handed_back_without_a_socket():
         assert await inbox.wait_for(1) == [(t.address, b"self")]
         assert t.address not in t._links
         await t.close()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("trimmed_by", ["the sender", "congested"])
+def test_frames_that_waited_too_long_are_not_written_and_the_gap_is_told_alone(
+        monkeypatch, trimmed_by):
+    """A reader stops; what its sockets cannot hold waits in the sender's queue past
+    MAX_QUEUE_DELAY (shortened here), and nothing is published after. When it reads again,
+    those frames are dropped, not written late, and it is told how many in a GAP with no
+    frame after it: trimmed as they come up for writing, or by ``congested`` while the
+    sender waits on the full socket. (Written late before: all 100 arrived, none told; and
+    with ``congested`` trimming, the count waited for a next frame that never came.)"""
+    monkeypatch.setattr(transport_module, "MAX_QUEUE_DELAY", 0.5)
+    big = b"x" * (256 * 1024)  # 100 of them: more than twice what both sockets hold
+
+    async def main():
+        a, _, b, ib = await _pair(secure=False)
+        a.send(b.address, b"hello")
+        await ib.wait_for(1)
+        b.pause_reading(a.address)
+        for _ in range(100):
+            a.send(b.address, big)
+        await asyncio.sleep(1.0)
+        queued = len(a._links[b.address].queue)
+        assert queued > 1  # the frame being written, and those behind it
+        if trimmed_by == "congested":
+            assert not a.congested()  # a slow link holds nothing back
+            assert a.dropped_by["queue_delay"] == queued - 1
+        b.resume_reading(a.address)
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(ib.items) - 1 + b.missed < 100 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # nothing more comes
+        got = len(ib.items) - 1
+        assert a.dropped_by["queue_delay"] > 0 and a.dropped == a.dropped_by["queue_delay"]
+        assert got + b.missed == 100 and b.missed == a.dropped, (got, b.missed, a.dropped)
+        await a.close()
+        await b.close()
     asyncio.run(main())
 
 
