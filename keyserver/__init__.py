@@ -36,7 +36,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ),
     "threshold_client": (
         "CombinedLinkCertificate", "CombinedPublisherKeys", "CombinedRoot",
-        "CombinedSubscriberKey", "Failure", "MemberAccess", "ThresholdEnrolmentError",
+        "CombinedSubscriberKey", "Failure", "MemberAccess", "TakenAt", "ThresholdEnrolmentError",
         "ThresholdKeyClient", "MAX_ANSWER_BYTES", "max_answer_bytes", "read_access_file",
     ),
     "threshold_store": (

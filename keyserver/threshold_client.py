@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -89,6 +90,12 @@ from ibe_pubsub.keyserver.api_models import MAX_CREDENTIALS, MAX_FINE_CREDENTIAL
 from ibe_pubsub.keyserver.bundles import IssuedRequest
 from ibe_pubsub.keyserver.client import KEEPALIVE_SECONDS, KeyServerRequestError
 from ibe_pubsub.keyserver.exceptions import KeyServerError
+from ibe_pubsub.keyserver.threshold_directory import (
+    DirectoryAnswerError,
+    Listing,
+    merge_listings,
+    read_listing,
+)
 
 log = logging.getLogger(__name__)
 #: Bounds on one member's answer: any but a subscriber's holds at most 256 keys, about
@@ -106,6 +113,7 @@ ACCESS_FORMAT = "ibe-pubsub-threshold-access-v1"
 #: Longer than any identity name a key server registers.
 MAX_IDENTITY = 1024
 Share = TypeVar("Share")
+Outcome = TypeVar("Outcome")
 Shape = tuple[Any, ...]
 """What the shares to combine must agree on: the epoch first, then the credentials, the
 identity they were issued to (and a subscriber's expiry)."""
@@ -150,6 +158,15 @@ class CombinedSubscriberKey:
     ``key.credentials``)."""
     members: tuple[int, ...]
     """The members whose shares were combined."""
+    failures: tuple[Failure, ...]
+
+
+@dataclass(frozen=True)
+class TakenAt:
+    """Which members took a request made at every member (a directory lease), and why the
+    others did not."""
+
+    members: tuple[int, ...]
     failures: tuple[Failure, ...]
 
 
@@ -206,9 +223,13 @@ class ThresholdEnrolmentError(KeyServerError):
 
 
 def _no_agreement(t: int, failures: Sequence[Failure]) -> ThresholdEnrolmentError:
+    return _failed_at_members(f"no {t} members answered shares that verify and agree",
+                              failures)
+
+
+def _failed_at_members(summary: str, failures: Sequence[Failure]) -> ThresholdEnrolmentError:
     reasons = "; ".join(f"member {f.index}: {f.reason}" for f in failures)
-    error = ThresholdEnrolmentError(f"no {t} members answered shares that verify and agree "
-                                    f"({reasons})")
+    error = ThresholdEnrolmentError(f"{summary} ({reasons})")
     error.failures = tuple(failures)
     return error
 
@@ -455,6 +476,67 @@ class ThresholdKeyClient:
         return CombinedLinkCertificate(to_pem(certificate), binding, not_after,
                                        tuple(found.shares), tuple(found.failures))
 
+    # -- the directory, at every member (keyserver.threshold_directory) ---------------------
+
+    async def register(self, address: str, attribute: str, role: str, ttl: int,
+                       seen: Sequence[str] = ()) -> TakenAt:
+        """Lease ``address`` (certified to this identity) in ``attribute``'s tree at every
+        member, vouching for the ``seen`` neighbours there that answered recently, as
+        ``/v1/directory`` does at one server. Raises ThresholdEnrolmentError if no member
+        took it."""
+        body = {"address": address, "attribute": attribute, "role": role, "ttl": ttl,
+                "seen": list(seen)}
+        return self._took(await self._everyone("/v1/directory", body, "POST"), "lease")
+
+    async def deregister(self, address: str) -> TakenAt:
+        """Remove this identity's entries for ``address`` in every tree, at every member."""
+        return self._took(await self._everyone(f"/v1/directory/{quote(address, safe='')}",
+                                               None, "DELETE"), "removal")
+
+    async def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
+        """The tree's roots and members as every member that answered lists them, merged:
+        each address once, with ``listed_by`` (how many members listed it), most listed
+        first (``threshold_directory.merge_listings``). Raises ThresholdEnrolmentError if
+        no member answered."""
+        def listing(_index: int, answer: Any) -> Listing:
+            try:
+                return read_listing(attribute, answer)
+            except DirectoryAnswerError as exc:
+                raise _BadAnswer(str(exc)) from exc
+
+        answers = await self._everyone(
+            f"/v1/directory/{quote(attribute, safe='')}?sample={int(sample)}", None, "GET",
+            listing)
+        listings = [a for a in answers.values() if not isinstance(a, Failure)]
+        if not listings:
+            raise _failed_at_members(f"no member listed the tree {attribute!r}",
+                                     self._failed(answers))
+        self._report(self._failed(answers))
+        return merge_listings(attribute, listings)
+
+    async def _everyone(self, path: str, body: dict[str, Any] | None, method: str,
+                        read: Callable[[int, Any], Any] = lambda _index, answer: answer
+                        ) -> dict[int, Any]:
+        """Every member's answer (``read`` from it) or Failure, asked at once with this
+        identity's token: a member that does not answer within the timeout fails alone."""
+        outcomes = await asyncio.gather(*(
+            self._answer(member, path, body, read, MAX_ANSWER_BYTES, method)
+            for member in self.members))
+        return {m.index: outcome for m, outcome in zip(self.members, outcomes, strict=True)}
+
+    @staticmethod
+    def _failed(answers: dict[int, Any]) -> list[Failure]:
+        return [a for a in answers.values() if isinstance(a, Failure)]
+
+    def _took(self, answers: dict[int, Any], what: str) -> TakenAt:
+        failures = self._failed(answers)
+        took = tuple(i for i, a in answers.items() if not isinstance(a, Failure))
+        if not took:
+            raise _failed_at_members(f"no member took the {what}", failures)
+        self._report(failures)
+        log.debug("%s taken by members %s", what, list(took))
+        return TakenAt(took, tuple(failures))
+
     async def enrol_publisher(self, advertisement: str, max_credentials: int | None = None,
                               epoch: str | int | None = None) -> CombinedPublisherKeys:
         """One publisher key per credential of ``advertisement``, combined likewise."""
@@ -604,14 +686,18 @@ class ThresholdKeyClient:
     # -- asking members until t agree ---------------------------------------------------------
 
     async def _ask(self, member: MemberAccess, path: str, body: dict[str, Any] | None,
-                   limit: int) -> Any:
+                   limit: int, method: str | None = None) -> Any:
         """The member's JSON answer, read up to ``limit`` bytes: to a POST of ``body`` with
-        this identity's token, or to a GET of a public route (``body`` None)."""
+        this identity's token, to a GET of a public route (``body`` and ``method`` None),
+        or to ``method`` with the token (``None`` for an answer without a body)."""
         data = bytearray()
-        request = ({"method": "GET"} if body is None else {
-            "method": "POST", "content": json.dumps(body).encode("ascii"),
-            "headers": {"Authorization": f"Bearer {member.token}",
-                        "content-type": "application/json"}})
+        request: dict[str, Any] = {"method": "GET"}
+        if body is not None or method is not None:
+            request = {"method": method or "POST",
+                       "headers": {"Authorization": f"Bearer {member.token}"}}
+            if body is not None:
+                request["content"] = json.dumps(body).encode("ascii")
+                request["headers"]["content-type"] = "application/json"
         try:
             async with self._http.stream(url=member.url.rstrip("/") + path,
                                          **request) as response:
@@ -630,13 +716,13 @@ class ThresholdKeyClient:
         return answer
 
     async def _answer(self, member: MemberAccess, path: str, body: dict[str, Any] | None,
-                      read: Callable[[int, Any], tuple[Shape, Share]], limit: int
-                      ) -> Failure | tuple[Shape, Share]:
+                      read: Callable[[int, Any], Outcome], limit: int,
+                      method: str | None = None) -> Failure | Outcome:
         """The member's verified share, or why there is none: whatever a member answers,
         however slowly, fails that member only."""
         started = time.monotonic()
         try:
-            answer = await asyncio.wait_for(self._ask(member, path, body, limit),
+            answer = await asyncio.wait_for(self._ask(member, path, body, limit, method),
                                             self.timeout)
             outcome = await asyncio.to_thread(read, member.index, answer)
             self._answer_times.append(time.monotonic() - started)

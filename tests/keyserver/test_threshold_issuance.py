@@ -515,7 +515,9 @@ class Hostile(BaseHTTPRequestHandler):
 
     def forward(self, body):
         if body is None:
-            return httpx.get(self.target + self.path).json()
+            token = self.headers["Authorization"]
+            return httpx.get(self.target + self.path,
+                             headers={"Authorization": token} if token else {}).json()
         return httpx.post(self.target + self.path, content=body, headers={
             "Authorization": self.headers["Authorization"],
             "content-type": "application/json"}).json()
@@ -1111,6 +1113,88 @@ def test_a_roots_certificate_and_token_are_combined_from_t_members(deployment):
         assert answer.status_code == status, (body, answer.text)
     with pytest.raises(KeyServerError, match="32-byte"):
         run(enrol_root(deployment.client(root), "symbol", transport[:31]))
+
+
+def test_the_directory_is_kept_at_every_member_and_merged_most_listed_first(deployment):
+    """A root and a subscriber lease their certified addresses at every member; a lookup
+    asks every member and merges: each address once, with how many members listed it. A
+    hostile member that invents a root and leaves the subscriber out cannot put its root
+    ahead of the real one nor hide the subscriber; one that is down or answers garbage fails
+    alone. Leases need certified addresses, and end at every member with a deregistration."""
+    rooty, subby = deployment.register("dir-root", "root"), deployment.register("dir-sub",
+                                                                               "subscriber")
+    at_root, at_sub = (f"127.0.0.1:{free_port()}" for _ in "rs")
+    run(certify(deployment.client(rooty), Ed25519PrivateKey.generate(), [at_root]))
+    run(certify(deployment.client(subby), Ed25519PrivateKey.generate(), [at_sub]))
+    run(enrol_subscriber(deployment.client(subby), 'symbol = "IBM"'))  # joins the tree
+
+    async def directory(tokens, call, urls=None):
+        async with deployment.client(tokens, urls=urls) as client:
+            return await call(client)
+
+    leased = run(directory(rooty, lambda c: c.register(at_root, "symbol", "root", 60)))
+    assert leased.members == (1, 2, 3, 4, 5) and not leased.failures
+    run(directory(subby, lambda c: c.register(at_sub, "symbol", "subscriber", 60, [at_root])))
+    found = run(directory(rooty, lambda c: c.lookup("symbol")))
+    assert [(e["address"], e["listed_by"], e["vouched"]) for e in found["roots"]] == [
+        (at_root, 5, True)]
+    assert [(e["address"], e["listed_by"]) for e in found["members"]] == [(at_sub, 5)]
+    # The subscriber sees the tree at the 3 members that issued it keys for it (1, 2, 3).
+    seen = run(directory(subby, lambda c: c.lookup("symbol")))
+    assert [(e["address"], e["listed_by"]) for e in seen["roots"]] == [(at_root, 3)]
+
+    invented = "127.0.0.1:1"
+
+    def lying(handler, _body):
+        listing = handler.forward(None)
+        listing["roots"].insert(0, {"address": invented, "role": "root",
+                                    "expires_at": time.time() + 86400, "vouched": True})
+        listing["members"] = []
+        handler.reply(json.dumps(listing).encode())
+
+    with hostile_member(deployment.url(2), lying) as liar, hostile_member(
+            deployment.url(4), lambda handler, _: handler.reply(b'{"attribute": 1}')) as junk:
+        merged = run(directory(rooty, lambda c: c.lookup("symbol"),
+                               urls={2: liar, 4: junk, 5: DOWN}))
+    assert [(e["address"], e["listed_by"]) for e in merged["roots"]] == [
+        (at_root, 3), (invented, 1)]
+    assert [(e["address"], e["listed_by"]) for e in merged["members"]] == [(at_sub, 2)]
+    # Control: the liar's own answer lists its root first, and no subscriber.
+    with hostile_member(deployment.url(2), lying) as liar:
+        alone = run(directory(rooty, lambda c: c.lookup("symbol"),
+                              urls={i: DOWN for i in (1, 3, 4, 5)} | {2: liar}))
+    assert [e["address"] for e in alone["roots"]] == [invented, at_root]
+    assert alone["members"] == []
+
+    with pytest.raises(ThresholdEnrolmentError, match="no member took the lease") as refused:
+        run(directory(rooty, lambda c: c.register(f"127.0.0.1:{free_port()}", "symbol",
+                                                  "root", 60)))
+    assert len(refused.value.failures) == 5 and all(
+        "403" in f.reason and "not certified to this identity" in f.reason
+        for f in refused.value.failures)
+    with pytest.raises(ThresholdEnrolmentError, match="no member listed the tree 'price'"):
+        run(directory(subby, lambda c: c.lookup("price")))  # not its tree: 403 everywhere
+    removed = run(directory(rooty, lambda c: c.deregister(at_root)))
+    assert removed.members == (1, 2, 3, 4, 5)
+    assert run(directory(rooty, lambda c: c.lookup("symbol")))["roots"] == []
+
+
+def test_the_documented_directory_program_leases_and_finds_a_root(deployment, tmp_path):
+    """docs/operations.md's directory program, verbatim: a root identity added at every
+    member leases its certified address at all five and finds it listed by all five."""
+    documented_program("threshold-directory-example", tmp_path / "directory.py")
+    added = threshold_identity(deployment, "add", "dir-doc", range(1, n + 1), "--role",
+                               "root", "--access-file", str(tmp_path / "dir-doc.json"))
+    assert added.returncode == 0, added.stderr
+    address = f"127.0.0.1:{free_port()}"
+    done = subprocess.run([sys.executable, "directory.py",
+                           str(deployment.dirs[0] / "threshold.json"), "dir-doc.json",
+                           "volume", address], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"{address} leased at members [1, 2, 3, 4, 5]", done.stdout
+    assert f"root {address}: listed by 5 members" in lines[1:], done.stdout
 
 
 def test_two_members_killed_mid_burst_fail_no_issuance(deployment, published):
