@@ -33,7 +33,8 @@ of its readers, and a node whose own events wait stops reading their sender
 reader that stalls must not stall the tree: a link whose oldest frame waited
 :data:`HOLD_LIMIT` is *slow*: it
 holds nothing back until it has caught up (its oldest frame is fresh again), and its
-frames that waited :data:`MAX_QUEUE_DELAY` are dropped (``queue_delay``). Every dropped
+frames that waited :data:`MAX_QUEUE_DELAY` since it connected are dropped
+(``queue_delay``), never written late. Every dropped
 frame is counted by reason in :attr:`Transport.dropped_by` and told to the peer with a GAP
 frame, ahead of the next frame or alone, which the peer counts in :attr:`Transport.missed`.
 """
@@ -246,10 +247,17 @@ class _Link:
     gap: int = 0
     #: Frames at the head of the queue being written: sent, so never dropped.
     writing: int = 0
+    #: When it last became connected (``time.monotonic()``): frames wait on a connected
+    #: link from then at the earliest, so that a dial's time is never held against them.
+    connected_at: float = 0.0
 
     def held(self) -> tuple[int, int]:
         """Frames, and their bytes, that its connections hold."""
         return sum(len(c.held) for c in self.conns), sum(c.held_bytes for c in self.conns)
+
+    def waited(self, index: int, now: float) -> float:
+        """Seconds the frame at ``index`` of the queue has waited on a connected link."""
+        return now - max(self.queue[index][0], self.connected_at)
 
 
 class Transport:
@@ -365,7 +373,7 @@ class Transport:
             return
         link = self._link(to)
         now = time.monotonic()
-        if link.queue and link.conns and now - link.queue[0][0] > MAX_QUEUE_DELAY:
+        if link.queue and link.conns and link.waited(0, now) > MAX_QUEUE_DELAY:
             self._trim(link, now)
         if len(link.queue) >= self.queue_limit and len(link.queue) > link.writing:
             del link.queue[link.writing]
@@ -383,7 +391,7 @@ class Transport:
         for link in self._links.values():
             if not (link.queue and link.conns):
                 continue
-            waited = now - link.queue[0][0]
+            waited = link.waited(0, now)
             if waited > MAX_QUEUE_DELAY:
                 self._trim(link, now)
             elif waited <= CONGESTED_AFTER:
@@ -411,7 +419,7 @@ class Transport:
     def _trim(self, link: _Link, now: float) -> None:
         """Drop the frames of ``link`` that waited over MAX_QUEUE_DELAY: its reader is slow."""
         dropped, queue = 0, link.queue
-        while len(queue) > link.writing and now - queue[link.writing][0] > MAX_QUEUE_DELAY:
+        while len(queue) > link.writing and link.waited(link.writing, now) > MAX_QUEUE_DELAY:
             del queue[link.writing]
             dropped += 1
         self._slow(link)
@@ -568,21 +576,23 @@ class Transport:
                 if self.secure and self._tls is None:
                     break  # kept queued: setting the credentials wakes the link
                 now = time.monotonic()
-                if link.queue and link.conns and now - link.queue[0][0] > MAX_QUEUE_DELAY:
+                if link.queue and self._writable(link) and link.waited(0, now) > MAX_QUEUE_DELAY:
                     self._trim(link, now)  # written late is not written: dropped and told
                 conn = self._writable(link) or await self._dial(link)
                 if conn is None:
-                    log.warning("gave up on %s: dropped %d queued frame(s)",
-                                escape(link.address), len(link.queue))
-                    self._count_drop(link, "gave_up", len(link.queue))
-                    link.queue.clear()
+                    if link.queue:
+                        log.warning("gave up on %s: dropped %d queued frame(s)",
+                                    escape(link.address), len(link.queue))
+                        self._count_drop(link, "gave_up", len(link.queue))
+                        link.queue.clear()
                     break
                 if link.sending is not conn and link.sending in link.conns:
                     assert link.sending is not None
                     link.sending.writer.write(_END_FRAME)  # after its last DATA, in order
                 link.sending = conn
-                if link.gap:  # the peer learns what it missed before what comes next
-                    told, link.gap = min(link.gap, frames.MAX_GAP), 0
+                told = min(link.gap, frames.MAX_GAP)
+                if told:  # the peer learns what it missed before what comes next
+                    link.gap -= told
                     conn.writer.write(frames.encode(frames.gap(told)))
                 batch = _head(link.queue, WRITE_BATCH)
                 link.writing = len(batch)
@@ -592,6 +602,7 @@ class Transport:
                 except (ConnectionError, OSError) as exc:
                     log.info("connection to %s broke: %s", escape(link.address),
                              escape(str(exc)))
+                    link.gap += told  # told again on the next connection: rather twice
                     self._drop(link, conn)
                     continue
                 finally:
@@ -792,6 +803,8 @@ class Transport:
         return certificate, expires, remote
 
     def _attach(self, link: _Link, conn: _Connection) -> None:
+        if self._writable(link) is None:
+            link.connected_at = time.monotonic()
         link.conns.append(conn)
         task = asyncio.get_running_loop().create_task(self._receive(link, conn))
         self._tasks.add(task)

@@ -321,12 +321,12 @@ def test_a_message_to_itself_is_handed_back_without_a_socket():
 def test_frames_that_waited_too_long_are_not_written_and_the_gap_is_told_alone(
         monkeypatch, trimmed_by):
     """A reader stops; what its sockets cannot hold waits in the sender's queue past
-    MAX_QUEUE_DELAY (shortened here), and nothing is published after. When it reads again,
-    those frames are dropped, not written late, and it is told how many in a GAP with no
-    frame after it: trimmed as they come up for writing, or by ``congested`` while the
-    sender waits on the full socket. (Written late before: all 100 arrived, none told; and
-    with ``congested`` trimming, the count waited for a next frame that never came.)"""
-    monkeypatch.setattr(transport_module, "MAX_QUEUE_DELAY", 0.5)
+    MAX_QUEUE_DELAY (made 0 once the queue is still, so no timing matters), and nothing is
+    sent after. When it reads again, those frames are dropped, not written late, and it is
+    told how many in a GAP with no frame after it: trimmed as they come up for writing, or
+    by ``congested`` while the sender waits on the full socket. (Written late before: all
+    100 arrived, none told; and with ``congested`` trimming, the count waited for a next
+    frame that never came.)"""
     big = b"x" * (256 * 1024)  # 100 of them: more than twice what both sockets hold
 
     async def main():
@@ -336,9 +336,12 @@ def test_frames_that_waited_too_long_are_not_written_and_the_gap_is_told_alone(
         b.pause_reading(a.address)
         for _ in range(100):
             a.send(b.address, big)
-        await asyncio.sleep(1.0)
-        queued = len(a._links[b.address].queue)
+        link, queued = a._links[b.address], -1
+        while queued != len(link.queue):  # until the sockets are full
+            queued = len(link.queue)
+            await asyncio.sleep(0.2)
         assert queued > 1  # the frame being written, and those behind it
+        monkeypatch.setattr(transport_module, "MAX_QUEUE_DELAY", 0.0)
         if trimmed_by == "congested":
             assert not a.congested()  # a slow link holds nothing back
             assert a.dropped_by["queue_delay"] == queued - 1
@@ -350,6 +353,28 @@ def test_frames_that_waited_too_long_are_not_written_and_the_gap_is_told_alone(
         got = len(ib.items) - 1
         assert a.dropped_by["queue_delay"] > 0 and a.dropped == a.dropped_by["queue_delay"]
         assert got + b.missed == 100 and b.missed == a.dropped, (got, b.missed, a.dropped)
+        await a.close()
+        await b.close()
+    asyncio.run(main())
+
+
+def test_frames_that_waited_for_a_dial_are_sent_not_dropped(monkeypatch):
+    """The queueing bound counts from when a link is connected: frames queued while it
+    is still dialing (here: until its credentials come, 1 s) are all sent, however short
+    the bound. (Timed from when they were queued, all but the first batch were dropped.)"""
+    monkeypatch.setattr(transport_module, "MAX_QUEUE_DELAY", 0.5)
+
+    async def main():
+        ca, ib = PeerCA(), Inbox()
+        b = await secure_peer(ca, ib)
+        a = Transport(Inbox(), backoff=FAST)
+        await a.listen("127.0.0.1", 0)
+        for k in range(300):
+            a.send(b.address, b"%04d" % k + b"x" * 1024)
+        await asyncio.sleep(1.0)
+        a.tls = ca.credentials((a.address,))
+        await ib.wait_for(300)
+        assert not a.dropped and not b.missed
         await a.close()
         await b.close()
     asyncio.run(main())
