@@ -145,7 +145,8 @@ def owned_until(session: Session, identity_id: int, address: str, now: float) ->
     row = session.get(PeerAddress, address)
     if row is None or row.identity_id != identity_id or row.expires_at <= now:
         raise ApiError(403, f"{address} is not certified to this identity (certify it with "
-                       "POST /v1/enrol/transport first)", "address_not_certified",
+                       "POST /v1/enrol/transport first, /v3/enrol/transport at a threshold "
+                       "member)", "address_not_certified",
                        {"address": address})
     return row.expires_at
 

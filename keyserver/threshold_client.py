@@ -494,13 +494,14 @@ class ThresholdKeyClient:
                                                None, "DELETE"), "removal")
 
     async def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
-        """The tree's roots and members as every member that answered lists them, merged:
-        each address once, with ``listed_by`` (how many members listed it), most listed
-        first (``threshold_directory.merge_listings``). Raises ThresholdEnrolmentError if
-        no member answered."""
+        """The tree's roots and members as the members that answered list them, merged:
+        each address once per list, with ``listed_by`` (how many members listed it) and
+        ``vouched_by``, most listed first, ties in random order
+        (``threshold_directory.merge_listings``). Raises ThresholdEnrolmentError if no
+        member answered."""
         def listing(_index: int, answer: Any) -> Listing:
             try:
-                return read_listing(attribute, answer)
+                return read_listing(attribute, answer, sample)
             except DirectoryAnswerError as exc:
                 raise _BadAnswer(str(exc)) from exc
 
@@ -518,11 +519,34 @@ class ThresholdKeyClient:
                         read: Callable[[int, Any], Any] = lambda _index, answer: answer
                         ) -> dict[int, Any]:
         """Every member's answer (``read`` from it) or Failure, asked at once with this
-        identity's token: a member that does not answer within the timeout fails alone."""
-        outcomes = await asyncio.gather(*(
-            self._answer(member, path, body, read, MAX_ANSWER_BYTES, method)
-            for member in self.members))
-        return {m.index: outcome for m, outcome in zip(self.members, outcomes, strict=True)}
+        identity's token. Once ``t`` members answered, the others are given the hedge
+        delay: a member that trickles its answer fails alone, without holding every call
+        up for the timeout."""
+        loop, t = asyncio.get_running_loop(), self.tpk.t
+        asked = {asyncio.create_task(self._answer(m, path, body, read, MAX_ANSWER_BYTES,
+                                                  method)): m for m in self.members}
+        outcomes: dict[int, Any] = {}
+        pending, settle_by = set(asked), None
+        try:
+            while pending:
+                wait = None if settle_by is None else max(0.0, settle_by - loop.time())
+                done, pending = await asyncio.wait(pending, timeout=wait,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for task in done:
+                    outcomes[asked[task].index] = task.result()
+                if settle_by is None and sum(not isinstance(o, Failure)
+                                             for o in outcomes.values()) >= t:
+                    settle_by = loop.time() + self.hedge
+        finally:
+            for task in pending:
+                task.cancel()
+        for task in pending:
+            index = asked[task].index
+            outcomes[index] = Failure(index, f"it had not answered {self.hedge:g} s after "
+                                             f"{t} others")
+        return dict(sorted(outcomes.items()))
 
     @staticmethod
     def _failed(answers: dict[int, Any]) -> list[Failure]:
@@ -534,6 +558,9 @@ class ThresholdKeyClient:
         if not took:
             raise _failed_at_members(f"no member took the {what}", failures)
         self._report(failures)
+        if len(took) < self.tpk.t:
+            log.warning("the %s was taken by %d members only, fewer than t = %d: lookups "
+                        "at the others do not find it", what, len(took), self.tpk.t)
         log.debug("%s taken by members %s", what, list(took))
         return TakenAt(took, tuple(failures))
 

@@ -1119,8 +1119,9 @@ def test_the_directory_is_kept_at_every_member_and_merged_most_listed_first(depl
     """A root and a subscriber lease their certified addresses at every member; a lookup
     asks every member and merges: each address once, with how many members listed it. A
     hostile member that invents a root and leaves the subscriber out cannot put its root
-    ahead of the real one nor hide the subscriber; one that is down or answers garbage fails
-    alone. Leases need certified addresses, and end at every member with a deregistration."""
+    ahead of the real one nor hide the subscriber; one that is down, answers garbage or
+    trickles its answer fails alone, without holding the lookup up for the timeout. Leases
+    need certified addresses, and end at every member with a deregistration."""
     rooty, subby = deployment.register("dir-root", "root"), deployment.register("dir-sub",
                                                                                "subscriber")
     at_root, at_sub = (f"127.0.0.1:{free_port()}" for _ in "rs")
@@ -1152,18 +1153,28 @@ def test_the_directory_is_kept_at_every_member_and_merged_most_listed_first(depl
         listing["members"] = []
         handler.reply(json.dumps(listing).encode())
 
+    def trickling(handler, _body):  # answers the first byte of its listing, then waits
+        handler.reply(b"{", length=1000)
+        time.sleep(25)
+
     with hostile_member(deployment.url(2), lying) as liar, hostile_member(
-            deployment.url(4), lambda handler, _: handler.reply(b'{"attribute": 1}')) as junk:
+            deployment.url(4), lambda handler, _: handler.reply(b'{"attribute": 1}')) as junk, \
+            hostile_member(deployment.url(3), trickling) as slow:
+        started = time.monotonic()
         merged = run(directory(rooty, lambda c: c.lookup("symbol"),
-                               urls={2: liar, 4: junk, 5: DOWN}))
+                               urls={2: liar, 3: slow, 4: junk}))
+        took = time.monotonic() - started
     assert [(e["address"], e["listed_by"]) for e in merged["roots"]] == [
         (at_root, 3), (invented, 1)]
     assert [(e["address"], e["listed_by"]) for e in merged["members"]] == [(at_sub, 2)]
-    # Control: the liar's own answer lists its root first, and no subscriber.
+    assert took < 10, took  # 3 answered: the hedge delay (2 s), not the timeout (20 s)
+    # Control: in the liar's own answer its root is as good as the real one (listed by one
+    # member each); only the count of members puts the real one first.
     with hostile_member(deployment.url(2), lying) as liar:
         alone = run(directory(rooty, lambda c: c.lookup("symbol"),
                               urls={i: DOWN for i in (1, 3, 4, 5)} | {2: liar}))
-    assert [e["address"] for e in alone["roots"]] == [invented, at_root]
+    assert sorted((e["address"], e["listed_by"]) for e in alone["roots"]) == sorted(
+        [(invented, 1), (at_root, 1)])
     assert alone["members"] == []
 
     with pytest.raises(ThresholdEnrolmentError, match="no member took the lease") as refused:
