@@ -43,13 +43,12 @@ from ibe_pubsub.credentials.dkg import (
 )
 from ibe_pubsub.credentials.groups import G2, Element, PairingGroup
 from ibe_pubsub.credentials.shamir import evaluate, lagrange_at_zero, random_polynomial
-from ibe_pubsub.credentials.threshold import MAX_SERVERS
+from ibe_pubsub.credentials.threshold import MAX_SERVERS, allowed_set
 
 
 def _check_new_set(t: int, n: int) -> None:
-    """As the set-up's plan: ``t >= 2`` (at 1 every new server would hold the secrets
-    themselves) and ``2t - 1 <= n <= MAX_SERVERS``."""
-    if t < 2 or n < 2 * t - 1 or n > MAX_SERVERS:
+    """As the set-up's plan (:func:`threshold.allowed_set`)."""
+    if not allowed_set(t, n):
         raise DkgError(f"a new set needs a threshold of at least 2 (at 1 each server would "
                        f"hold the secrets) and 2t - 1 to {MAX_SERVERS} servers, got t={t}, "
                        f"n={n}")

@@ -223,9 +223,9 @@ def _check_new_shares(group: PairingGroup, old: ThresholdPublicKey, t: int, n: i
                       delta_shares: Mapping[int, Element], phi_shares: Mapping[int, Element],
                       x_shares: Mapping[int, Element], rho_shares: Mapping[int, Element]
                       ) -> None:
-    """A new set as the set-up's plan allows one (``t >= 2``, ``n >= 2t - 1``) whose
-    sharings each lie on one polynomial of degree below ``t`` through ``old``'s key."""
-    if t < 2 or n < 2 * t - 1 or n > MAX_SERVERS:
+    """A new set as the set-up's plan allows one (:func:`allowed_set`) whose sharings
+    each lie on one polynomial of degree below ``t`` through ``old``'s key."""
+    if not allowed_set(t, n):
         raise ThresholdError(f"a new set needs t >= 2 and 2t - 1 <= n <= {MAX_SERVERS}, got "
                              f"t={t}, n={n}")
     for name, key, shares in (("delta", _interpolated_key(group, old.t, old.delta_shares),
@@ -252,6 +252,13 @@ def reshared_public_key(group: PairingGroup, old: ThresholdPublicKey, t: int, n:
 RESHARE_TAG = b"ibe-pubsub/v3/reshared-key"
 #: Servers a public key can number (its encoding writes ``n`` in one byte).
 MAX_SERVERS = 255
+
+
+def allowed_set(t: int, n: int) -> bool:
+    """Whether a set of ``n`` servers at threshold ``t`` may take over a deployment's keys:
+    ``t >= 2`` (at 1 each server would hold the secrets) and ``2t - 1 <= n <=
+    MAX_SERVERS``."""
+    return t >= 2 and 2 * t - 1 <= n <= MAX_SERVERS
 
 
 def reshare_message(previous: ThresholdPublicKey, new: ThresholdPublicKey, generation: int

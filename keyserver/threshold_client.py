@@ -509,10 +509,10 @@ class ThresholdKeyClient:
             f"/v1/directory/{quote(attribute, safe='')}?sample={int(sample)}", None, "GET",
             listing)
         listings = [a for a in answers.values() if not isinstance(a, Failure)]
+        failures = self._failed(answers)
         if not listings:
-            raise _failed_at_members(f"no member listed the tree {attribute!r}",
-                                     self._failed(answers))
-        self._report(self._failed(answers))
+            raise _failed_at_members(f"no member listed the tree {attribute!r}", failures)
+        self._report(failures)
         return merge_listings(attribute, listings)
 
     async def _everyone(self, path: str, body: dict[str, Any] | None, method: str,

@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ibe_pubsub.credentials import PeerCertificateError, canonical_address
+from ibe_pubsub.credentials import ROLES, PeerCertificateError, canonical_address
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 
 #: The most roots one tree's listing may hold (an honest member lists every live root).
 MAX_ROOTS = 256
 #: The longest address a listing may hold (a DNS name is at most 253 characters).
 MAX_ADDRESS = 261
-MEMBER_ROLES = frozenset({"subscriber", "publisher"})
+MEMBER_ROLES = frozenset(ROLES) - {"root"}
 
 
 class DirectoryAnswerError(KeyServerError):

@@ -575,10 +575,10 @@ class Transport:
             while (link.queue or (link.gap and self._writable(link))) and not self._closed:
                 if self.secure and self._tls is None:
                     break  # kept queued: setting the credentials wakes the link
-                now = time.monotonic()
-                if link.queue and self._writable(link) and link.waited(0, now) > MAX_QUEUE_DELAY:
+                now, conn = time.monotonic(), self._writable(link)
+                if link.queue and conn and link.waited(0, now) > MAX_QUEUE_DELAY:
                     self._trim(link, now)  # written late is not written: dropped and told
-                conn = self._writable(link) or await self._dial(link)
+                conn = conn or await self._dial(link)
                 if conn is None:
                     if link.queue:
                         log.warning("gave up on %s: dropped %d queued frame(s)",
