@@ -5,10 +5,10 @@ from ibe_pubsub.credentials import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "backups": ("BackupError", "back_up", "check_backup", "postgres_program", "restore"),
     "bundles": (
-        "BulkBundle", "BundleError", "PublisherBundle", "ServerParams", "SubscriberBundle",
-        "TransportCertificate", "decode_bulk_bundle", "decode_params", "decode_publisher_bundle",
-        "decode_root_certificate", "decode_root_token", "decode_subscriber_bundle",
-        "decode_transport_certificate",
+        "BulkBundle", "BundleError", "IssuedRequest", "PublisherBundle", "ServerParams",
+        "SubscriberBundle", "TransportCertificate", "decode_bulk_bundle", "decode_params",
+        "decode_publisher_bundle", "decode_root_certificate", "decode_root_token",
+        "decode_subscriber_bundle", "decode_transport_certificate",
     ),
     "client": ("KeyServerClient", "KeyServerRequestError"),
     "connections": ("ConnectionLimits",),
@@ -37,7 +37,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "threshold_client": (
         "CombinedLinkCertificate", "CombinedPublisherKeys", "CombinedRoot",
         "CombinedSubscriberKey", "Failure", "MemberAccess", "TakenAt", "ThresholdEnrolmentError",
-        "ThresholdKeyClient", "MAX_ANSWER_BYTES", "max_answer_bytes", "read_access_file",
+        "ThresholdKeyClient", "MAX_ANSWER_BYTES", "UNREACHABLE", "max_answer_bytes",
+        "read_access_file",
     ),
     "threshold_store": (
         "MEMBER_KEY_FILE", "SHARES_FILE", "THRESHOLD_PUBLIC_FILE", "ThresholdMember",

@@ -298,6 +298,8 @@ class PublisherSharesOut(BaseModel):
                           "a client checks them under this name")
     epoch: int
     epoch_end: float
+    expires_at: int = Field(description="when the keys may no longer sign (Unix time, whole "
+                            "seconds): epoch end + grace")
     credentials: dict[str, list[str]]
     shares: list[str] = Field(description="base64 publisher key shares (tag 20), one per "
                                           "credential, in order")

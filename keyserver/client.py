@@ -97,18 +97,12 @@ class KeyServerClient:
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
-                refusal = _certificate_refusal(exc)
-                if refusal is not None or last:  # retrying cannot change the certificate
+                # retrying cannot change the certificate
+                if _certificate_refusal(exc) is not None or last:
+                    reason, down = transport_failure(exc)
                     error = KeyServerRequestError(
-                        0, f"cannot reach the key server at {self.base_url}: "
-                        f"{refusal or _unreachable(exc)}")
-                    # Refused, or reset or closed without an answer by a server killed
-                    # while it answered: down, so worth waiting for (a peer's --server-wait,
-                    # a publisher's renewal). A misconfigured URL that closes the same way is
-                    # reported after the wait, with the same message.
-                    error.down = any(isinstance(c, ConnectionRefusedError | ConnectionResetError
-                                                | httpx.RemoteProtocolError)
-                                     for c in _causes(exc))
+                        0, f"cannot reach the key server at {self.base_url}: {reason}")
+                    error.down = down
                     raise error from exc
             else:
                 if response.status_code < 400:
@@ -220,6 +214,18 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
     while cause is not None:
         yield cause
         cause = cause.__cause__ or cause.__context__
+
+
+def transport_failure(exc: httpx.TransportError) -> tuple[str, bool]:
+    """Why a request got no answer, in a few words, and whether the server is down: it
+    refused the connection, or reset or closed it without an answer (killed while it
+    answered), so waiting for it makes sense (a peer's --server-wait, a publisher's
+    renewal). A misconfigured URL that closes the same way is reported after the wait,
+    with the same message; an untrusted certificate or a host name that does not resolve
+    is not down."""
+    down = any(isinstance(c, ConnectionRefusedError | ConnectionResetError
+                          | httpx.RemoteProtocolError) for c in _causes(exc))
+    return _certificate_refusal(exc) or _unreachable(exc), down
 
 
 def _certificate_refusal(exc: BaseException) -> str | None:

@@ -67,14 +67,14 @@ async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
     """This member's shares for one enrolment, in the /v3 response shape (``Issue``); with a
     subscriber's ``request_seed``, its partial signatures of the connection requests every
     member derives from that seed."""
+    expires_at = int(epoch.end + epoch.grace)
     base: dict[str, Any] = {"index": _member(state).index, "identity": who,
-                            "epoch": epoch.number,
-                            "epoch_end": epoch.end, "credentials": labels(credentials)}
+                            "epoch": epoch.number, "epoch_end": epoch.end,
+                            "expires_at": expires_at, "credentials": labels(credentials)}
     if role == "publisher":
         shares = await state.issuer.publisher_shares(who, epoch.number, credentials)
         state.metrics.keys_issued("publisher_share", len(credentials))
         return base | {"shares": shares}
-    expires_at = int(epoch.end + epoch.grace)
     share_job = state.issuer.subscriber_share(who, epoch.number, credentials, fine)
     signatures: list[dict[str, str]] = []
     if request_seed is None:
@@ -85,7 +85,7 @@ async def issue_shares(state: AppState, who: str, role: str, epoch: Epoch,
     state.metrics.keys_issued("subscriber_credential_share", len(credentials))
     state.metrics.keys_issued("routing_token_share", len(fine))
     state.metrics.keys_issued("connection_request_signature", len(signatures))
-    return base | {"expires_at": expires_at, "fine_credentials": labels(fine), "share": share,
+    return base | {"fine_credentials": labels(fine), "share": share,
                    "request_signatures": signatures}
 
 

@@ -28,9 +28,8 @@ same credentials: keys exist only where ``t`` members agree. The schema, unless 
 the one ``t`` members signed with their shares of the deployment's signing key, so no
 single member can hand a client another event space.
 
-    tpk = read_public_document(Path("threshold.json"), group)[1]
-    members = read_access_file(Path("alice.json"))  # `identity threshold-add --access-file`
-    async with ThresholdKeyClient(tpk, members) as client:
+    # threshold.json from the operators; alice.json from `identity threshold-add`
+    async with ThresholdKeyClient.from_files("threshold.json", "alice.json") as client:
         combined = await client.enrol_subscriber("symbol = IBM")
         key = combined.key        # a SubscriberKey like version 2's
         requests = combined.requests  # signed connection requests, one per credential
@@ -88,7 +87,11 @@ from ibe_pubsub.credentials import (
 from ibe_pubsub.credentials import threshold as T
 from ibe_pubsub.keyserver.api_models import MAX_CREDENTIALS, MAX_FINE_CREDENTIALS
 from ibe_pubsub.keyserver.bundles import IssuedRequest
-from ibe_pubsub.keyserver.client import KEEPALIVE_SECONDS, KeyServerRequestError
+from ibe_pubsub.keyserver.client import (
+    KEEPALIVE_SECONDS,
+    KeyServerRequestError,
+    transport_failure,
+)
 from ibe_pubsub.keyserver.exceptions import KeyServerError
 from ibe_pubsub.keyserver.threshold_directory import (
     DirectoryAnswerError,
@@ -96,6 +99,7 @@ from ibe_pubsub.keyserver.threshold_directory import (
     merge_listings,
     read_listing,
 )
+from ibe_pubsub.keyserver.threshold_store import read_public_document
 
 log = logging.getLogger(__name__)
 #: Bounds on one member's answer: any but a subscriber's holds at most 256 keys, about
@@ -112,6 +116,14 @@ ANSWER_TIMES_KEPT = 32
 ACCESS_FORMAT = "ibe-pubsub-threshold-access-v1"
 #: Longer than any identity name a key server registers.
 MAX_IDENTITY = 1024
+#: More addresses than an identity may hold (keyserver ``max_peer_addresses``) by far.
+MAX_HELD = 256
+#: The code of a Failure of a member that is down (waiting for it may help).
+UNREACHABLE = "unreachable"
+#: How much of a member's refusal is kept: its text is the member's to choose.
+MAX_REASON = 300
+#: Seconds after which a member that still fails the same way is warned about again.
+REWARN_SECONDS = 600.0
 Share = TypeVar("Share")
 Outcome = TypeVar("Outcome")
 Shape = tuple[Any, ...]
@@ -143,15 +155,20 @@ def read_access_file(path: Path) -> list[MemberAccess]:
 
 @dataclass(frozen=True)
 class Failure:
-    """A member whose answer was not used, and why."""
+    """A member whose answer was not used, and why. ``code``: the error code of a member
+    that refused, or ``UNREACHABLE`` for one that is down (it refused the connection,
+    closed it without an answer, timed out, or said it is unavailable)."""
 
     index: int
     reason: str
+    code: str | None = None
 
 
 @dataclass(frozen=True)
 class CombinedSubscriberKey:
     key: SubscriberKey
+    epoch_end: float
+    """When the key's epoch ends; the key is valid until ``expires_at``, a grace later."""
     expires_at: int
     requests: tuple[IssuedRequest, ...]
     """One connection request per credential, signed by the same members (in the order of
@@ -173,6 +190,9 @@ class TakenAt:
 @dataclass(frozen=True)
 class CombinedPublisherKeys:
     keys: tuple[PublisherKey, ...]
+    epoch_end: float
+    expires_at: int
+    """When the keys' epoch ends, and when they expire, a grace later."""
     members: tuple[int, ...]
     failures: tuple[Failure, ...]
 
@@ -184,6 +204,7 @@ class CombinedRoot:
 
     certificate: RootCertificate
     token: RoutingToken
+    epoch_end: float
     members: tuple[int, ...]
     failures: tuple[Failure, ...]
 
@@ -199,6 +220,7 @@ class CombinedLinkCertificate:
     certificate: str
     """PEM."""
     binding: PeerBinding
+    epoch_end: float
     not_after: int
     members: tuple[int, ...]
     failures: tuple[Failure, ...]
@@ -235,7 +257,10 @@ def _failed_at_members(summary: str, failures: Sequence[Failure]) -> ThresholdEn
 
 
 class _BadAnswer(Exception):
-    """A member's answer that cannot be used (its text is the reason)."""
+    """A member's answer that cannot be used (its text is the reason; ``code`` the error
+    code of a refusal)."""
+
+    code: str | None = None
 
 
 @dataclass
@@ -262,6 +287,7 @@ class _Views:
 class _SubscriberAnswer:
     share: T.SubscriberKeyShare
     identity: str
+    epoch_end: float
     expires_at: int
     requests: tuple[ConnectionRequest, ...]
     """One per credential of the share, in its order, unsigned; and this member's partial
@@ -275,6 +301,7 @@ class _RootAnswer:
     """Unsigned: the signature is what ``t`` partials combine into."""
     partial: T.PartialSignature
     token: T.TokenShare
+    epoch_end: float
 
 
 @dataclass
@@ -303,15 +330,30 @@ class ThresholdKeyClient:
         if len(members) < tpk.t:
             raise KeyServerError(f"combining needs {tpk.t} members, {len(members)} given")
         if isinstance(verify, str):
-            verify = ssl.create_default_context(cafile=verify)
+            try:
+                verify = ssl.create_default_context(cafile=verify)
+            except (OSError, ssl.SSLError) as exc:
+                raise KeyServerError(f"cannot read the CA file {verify}: {exc}") from exc
         self.group = group or load_group()
         self._pp = PublicParams(self.group, tpk.mpk, schema) if schema is not None else None
         self.tpk, self.members, self.spread = tpk, tuple(members), spread
         self.timeout, self.hedge = timeout, hedge
         self._answer_times: deque[float] = deque(maxlen=ANSWER_TIMES_KEPT)
         self._member_keys: dict[int, bytes] | None = None
+        #: How each member last failed, and when that was warned about.
+        self._warned: dict[int, tuple[str, float]] = {}
         self._http = httpx.AsyncClient(timeout=timeout, verify=verify,
                                        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS))
+
+    @classmethod
+    def from_files(cls, public_document: str | Path, access_file: str | Path,
+                   group: PairingGroup | None = None, **options: Any) -> ThresholdKeyClient:
+        """A client of the deployment of ``public_document`` (its ``threshold.json``) for
+        the identity of ``access_file`` (from ``identity threshold-add --access-file``);
+        ``options`` as for the constructor. KeyServerError if either cannot be read."""
+        group = group or load_group()
+        _, tpk = read_public_document(Path(public_document), group)
+        return cls(tpk, read_access_file(Path(access_file)), group=group, **options)
 
     async def __aenter__(self) -> ThresholdKeyClient:
         return self
@@ -381,7 +423,7 @@ class ThresholdKeyClient:
             issued.append(IssuedRequest(credential.attribute, credential, signed,
                                         scheme.bind_request_secrets(pp, credential, key.epoch,
                                                                     view.sws, view.s_c)))
-        return CombinedSubscriberKey(key, first.expires_at, tuple(issued),
+        return CombinedSubscriberKey(key, first.epoch_end, first.expires_at, tuple(issued),
                                      tuple(found.shares), tuple(found.failures))
 
     async def enrol_root(self, attribute: str, transport_key: bytes,
@@ -407,7 +449,8 @@ class ThresholdKeyClient:
             raise KeyServerError("the members' certificate signatures combine into one that "
                                  "does not verify")  # as for the schema: a bad threshold.json
         token = T.combine_token(pp, self.tpk, [a.token for a in answers])
-        return CombinedRoot(signed, token, tuple(found.shares), tuple(found.failures))
+        return CombinedRoot(signed, token, answers[0].epoch_end, tuple(found.shares),
+                            tuple(found.failures))
 
     async def member_keys(self) -> dict[int, bytes]:
         """Every member's own Ed25519 key, as ``t`` members signed them with their shares
@@ -466,14 +509,14 @@ class ThresholdKeyClient:
             lambda index, answer: self._link(links, link_key, encoded, tuple(addresses),
                                              index, answer),
             agreed="the binding and expiry", everyone=True, needed=quorum)
-        (binding, not_after), _ = next(iter(found.shares.values()))
+        (binding, epoch_end, not_after), _ = next(iter(found.shares.values()))
         signature = T.encode_quorum_signature({index: signed for index, (_, signed) in
                                                found.shares.items()})
         certificate = issue_peer_certificate(
             handshake_ca_key(bytes(self.tpk.X)), Ed25519PublicKey.from_public_bytes(link_key),
             binding, time.time(), not_after, link_signature=signature)
         read_peer_certificate(certificate, links)  # as peers will read it
-        return CombinedLinkCertificate(to_pem(certificate), binding, not_after,
+        return CombinedLinkCertificate(to_pem(certificate), binding, epoch_end, not_after,
                                        tuple(found.shares), tuple(found.failures))
 
     # -- the directory, at every member (keyserver.threshold_directory) ---------------------
@@ -512,8 +555,39 @@ class ThresholdKeyClient:
         failures = self._failed(answers)
         if not listings:
             raise _failed_at_members(f"no member listed the tree {attribute!r}", failures)
-        self._report(failures)
+        # A subscriber is in a tree only at the members that issued it keys for it.
+        self._report([f for f in failures if f.code != "not_in_tree"])
         return merge_listings(attribute, listings)
+
+    async def held_addresses(self) -> list[dict[str, Any]]:
+        """This identity's certified addresses that at least ``t`` members still count as
+        its own (``GET /v1/enrol/transport`` at every member), ``{address, expires_at}``
+        (the median of the members'), latest first: a peer restarted without a fixed port
+        takes one of them again. Fewer than ``t`` members cannot make it take another
+        identity's address: a quorum must certify any address anyway."""
+        def held(_index: int, answer: Any) -> dict[str, float]:
+            entries = answer.get("addresses") if isinstance(answer, dict) else None
+            if not isinstance(entries, list) or len(entries) > MAX_HELD:
+                raise _BadAnswer("its held addresses are not a list of at most "
+                                 f"{MAX_HELD}")
+            found = {}
+            for entry in entries:
+                address, expiry = entry.get("address"), entry.get("expires_at")
+                if not isinstance(address, str) or not isinstance(expiry, int | float) \
+                        or not 0 <= expiry < 2**63:
+                    raise _BadAnswer("a held address is not an address and an expiry")
+                found[address] = float(expiry)
+            return found
+
+        answers = await self._everyone("/v1/enrol/transport", None, "GET", held)
+        self._report(self._failed(answers))
+        expiries: dict[str, list[float]] = {}
+        for listing in (a for a in answers.values() if not isinstance(a, Failure)):
+            for address, expiry in listing.items():
+                expiries.setdefault(address, []).append(expiry)
+        kept = [{"address": address, "expires_at": statistics.median_low(times)}
+                for address, times in expiries.items() if len(times) >= self.tpk.t]
+        return sorted(kept, key=lambda e: -e["expires_at"])
 
     async def _everyone(self, path: str, body: dict[str, Any] | None, method: str,
                         read: Callable[[int, Any], Any] = lambda _index, answer: answer
@@ -571,11 +645,13 @@ class ThresholdKeyClient:
                 "epoch": epoch}
         await self.params()
         found = await self._collect("/v3/enrol/publisher", body, self._publisher)
-        per_member = list(found.shares.values())
+        per_member = [shares for _, shares in found.shares.values()]
         keys = tuple(T.combine_publisher_key(self.pp, self.tpk, [shares[k] for shares in
                                                                  per_member])
                      for k in range(len(per_member[0])))
-        return CombinedPublisherKeys(keys, tuple(found.shares), tuple(found.failures))
+        (epoch_end, expires_at), _ = next(iter(found.shares.values()))
+        return CombinedPublisherKeys(keys, epoch_end, expires_at, tuple(found.shares),
+                                     tuple(found.failures))
 
     # -- reading one member's answer: (what must agree, the verified share) ------------------
 
@@ -594,6 +670,7 @@ class ThresholdKeyClient:
         expires_at = answer["expires_at"]
         if not isinstance(expires_at, int) or not 0 <= expires_at < 2**63:
             raise _BadAnswer("its expires_at is not a time")
+        epoch_end = _epoch_end(answer, expires_at)
         signed = _signed_requests(answer, credentials)
         bodies = tuple(body for body, _ in signed)
         requests = tuple(self._request(body, c, key.epoch, expires_at,
@@ -606,8 +683,8 @@ class ThresholdKeyClient:
         if not T.verify_partial_signatures(self.group, self.tpk, bodies, partials):
             raise _BadAnswer("its signatures of the connection requests do not verify against "
                              "the deployment's public key")
-        return ((key.epoch, credentials, fine, identity, expires_at, bodies),
-                _SubscriberAnswer(share, identity, expires_at, requests, partials))
+        return ((key.epoch, credentials, fine, identity, expires_at, bodies, epoch_end),
+                _SubscriberAnswer(share, identity, epoch_end, expires_at, requests, partials))
 
     def _request(self, body: bytes, credential: Credential, epoch: int, expires_at: int,
                  view: scheme.RequesterView) -> ConnectionRequest:
@@ -630,20 +707,26 @@ class ThresholdKeyClient:
                              "another release than the client?)")
         return request
 
-    def _publisher(self, index: int, answer: Any) -> tuple[Shape,
-                                                           list[T.PublisherKeyShare]]:
+    def _publisher(self, index: int, answer: Any
+                   ) -> tuple[Shape, tuple[tuple[float, int], list[T.PublisherKeyShare]]]:
         _check_count(len(answer["shares"]), MAX_CREDENTIALS)
         shares = [T.decode_publisher_share(self.pp.group, _decoded(s))
                   for s in answer["shares"]]
         if not shares:
             raise _BadAnswer("it answered no share")
         epoch, identity = shares[0].key.epoch, _identity(answer)
+        if "expires_at" not in answer:
+            raise _BadAnswer("it answered no expires_at with its shares (a member of an "
+                             "earlier release than this client)")
+        _, expires_at = _epoch_and_expiry(answer, "expires_at", epoch)  # the shares' epoch
+        epoch_end = _epoch_end(answer, expires_at)
         for share in shares:
             _check_index(index, share.index)
             if share.key.epoch != epoch or not T.verify_publisher_share(
                     self.pp, self.tpk, share, identity, share.key.credential, epoch):
                 raise _BadAnswer("a share does not verify against the deployment's public key")
-        return (epoch, tuple(s.key.credential for s in shares), identity), shares
+        return ((epoch, tuple(s.key.credential for s in shares), identity, epoch_end,
+                 expires_at), ((epoch_end, expires_at), shares))
 
     def _root(self, credential: Credential, transport_key: bytes, asked: str | int | None,
               index: int, answer: Any
@@ -666,11 +749,13 @@ class ThresholdKeyClient:
         if not T.verify_token_share(self.pp, self.tpk, share, identity, epoch, credential):
             raise _BadAnswer("its token share does not verify against the deployment's "
                              "public key")
-        return (epoch, expires_at, identity), _RootAnswer(certificate, partial, share)
+        epoch_end = _epoch_end(answer, expires_at)
+        return ((epoch, expires_at, identity, epoch_end),
+                _RootAnswer(certificate, partial, share, epoch_end))
 
     def _link(self, links: T.QuorumSigners, link_key: bytes, encoded: str,
               addresses: tuple[str, ...], index: int, answer: Any
-              ) -> tuple[Shape, tuple[tuple[PeerBinding, int], bytes]]:
+              ) -> tuple[Shape, tuple[tuple[PeerBinding, float, int], bytes]]:
         epoch, not_after = _epoch_and_expiry(answer, "not_after", None)
         role, attributes = answer["role"], answer["attributes"]
         if (answer["public_key"], answer["addresses"]) != (encoded, list(addresses)):
@@ -684,7 +769,9 @@ class ThresholdKeyClient:
                 link_key, binding.to_bytes(), not_after), signature):
             raise _BadAnswer("its signature of the link key does not verify against its "
                              "member key")
-        return (epoch, not_after, binding.to_bytes()), ((binding, not_after), signature)
+        epoch_end = _epoch_end(answer, not_after)
+        return ((epoch, not_after, binding.to_bytes(), epoch_end),
+                ((binding, epoch_end, not_after), signature))
 
     def _members(self, index: int, answer: Any
                  ) -> tuple[Shape, tuple[dict[int, bytes], T.PartialSignature]]:
@@ -732,6 +819,11 @@ class ThresholdKeyClient:
                     data += chunk
                     if len(data) > limit:
                         raise _BadAnswer(f"its answer exceeds {limit} bytes")
+        except httpx.TransportError as exc:
+            reason, down = transport_failure(exc)
+            error = _BadAnswer(f"unreachable at {member.url}: {reason}")
+            error.code = UNREACHABLE if down else None
+            raise error from exc
         except httpx.HTTPError as exc:
             raise _BadAnswer(f"unreachable at {member.url}: {exc!r}") from exc
         try:
@@ -739,7 +831,10 @@ class ThresholdKeyClient:
         except ValueError:
             answer = data.decode("utf-8", "replace")
         if response.status_code >= 400:
-            raise _BadAnswer(str(KeyServerRequestError(response.status_code, answer)))
+            refusal = KeyServerRequestError(response.status_code, answer)
+            error = _BadAnswer(str(refusal)[:MAX_REASON])
+            error.code = UNREACHABLE if refusal.down else refusal.code
+            raise error
         return answer
 
     async def _answer(self, member: MemberAccess, path: str, body: dict[str, Any] | None,
@@ -755,9 +850,9 @@ class ThresholdKeyClient:
             self._answer_times.append(time.monotonic() - started)
             return outcome
         except _BadAnswer as exc:
-            return Failure(member.index, str(exc))
+            return Failure(member.index, str(exc), exc.code)
         except TimeoutError:
-            return Failure(member.index, f"no answer within {self.timeout:g} s")
+            return Failure(member.index, f"no answer within {self.timeout:g} s", UNREACHABLE)
         except Exception as exc:  # a hostile answer: JSON too deep, an overflow, a bad point
             return Failure(member.index, f"its answer is not a share: {exc!r}")
 
@@ -860,8 +955,19 @@ class ThresholdKeyClient:
         raise _no_agreement(t, failures)
 
     def _report(self, failures: Sequence[Failure]) -> None:
+        """A warning for each member that failed, unless it failed the same way (with the
+        same error code, or none) when last warned about, less than ``REWARN_SECONDS`` ago:
+        a member that is down fails every call until it is back, and a hostile one may vary
+        its reasons. Each failure is logged at debug level, and is in the result."""
+        now = time.monotonic()
         for failure in failures:
-            log.warning("threshold member %d: %s", failure.index, failure.reason)
+            kind = failure.code or ""
+            last = self._warned.get(failure.index)
+            quiet = last is not None and last[0] == kind and now - last[1] < REWARN_SECONDS
+            if not quiet:
+                self._warned[failure.index] = (kind, now)
+            log.log(logging.DEBUG if quiet else logging.WARNING, "threshold member %d: %s",
+                    failure.index, failure.reason)
 
 
 def _decoded(text: Any) -> bytes:
@@ -923,6 +1029,17 @@ def _epoch_and_expiry(answer: Any, expiry: str, asked: str | int | None) -> tupl
     if expires_at <= time.time():
         raise _BadAnswer("what it signed has expired")
     return epoch, expires_at
+
+
+def _epoch_end(answer: Any, expires_at: int) -> float:
+    """When a member says the epoch of its answer ends: a time, and not after the expiry
+    it signed. Members must agree on it (it is part of each answer's shape), since a peer
+    renews its keys in the grace between the two."""
+    end = answer["epoch_end"]
+    if (not isinstance(end, int | float) or isinstance(end, bool)
+            or not 0 < end <= expires_at):
+        raise _BadAnswer("its epoch_end is not a time before the expiry it signed")
+    return float(end)
 
 
 def _check_index(asked: int, answered: int) -> None:

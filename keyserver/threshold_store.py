@@ -135,10 +135,11 @@ def read_public_document(path: Path, group: PairingGroup
     """The plan and the checked public key of a ``threshold.json``."""
     try:
         doc = json.loads(path.read_text())
-        if doc.get("format") != PUBLIC_FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        if found != PUBLIC_FORMAT:
             raise ThresholdStoreError(f"{path} is not a {PUBLIC_FORMAT} document"
-                                      + (f" {EARLIER}" if doc.get("format") ==
-                                         "ibe-pubsub-threshold-v1" else ""))
+                                      + (f" {EARLIER}" if found == "ibe-pubsub-threshold-v1"
+                                         else ""))
         plan = SetupPlan(doc["deployment"], doc["t"], tuple(
             Member(m["url"], base64.b64decode(m["key"], validate=True))
             for m in doc["members"]), doc["epoch_seconds"], doc["grace_seconds"])
