@@ -165,9 +165,8 @@ class OutBridge(_Bridge):
         self.subscriber = subscriber
 
     def start(self) -> None:
-        params = self.subscriber.node.params
-        assert params is not None  # a connected subscriber has the server's parameters
-        self.template.check(params.pp.schema)
+        # a connected subscriber has the key service's parameters
+        self.template.check(self.subscriber.node.service.pp.schema)
         self.subscriber.on_event(self._take)
         self._spawn(keep_connected(self.broker, self._send, self.counters, self.backoff))
 

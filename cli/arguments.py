@@ -24,7 +24,7 @@ from ibe_pubsub.cli.exceptions import CliError
 
 if TYPE_CHECKING:
     from ibe_pubsub.credentials import Schema
-    from ibe_pubsub.peer import KnownServers
+    from ibe_pubsub.peer import KnownServers, ThresholdAccess
 
 
 class CommandError(CliError):
@@ -163,14 +163,29 @@ def key_server_url(text: str) -> str:
     return url
 
 
-def add_key_server(parser: argparse.ArgumentParser, admin: bool = False) -> None:
+def add_key_server(parser: argparse.ArgumentParser, admin: bool = False,
+                   threshold: bool = False) -> None:
     """The options of every command that talks to the key server: ``--server``, the
     credential it presents (the admin token with ``admin``, read with :func:`admin_token`;
     else an identity's token and how the server's signing key is trusted, read with
-    :func:`identity_token`, :func:`server_key` and :func:`known_servers`) and ``--ca-file``."""
-    parser.add_argument("--server", required=True, type=key_server_url,
+    :func:`identity_token`, :func:`server_key` and :func:`known_servers`) and ``--ca-file``.
+    With ``threshold``, ``--threshold-file`` and ``--threshold-access`` may replace
+    ``--server`` (read with :func:`threshold_access`)."""
+    parser.add_argument("--server", required=not threshold, type=key_server_url,
                         help="key server URL, e.g. http://127.0.0.1:8700 or https://HOST:PORT; "
-                        "HOST:PORT alone means http:// on loopback, https:// elsewhere")
+                        "HOST:PORT alone means http:// on loopback, https:// elsewhere"
+                        + ("; or --threshold-file" if threshold else ""))
+    if threshold:
+        parser.add_argument("--threshold-file", metavar="FILE",
+                            help="instead of --server: the public document (threshold.json) "
+                            "of a threshold key service, whose keys are combined from t of "
+                            "its n members, each share checked against it (check its "
+                            "fingerprint with the operators)")
+        parser.add_argument("--threshold-access", metavar="FILE",
+                            help="with --threshold-file: this identity's access file, each "
+                            "member's URL and its token there (from `identity threshold-add "
+                            "--access-file`); --token, --server-key and --known-servers go "
+                            "unused then")
     if admin:
         parser.add_argument("--admin-token", metavar="TOKEN",
                             help="the key server's admin token (better: "
@@ -238,6 +253,33 @@ def identity_token(args: argparse.Namespace) -> str:
                            "created by bulk issuance): give the identity's token with --token "
                            "or IBE_PUBSUB_TOKEN")
     return token
+
+
+def threshold_access(args: argparse.Namespace) -> ThresholdAccess | None:
+    """The threshold deployment of --threshold-file and --threshold-access, or None for
+    --server; CommandError for neither, both, or a bundle. --token, --server-key and
+    --known-servers (perhaps set in the environment for other commands) go unused: the
+    access file holds a token per member, and every share is checked against the
+    deployment's public key."""
+    from ibe_pubsub.peer import ThresholdAccess
+
+    if (args.server is None) == (args.threshold_file is None):
+        raise CommandError("give the key server (--server URL) or a threshold deployment "
+                           "(--threshold-file FILE with --threshold-access FILE), not both "
+                           "or neither (either may come from the environment, "
+                           "IBE_PUBSUB_SERVER or IBE_PUBSUB_THRESHOLD_FILE, or the "
+                           "configuration file)")
+    if args.threshold_file is None:
+        if args.threshold_access is not None:
+            raise CommandError("--threshold-access goes with --threshold-file")
+        return None
+    if args.threshold_access is None:
+        raise CommandError("--threshold-file needs --threshold-access (this identity's "
+                           "access file: its token at each member)")
+    if args.bundle is not None:
+        raise CommandError("--bundle takes keys one key server issued (bulk issue): it does "
+                           "not go with --threshold-file")
+    return ThresholdAccess(args.threshold_file, args.threshold_access)
 
 
 def server_key(args: argparse.Namespace) -> bytes | None:

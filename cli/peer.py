@@ -24,6 +24,7 @@ from ibe_pubsub.cli.arguments import (
     non_negative_int,
     positive_int,
     server_key,
+    threshold_access,
     write_json_atomically,
 )
 from ibe_pubsub.cli.delivery_sinks import (
@@ -84,12 +85,15 @@ async def _run_peer(args: argparse.Namespace) -> int:
         recruit_rounds=args.recruit_rounds, repair=args.repair,
         push_backup=args.push_backup, demote_after=args.demote_after,
         rotate_interval=args.rotate_interval)
+    deployment = threshold_access(args)
     options = NodeOptions(
-        server=args.server, token=args.token, listen=args.listen, subscribe=args.subscribe,
+        server=args.server, token=args.token, threshold=deployment,
+        listen=args.listen, subscribe=args.subscribe,
         roots=tuple(args.root or ()), bundle=args.bundle,
         overlay=overlay,
         max_credentials=args.max_credentials, fine_depth=args.fine_depth,
-        server_key=server_key(args), known_servers=known_servers(args),
+        server_key=None if deployment else server_key(args),
+        known_servers=None if deployment else known_servers(args),
         ca_file=args.ca_file, insecure_transport=args.insecure_transport, http=args.http,
         http_allowed_hosts=args.http_allowed_hosts, socket_buffer=args.socket_buffer,
         server_wait=args.server_wait)
@@ -207,7 +211,8 @@ def cmd_peer_run(args: argparse.Namespace) -> int:
             raise CommandError(f"--http: {exc}") from exc
     if isinstance(args.http_allowed_hosts, list):  # a TOML list
         args.http_allowed_hosts = host_names(",".join(map(str, args.http_allowed_hosts)))
-    args.token = identity_token(args)
+    if threshold_access(args) is None:
+        args.token = identity_token(args)
     return asyncio.run(_run_peer(args))
 
 
@@ -260,12 +265,13 @@ def register(subparsers: Any) -> None:
     sub = peer.add_subparsers(dest="peer_command", metavar="COMMAND")
     run = sub.add_parser(
         "run", help="run a peer until interrupted",
-        description="Enrol with the key server (or take the keys of --bundle), join the "
+        description="Enrol with the key server (or a threshold deployment's members, or "
+                    "take the keys of --bundle), join the "
                     "attribute trees and run until "
                     "SIGINT/SIGTERM (then leave gracefully, handing children over). A "
                     "subscriber writes each delivered event as one JSON line "
                     '{"id", "values", "body", "delivered_at"} to --events-out (or stdout).')
-    add_key_server(run)
+    add_key_server(run, threshold=True)
     add_insecure_transport(run)
     run.add_argument("--listen", default="127.0.0.1:0",
                      help="HOST:PORT to accept peers on, an address they can dial (not "

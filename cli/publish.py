@@ -26,6 +26,7 @@ from ibe_pubsub.cli.arguments import (
     positive_duration,
     positive_int,
     server_key,
+    threshold_access,
 )
 from ibe_pubsub.cli.event_feed import (
     BadLine,
@@ -73,7 +74,7 @@ def register(subparsers: Any) -> None:
                     "arrives, with one enrolment renewed at every epoch rollover, until the "
                     "input ends or SIGINT/SIGTERM (both flush what is queued first). Exits "
                     "non-zero on any refusal. See docs/feeds.md.")
-    add_key_server(pub)
+    add_key_server(pub, threshold=True)
     add_insecure_transport(pub)
     pub.add_argument("--advertise", metavar="PREDICATE",
                      help="what this publisher will publish (\"\" for everything); required "
@@ -133,7 +134,13 @@ async def _publish(args: argparse.Namespace) -> int:
     from ibe_pubsub.client import Publisher
     from ibe_pubsub.credentials import PredicateError, StreamWindow
     from ibe_pubsub.keyserver import BundleError, KeyServerRequestError
-    from ibe_pubsub.peer import EventFileError, EventPublisher, PublishRefused, read_events
+    from ibe_pubsub.peer import (
+        EventFileError,
+        EventPublisher,
+        PeerError,
+        PublishRefused,
+        read_events,
+    )
 
     period = _period(args)
     if args.stream_max_events is not None and args.stream_window is None:
@@ -145,15 +152,20 @@ async def _publish(args: argparse.Namespace) -> int:
         raise CommandError(f"--stream-window/--stream-max-events: {exc}") from exc
     stream = is_stream(args.events)
     skip_bad = (args.on_bad_line or ("skip" if stream else "stop")) == "skip"
-    publisher = EventPublisher(args.server, args.token, args.advertise,
-                               server_key=server_key(args),
-                               known_servers=known_servers(args), ca_file=args.ca_file,
-                               insecure_transport=args.insecure_transport, bundle=args.bundle,
-                               stream_window=window)
+    deployment = threshold_access(args)
+    try:
+        publisher = EventPublisher(args.server, args.token, args.advertise,
+                                   threshold=deployment,
+                                   server_key=None if deployment else server_key(args),
+                                   known_servers=None if deployment else known_servers(args),
+                                   ca_file=args.ca_file,
+                                   insecure_transport=args.insecure_transport,
+                                   bundle=args.bundle, stream_window=window)
+    except PeerError as exc:
+        raise CommandError(str(exc)) from exc
     try:
         await publisher.enrol()
-        assert publisher.params is not None
-        schema = publisher.params.pp.schema
+        schema = publisher.service.pp.schema
         source: EventSource
         if stream or skip_bad:
             source = EventFeed(args.events, schema, publisher.advertisement, skip_bad)
@@ -264,7 +276,21 @@ def _published_ids(args: argparse.Namespace) -> tuple[PublishedIds, str]:
     from ibe_pubsub.peer import PublishedIds, default_published_ids_path, token_publisher
 
     path = Path(args.published_ids) if args.published_ids else default_published_ids_path()
-    return PublishedIds(path), token_publisher(args.token)
+    return PublishedIds(path), token_publisher(args.token or _access_text(args))
+
+
+def _access_text(args: argparse.Namespace) -> str:
+    """What names a publisher of a threshold deployment: its tokens at every member."""
+    try:
+        return Path(args.threshold_access).read_text()
+    except OSError as exc:
+        raise CommandError(f"--threshold-access {args.threshold_access}: "
+                           f"{exc.strerror or exc}") from exc
+
+
+def _key_service(args: argparse.Namespace) -> str:
+    """The key server, or the threshold deployment, that ids were published under."""
+    return args.server or f"threshold:{Path(args.threshold_file).resolve()}"
 
 
 def _warn_repeated_ids(args: argparse.Namespace, ids: list[str]) -> None:
@@ -273,15 +299,15 @@ def _warn_repeated_ids(args: argparse.Namespace, ids: list[str]) -> None:
 
     record, publisher = _published_ids(args)
     try:
-        repeated = record.repeated(args.server, publisher, ids)
+        repeated = record.repeated(_key_service(args), publisher, ids)
     except PublishedIdsError as exc:
         print(f"ibe-pubsub: warning: {exc}; re-used event ids go unnoticed", file=sys.stderr)
         return
     if repeated:
         shown = ", ".join(map(repr, repeated[:5])) + (", ..." if len(repeated) > 5 else "")
         print(f"ibe-pubsub: warning: {len(repeated)} of {len(ids)} event id(s) were published "
-              f"before by this publisher to {args.server}: {shown}; subscribers that delivered "
-              "them drop these events as duplicates (new ids deliver them again)",
+              f"before by this publisher to {_key_service(args)}: {shown}; subscribers that "
+              "delivered them drop these events as duplicates (new ids deliver them again)",
               file=sys.stderr)
 
 
@@ -290,7 +316,7 @@ def _record_ids(args: argparse.Namespace, ids: list[str]) -> None:
 
     record, publisher = _published_ids(args)
     try:
-        record.record(args.server, publisher, ids)
+        record.record(_key_service(args), publisher, ids)
     except PublishedIdsError as exc:
         print(f"ibe-pubsub: warning: {exc}; the ids just sent are not recorded",
               file=sys.stderr)
@@ -299,5 +325,6 @@ def _record_ids(args: argparse.Namespace, ids: list[str]) -> None:
 def cmd_publish(args: argparse.Namespace) -> int:
     if args.advertise is None and args.bundle is None:
         raise CommandError("--advertise PREDICATE (or --bundle FILE) is required")
-    args.token = identity_token(args)
+    if threshold_access(args) is None:
+        args.token = identity_token(args)
     return asyncio.run(_publish(args))

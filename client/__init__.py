@@ -4,7 +4,7 @@
 from ibe_pubsub.credentials import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "config": ("load_options", "read_config_file"),
+    "config": ("ThresholdAccess", "load_options", "read_config_file"),
     "events": ("Delivery",),
     "exceptions": (
         "ClientError", "ConfigError", "ConnectError", "ConnectTimeout", "PublishRefused",

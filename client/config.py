@@ -20,15 +20,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ibe_pubsub.client.exceptions import ConfigError, wrapped
-from ibe_pubsub.peer import KnownServers, default_known_servers_path, file_token
+from ibe_pubsub.peer import (
+    KnownServers,
+    ThresholdAccess,
+    default_known_servers_path,
+    file_token,
+)
 
 Role = Literal["subscriber", "publisher"]
 ENV_PREFIX = "IBE_PUBSUB_"
 DEFAULT_CONFIG_FILE = "ibe-pubsub.toml"
 #: The CLI command whose table configures each role.
 TABLES: dict[Role, tuple[str, ...]] = {"subscriber": ("peer", "run"), "publisher": ("publish",)}
-_CONNECTION = ("server", "token", "server_key", "known_servers", "ca_file",
-               "insecure_transport", "bundle")
+_CONNECTION = ("server", "threshold_file", "threshold_access", "token", "server_key",
+               "known_servers", "ca_file", "insecure_transport", "bundle")
 #: Options read per role, by their CLI names.
 OPTIONS: dict[Role, tuple[str, ...]] = {
     "subscriber": (*_CONNECTION, "listen", "subscribe"),
@@ -44,17 +49,37 @@ def load_options(role: Role, *, config_file: str | Path | None = None,
                  environ: Mapping[str, str] | None = None, **explicit: Any) -> dict[str, Any]:
     """Keyword arguments for ``Subscriber.connect`` (``role="subscriber"``) or
     ``Publisher.connect`` (``"publisher"``): ``explicit`` ones that are not None over the
-    environment over the file. ConfigError if the file or a value cannot be used."""
+    environment over the file. ConfigError if the file or a value cannot be used.
+    ``threshold_file`` and ``threshold_access`` make ``server`` a :class:`ThresholdAccess`
+    (where one layer names a key server and a higher one a deployment, or the other way
+    round, the higher one wins)."""
     env = os.environ if environ is None else environ
     table = _table(read_config_file(config_file, env), TABLES[role])
-    found: dict[str, Any] = {}
+    layers: list[dict[str, Any]] = [{}, {}, {k: v for k, v in explicit.items()
+                                             if v is not None}]
     for name in OPTIONS[role]:
         if (env_name := ENV_PREFIX + name.upper()) in env:
-            found[name] = _coerce(name, env[env_name], env_name)
-        elif name in table:
-            found[name] = _coerce(name, table[name], f"[{'.'.join(TABLES[role])}] {name}")
-    options = {RENAMED.get(name, name): value for name, value in found.items()}
-    return options | {k: v for k, v in explicit.items() if v is not None}
+            layers[1][name] = _coerce(name, env[env_name], env_name)
+        if name in table:
+            layers[0][name] = _coerce(name, table[name], f"[{'.'.join(TABLES[role])}] {name}")
+    options: dict[str, Any] = {}
+    for layer in layers:  # the file, the environment, the arguments: each over the last
+        layer = {RENAMED.get(name, name): value for name, value in layer.items()}
+        if "threshold_file" in layer or "threshold_access" in layer:
+            if "server" in layer:
+                raise ConfigError("keys come from one key server (server) or a threshold "
+                                  "deployment (threshold_file), not both")
+            options.pop("server", None)
+        elif "server" in layer:
+            options.pop("threshold_file", None)
+            options.pop("threshold_access", None)
+        options |= layer
+    if "threshold_file" in options or "threshold_access" in options:
+        if not {"threshold_file", "threshold_access"} <= set(options):
+            raise ConfigError("threshold_file and threshold_access go together")
+        options["server"] = ThresholdAccess(options.pop("threshold_file"),
+                                            options.pop("threshold_access"))
+    return options
 
 
 def read_config_file(path: str | Path | None, env: Mapping[str, str] = os.environ

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ibe_pubsub.client.config import identity_token, server_trust
 from ibe_pubsub.client.events import EventIds, Value
@@ -42,7 +43,7 @@ from ibe_pubsub.client.exceptions import (
     wrapped,
 )
 from ibe_pubsub.credentials import Event, Schema, StreamWindow
-from ibe_pubsub.peer import EventPublisher, KnownServers, check_body_size
+from ibe_pubsub.peer import EventPublisher, KnownServers, ThresholdAccess, check_body_size
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Publisher:
         self._closed = False
 
     @classmethod
-    async def connect(cls, server: str, token: str | None = None,
+    async def connect(cls, server: str | ThresholdAccess, token: str | None = None,
                       advertisement: str | None = None, *, bundle: str | None = None,
                       server_key: bytes | str | None = None,
                       known_servers: str | Path | KnownServers | None = None,
@@ -108,17 +109,24 @@ class Publisher:
         the keys of ``bundle``) and find the root of every tree (waiting up to
         ``root_timeout`` s); ConnectError if refused. With ``stream_window`` (seconds),
         events go out as a stream (see ``publish --stream-window``). ``server_wait``: how
-        long ``publish`` waits for a key server that is down when new keys are needed."""
+        long ``publish`` waits for a key server that is down when new keys are needed.
+        ``server`` may be a threshold deployment (``ThresholdAccess(public_document,
+        access_file)``): then no token is given, and the keys are combined from its
+        members."""
         if advertisement is None and bundle is None:
             raise ConfigError("an advertisement (or a bundle) is required")
-        pinned, known = server_trust(server_key, known_servers)
+        if isinstance(server, ThresholdAccess):
+            keys: dict[str, Any] = {"server": None, "token": "", "threshold": server}
+        else:
+            pinned, known = server_trust(server_key, known_servers)
+            keys = {"server": server, "token": identity_token(token, bundle),
+                    "server_key": pinned, "known_servers": known}
         with wrapped(ConnectError):
             window = (StreamWindow(stream_window, stream_max_events)
                       if stream_window is not None else None)
-            publisher = EventPublisher(server, identity_token(token, bundle), advertisement,
-                                       server_key=pinned, known_servers=known, ca_file=ca_file,
+            publisher = EventPublisher(advertisement=advertisement, ca_file=ca_file,
                                        insecure_transport=insecure_transport, bundle=bundle,
-                                       stream_window=window)
+                                       stream_window=window, **keys)
         try:
             with wrapped(ConnectError):
                 await publisher.start(root_timeout)
@@ -129,8 +137,7 @@ class Publisher:
 
     @property
     def schema(self) -> Schema:
-        assert self.event_publisher.params is not None
-        return self.event_publisher.params.pp.schema
+        return self.event_publisher.service.pp.schema
 
     @property
     def advertisement(self) -> str:
@@ -244,12 +251,12 @@ class Publisher:
         """Whether the current keys may still encrypt: a stream's until its session
         certificates expire (the end of the epoch, less STREAM_MARGIN), others until the
         end of the grace window after their epoch."""
-        keys, params = self.event_publisher.keys, self.event_publisher.params
-        assert keys is not None and params is not None
+        keys = self.event_publisher.keys
+        assert keys is not None
         stream = self.event_publisher.stream
         if stream is not None:
             return time.time() < stream.expires_at - STREAM_MARGIN
-        return time.time() < keys.epoch_end + params.grace
+        return time.time() < keys.epoch_end + self.event_publisher.service.grace
 
     async def _stream_rollover(self, epoch_end: float) -> None:
         """A stream publishes nothing once its session certificates expire, at the epoch's

@@ -29,7 +29,7 @@ from ibe_pubsub.client.exceptions import (
     wrapped,
 )
 from ibe_pubsub.overlay import Deliver
-from ibe_pubsub.peer import KnownServers, NodeOptions, PeerNode
+from ibe_pubsub.peer import KnownServers, NodeOptions, PeerNode, ThresholdAccess
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Subscriber:
         node.on_deliver(self._delivered)
 
     @classmethod
-    async def connect(cls, server: str, token: str | None = None,
+    async def connect(cls, server: str | ThresholdAccess, token: str | None = None,
                       subscription: str | None = None, listen: str = "127.0.0.1:0", *,
                       bundle: str | None = None, server_key: bytes | str | None = None,
                       known_servers: str | Path | KnownServers | None = None,
@@ -67,13 +67,20 @@ class Subscriber:
         """Enrol for ``subscription`` (or take the keys of ``bundle``), listen on ``listen``
         (an address other peers can dial) and join; returns once joined, or raises
         ConnectTimeout after ``ready_timeout`` seconds, ConnectError if refused.
-        ``node_options``: more fields of :class:`peer.NodeOptions` (``http``, ``overlay``)."""
-        pinned, known = server_trust(server_key, known_servers)
+        ``node_options``: more fields of :class:`peer.NodeOptions` (``http``, ``overlay``).
+        ``server`` may be a threshold deployment (``ThresholdAccess(public_document,
+        access_file)``): then no token is given, and the keys are combined from its
+        members."""
+        if isinstance(server, ThresholdAccess):
+            keys: dict[str, Any] = {"threshold": server}
+        else:
+            pinned, known = server_trust(server_key, known_servers)
+            keys = {"server": server, "token": identity_token(token, bundle),
+                    "server_key": pinned, "known_servers": known}
         with wrapped(ConnectError):
             node = PeerNode(NodeOptions(
-                server=server, token=identity_token(token, bundle), listen=listen,
-                subscribe=subscription, bundle=bundle, server_key=pinned, known_servers=known,
-                ca_file=ca_file, insecure_transport=insecure_transport, **node_options))
+                listen=listen, subscribe=subscription, bundle=bundle, ca_file=ca_file,
+                insecure_transport=insecure_transport, **keys, **node_options))
         subscriber = cls(node, max_pending)
         try:
             with wrapped(ConnectError):
@@ -98,7 +105,7 @@ class Subscriber:
         """What the join still waits for."""
         trees = self.node.health()["trees"]
         if not trees:
-            return f"no keys from the key server at {self.node.client.base_url} yet"
+            return f"no keys from {self.node.service.where} yet"
         assert isinstance(trees, dict)
         return f"not attached in tree(s) {', '.join(t for t, ok in trees.items() if not ok)}"
 

@@ -14,6 +14,7 @@ from ibe_pubsub.client.events import Delivery, Value
 from ibe_pubsub.client.exceptions import PublishRefused, ReceiveTimeout, SubscriberClosed
 from ibe_pubsub.client.loop_thread import LoopThread
 from ibe_pubsub.credentials import Schema
+from ibe_pubsub.peer import ThresholdAccess
 
 
 class Subscriber:
@@ -24,8 +25,9 @@ class Subscriber:
         self.inner = inner
 
     @classmethod
-    def connect(cls, server: str, token: str | None = None, subscription: str | None = None,
-                listen: str = "127.0.0.1:0", **options: Any) -> Subscriber:
+    def connect(cls, server: str | ThresholdAccess, token: str | None = None,
+                subscription: str | None = None, listen: str = "127.0.0.1:0",
+                **options: Any) -> Subscriber:
         """As the asynchronous ``Subscriber.connect`` (same arguments), blocking until
         joined."""
         thread = LoopThread("ibe-pubsub-subscriber")
@@ -92,8 +94,8 @@ class Publisher:
         self.inner = inner
 
     @classmethod
-    def connect(cls, server: str, token: str | None = None, advertisement: str | None = None,
-                **options: Any) -> Publisher:
+    def connect(cls, server: str | ThresholdAccess, token: str | None = None,
+                advertisement: str | None = None, **options: Any) -> Publisher:
         """As the asynchronous ``Publisher.connect`` (same arguments), blocking."""
         thread = LoopThread("ibe-pubsub-publisher")
         try:

@@ -7,6 +7,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "events_io": ("MAX_BODY", "EventFileError", "EventWriter", "check_body_size", "event_line",
                   "json_value", "parse_event", "read_deliveries", "read_events"),
     "exceptions": ("PeerError",),
+    "key_service": ("KeyService", "SingleKeyServer", "ThresholdAccess", "ThresholdDeployment"),
     "known_servers": ("KnownServers", "default_known_servers_path"),
     "monitor": ("HttpAddressError", "parse_http"),
     "node": ("NodeError", "NodeOptions", "PeerNode"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -18,7 +19,9 @@ from ibe_pubsub.credentials import (
     Credential,
     EventFilter,
     Predicate,
+    PublicParams,
     PublisherKey,
+    SubscriberKey,
     codec,
     fingerprint,
     load_group,
@@ -26,6 +29,7 @@ from ibe_pubsub.credentials import (
     scheme,
 )
 from ibe_pubsub.keyserver import (
+    IssuedRequest,
     KeyServerClient,
     ServerParams,
     SubscriberBundle,
@@ -73,15 +77,22 @@ def real_crypto(params: ServerParams) -> RealCrypto:
 
 def kit_from_bundle(params: ServerParams, bundle: SubscriberBundle, predicate: EventFilter
                     ) -> SubscriberKit:
-    """The overlay's kit of a subscriber bundle, its key prepared for decryption."""
-    requests = {r.credential: r for r in bundle.requests}
+    """The overlay's kit of a subscriber bundle."""
+    return subscriber_kit(params.pp, bundle.epoch, bundle.key, bundle.requests, predicate)
+
+
+def subscriber_kit(pp: PublicParams, epoch: int, key: SubscriberKey,
+                   issued: Sequence[IssuedRequest], predicate: EventFilter) -> SubscriberKit:
+    """The overlay's kit of a subscriber key of ``epoch`` and its connection requests, the
+    key prepared for decryption."""
+    requests = {r.credential: r for r in issued}
 
     def request_of(credential: Credential) -> tuple[bytes, tuple[bytes, ...]]:
-        issued = requests[credential]
-        return codec.encode_request(issued.request), issued.secrets
+        request = requests[credential]
+        return codec.encode_request(request.request), request.secrets
 
-    return real_kit(params.pp.schema, bundle.epoch, predicate,
-                    scheme.prepare_subscriber_key(params.pp, bundle.key), request_of)
+    return real_kit(pp.schema, epoch, predicate, scheme.prepare_subscriber_key(pp, key),
+                    request_of)
 
 
 def enrol_subscriber(client: KeyServerClient, params: ServerParams, predicate: Predicate,

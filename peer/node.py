@@ -46,9 +46,7 @@ from ibe_pubsub.credentials import (
 from ibe_pubsub.keyserver import (
     BulkBundle,
     BundleError,
-    KeyServerClient,
     KeyServerRequestError,
-    ServerParams,
     SubscriberBundle,
     TransportCertificate,
 )
@@ -72,10 +70,15 @@ from ibe_pubsub.overlay import (
 )
 from ibe_pubsub.peer import bundle_file, enrolment
 from ibe_pubsub.peer.exceptions import PeerError
+from ibe_pubsub.peer.key_service import (
+    KeyService,
+    SingleKeyServer,
+    ThresholdAccess,
+    ThresholdDeployment,
+)
 from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.log_limits import RateLimit, limit_accept_errors
 from ibe_pubsub.peer.retry import Backoff
-from ibe_pubsub.peer.tls import PeerTLS
 from ibe_pubsub.peer.transport import (
     SOCKET_BUFFER,
     Transport,
@@ -116,11 +119,15 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 @dataclass(frozen=True)
 class NodeOptions:
-    """What a peer is (subscriber of ``subscribe`` or of ``bundle``, or root of ``roots``)
-    and how it runs."""
+    """What a peer is (subscriber of ``subscribe`` or of ``bundle``, or root of ``roots``),
+    where its keys come from (the key server at ``server``, where ``token`` is its
+    identity's, or a ``threshold`` deployment) and how it runs."""
 
-    server: str
-    token: str
+    server: str | None = None
+    token: str = ""
+    #: Keys from a threshold deployment instead of ``server`` (then ``token``, ``server_key``
+    #: and ``known_servers`` are unused: the access file has a token per member).
+    threshold: ThresholdAccess | None = None
     listen: str = "127.0.0.1:0"
     subscribe: str | None = None
     roots: tuple[str, ...] = ()
@@ -168,14 +175,18 @@ class PeerNode:
         if subscriber == bool(options.roots):
             raise NodeError("a peer is either a subscriber (--subscribe or --bundle) or a root "
                             "(--root)")
+        if (options.server is None) == (options.threshold is None):
+            raise NodeError("a peer's keys come from one key server (--server) or from a "
+                            "threshold deployment (--threshold-file), not both or neither")
+        if options.threshold is not None and options.bundle is not None:
+            raise NodeError("a bundle comes from one key server (bulk issue): --bundle does "
+                            "not go with --threshold-file")
         self.options = options
         self.rng = random.Random(options.seed)
+        self.service = self._key_service(options)
         self.transport = Transport(self._received, secure=not options.insecure_transport,
                                    socket_buffer=options.socket_buffer)
-        self.client = KeyServerClient(options.server, options.token,
-                                      verify=options.ca_file or True)
         self.machine: PeerMachine | None = None
-        self.params: ServerParams | None = None
         self.predicate: Predicate | None = None
         self._bundle: BulkBundle | None = None
         #: The bundle file as it was when the next epoch's keys were last not in it.
@@ -224,6 +235,25 @@ class PeerNode:
                                                    "/metrics": self._metrics,
                                                    "/status": self._status},
                                    options.http_allowed_hosts)
+
+    @staticmethod
+    def _key_service(options: NodeOptions) -> KeyService:
+        if options.threshold is not None:
+            try:
+                return ThresholdDeployment(options.threshold, options.ca_file)
+            except PeerError as exc:
+                raise NodeError(str(exc)) from exc
+        if not options.token:
+            raise NodeError("a token is required: the identity's at the key server")
+        assert options.server is not None
+        return SingleKeyServer(options.server, options.token, options.ca_file,
+                               options.server_key, options.known_servers)
+
+    @property
+    def _single(self) -> SingleKeyServer:
+        """The key server of a peer with a bundle (which only one key server issues)."""
+        assert isinstance(self.service, SingleKeyServer)
+        return self.service
 
     # -- application API ----------------------------------------------------------------------
 
@@ -310,17 +340,15 @@ class PeerNode:
         while it restarts, join once it is up. Any other failure (a wrong host name, a
         certificate) ends the wait at once. Announced as waiting for ``what``."""
         announcer = WaitAnnouncer(self._awaited(what))
-        with KeyServerClient(self.options.server, retries=0,
-                             verify=self.options.ca_file or True) as probe:
-            while True:
-                try:
-                    await announcer.wait(in_daemon_thread(probe.health))
-                    return
-                except KeyServerRequestError as exc:
-                    if not exc.down or time.monotonic() > deadline:
-                        raise
-                announcer.tick()
-                await asyncio.sleep(0.5)
+        while True:
+            try:
+                await announcer.wait(in_daemon_thread(self.service.probe))
+                return
+            except KeyServerRequestError as exc:
+                if not exc.down or time.monotonic() > deadline:
+                    raise
+            announcer.tick()
+            await asyncio.sleep(0.5)
 
     async def _through_restarts(self, what: str, step: Callable[[], T], deadline: float) -> T:
         """``step``, a start-up call to the key server for ``what``, in a thread. A key
@@ -333,12 +361,12 @@ class PeerNode:
             except KeyServerRequestError as exc:
                 if not exc.down or time.monotonic() > deadline:
                     raise
-                log.warning("the key server went down while this peer asked for %s (%s); "
-                            "waiting for it to answer again", what, exc)
+                log.warning("%s went down while this peer asked for %s (%s); waiting for it "
+                            "to answer again", self.service.where, what, exc)
             await self._wait_for_server(deadline, what)
 
     def _awaited(self, what: str) -> str:
-        return f"{what} from the key server at {self.client.base_url}"
+        return f"{what} from {self.service.where}"
 
     async def start(self) -> None:
         """Listen, enrol, register, join; returns once joining has begun (see ``ready``)."""
@@ -384,7 +412,7 @@ class PeerNode:
             self._install_link_certificate(certificate)
         except Exception:
             await self.transport.close(0)
-            self.client.close()
+            await asyncio.to_thread(self.service.close)
             if self.monitor is not None:
                 await self.monitor.stop()
             raise
@@ -423,49 +451,47 @@ class PeerNode:
             self._background.cancel()
         if self.ready.is_set():
             try:  # leave the directory at once rather than when the lease runs out
-                await asyncio.to_thread(self.client.deregister, self.address, LEAVE_TIMEOUT)
+                await asyncio.to_thread(self.service.deregister, self.address, LEAVE_TIMEOUT)
             except KeyServerRequestError as exc:
                 log.info("could not leave the directory: %s", exc)
-        self.client.close()
+        await asyncio.to_thread(self.service.close)
         if self.monitor is not None:
             await self.monitor.stop()
 
     # -- enrolment and the directory ----------------------------------------------------------
 
     def _fetch_params(self) -> None:
-        self.params = enrolment.fetch_params(self.client, self.options.server_key,
-                                             self.options.known_servers)
+        self.service.fetch_params()
 
     def _enrol(self) -> None:
         """Its keys (from the key server, or its bundle) and its overlay machine, made with
         the address it is certified for."""
-        params = self.params
-        assert params is not None
+        service = self.service
+        schema = service.pp.schema
         config = self.options.overlay
-        crypto = enrolment.real_crypto(params)
+        crypto = service.crypto()
         rng = random.Random(self.rng.getrandbits(64))
         if self.options.roots:
             roots = []
             for attribute in self.options.roots:
-                if attribute not in params.pp.schema.names:
+                if attribute not in schema.names:
                     raise NodeError(f"the schema has no attribute {attribute!r} "
-                                    f"(it has {', '.join(params.pp.schema.names)})")
+                                    f"(it has {', '.join(schema.names)})")
                 signer = self._signers[attribute] = Ed25519PrivateKey.generate()
-                kit, self.epoch_end = enrolment.enrol_root(self.client, params, attribute,
-                                                           signer)
+                kit, self.epoch_end = service.enrol_root(attribute, signer)
                 roots.append(kit)
             self.machine = PeerMachine(self.address, crypto, config, rng, roots=roots)
         elif self.options.bundle is not None:
-            self._bundle = bundle_file.open_bundle(self.options.bundle, params, "subscriber",
-                                                   self.client)
+            self._bundle = bundle_file.open_bundle(self.options.bundle, self._single.checked,
+                                                   "subscriber", self._single.client)
             self.epoch_end = self._bundle.keys.epoch_end
             self.machine = PeerMachine(self.address, crypto, config, rng,
                                        kit=self._bundle_kit(self._bundle))
         else:
             assert self.options.subscribe is not None
-            self.predicate = parse_predicate(params.pp.schema, self.options.subscribe)
-            kit, self.epoch_end = enrolment.enrol_subscriber(
-                self.client, params, self.predicate, max_credentials=self.options.max_credentials,
+            self.predicate = parse_predicate(schema, self.options.subscribe)
+            kit, self.epoch_end = service.enrol_subscriber(
+                self.predicate, max_credentials=self.options.max_credentials,
                 fine_depth=self.options.fine_depth)
             self.machine = PeerMachine(self.address, crypto, config, rng, kit=kit)
         # The suite runs on the event loop's thread: charge it CPU time, not waits for a core.
@@ -474,10 +500,11 @@ class PeerNode:
         self._refresh_at = self._refresh_time()
 
     def _bundle_kit(self, bundle: BulkBundle) -> SubscriberKit:
-        assert self.params is not None and isinstance(bundle.keys, SubscriberBundle)
-        wanted = bundle_file.event_filter(self.params.pp.schema, bundle, self.options.subscribe,
+        assert isinstance(bundle.keys, SubscriberBundle)
+        params = self._single.checked
+        wanted = bundle_file.event_filter(params.pp.schema, bundle, self.options.subscribe,
                                           "--subscribe")
-        return enrolment.kit_from_bundle(self.params, bundle.keys, wanted)
+        return enrolment.kit_from_bundle(params, bundle.keys, wanted)
 
     def _held_ports(self, host: str) -> list[int]:
         """Ports of ``host`` whose addresses the key server certified to this identity and
@@ -489,15 +516,13 @@ class PeerNode:
             prefix = canonical_address(join_address(host, 1)).rpartition(":")[0]
         except PeerCertificateError:
             return []  # start() says what is wrong with --listen
-        held = (split_address(a["address"]) for a in self.client.held_addresses())
+        held = (split_address(a["address"]) for a in self.service.held_addresses())
         return [port for held_host, port in held
                 if join_address(held_host, 0).rpartition(":")[0] == prefix]
 
     def _certify(self, next_epoch: bool) -> TransportCertificate:
-        """The key server's certificate of this peer's link key for its address."""
-        assert self.params is not None
-        return enrolment.certify_link_key(self.client, self.params, self._link_key,
-                                          [self.address], next_epoch)
+        """The key service's certificate of this peer's link key for its address."""
+        return self.service.certify_link_key(self._link_key, [self.address], next_epoch)
 
     async def _certify_listening(self, host: str, picked: bool, deadline: float
                                  ) -> TransportCertificate:
@@ -530,20 +555,18 @@ class PeerNode:
     def _install_link_certificate(self, certificate: TransportCertificate) -> None:
         """New handshakes present it; open links are renewed by ``Transport.maintain``. A
         plaintext peer certifies its address only to own it in the directory."""
-        assert self.params is not None
         binding = certificate.certificate.binding
         self.identity, self.role = binding.identity, binding.role
         if not self.transport.secure:
             return
         if self.transport.tls is None:
-            self.transport.tls = PeerTLS(self._link_key, certificate.pem, self.params.peer_ca)
+            self.transport.tls = self.service.peer_tls(self._link_key, certificate.pem)
         else:
             self.transport.tls.install(certificate.pem)
 
     def _refresh_time(self) -> float:
         """A random moment in the first half of the grace window before the rollover."""
-        assert self.params is not None
-        grace = self.params.grace
+        grace = self.service.grace
         return self.epoch_end - grace + self.rng.uniform(0.05, 0.5) * grace
 
     def _register(self) -> None:
@@ -553,8 +576,8 @@ class PeerNode:
         role = "root" if self.options.roots else "subscriber"
         now = time.time()
         for attribute in self.attributes:
-            self.client.register(self.address, attribute, role, self.options.directory_ttl,
-                                 seen=self.machine.answered_recently(attribute, now)[:MAX_SEEN])
+            self.service.register(self.address, attribute, role, self.options.directory_ttl,
+                                  seen=self.machine.answered_recently(attribute, now)[:MAX_SEEN])
         self._register_at = time.time() + self.options.directory_ttl / 3
 
     def _lookup(self) -> dict[str, list[str]]:
@@ -563,7 +586,7 @@ class PeerNode:
         addresses it owns that never answer."""
         contacts = {}
         for attribute in self.attributes:
-            doc = self.client.lookup(attribute)
+            doc = self.service.lookup(attribute)
             # its own address may still be listed, by this peer before a crash
             roots, members = ([e for e in doc[k] if e["address"] != self.address]
                               for k in ("roots", "members"))
@@ -584,7 +607,7 @@ class PeerNode:
             if announcer.expired:
                 raise NodeError(f"no peer of tree(s) {missing} in the directory")
             announcer.what = (f"a root or peer of tree(s) {missing} in the directory of "
-                              f"{self.client.base_url}")
+                              f"{self.service.where}")
             announcer.tick()
             await asyncio.sleep(0.5)
 
@@ -594,9 +617,9 @@ class PeerNode:
         during the grace window (the key server down, or this peer too busy) catches up
         then, while its old keys and certificate are still in their grace, instead of
         asking for the epoch after, which the key server refuses until that one's grace."""
-        assert self.params is not None
         if self.options.bundle is not None and self._bundle is not None:
-            bundle = bundle_file.next_bundle(self.options.bundle, self.params, self._bundle)
+            bundle = bundle_file.next_bundle(self.options.bundle, self._single.checked,
+                                             self._bundle)
             kit = self._bundle_kit(bundle)
             certificate = self._certify(next_epoch=time.time() < self.epoch_end)
             self._bundle = bundle
@@ -607,13 +630,12 @@ class PeerNode:
             roots = []
             end = 0.0
             for attribute, signer in self._signers.items():
-                root, end = enrolment.enrol_root(self.client, self.params, attribute, signer,
-                                                 next_epoch=next_epoch)
+                root, end = self.service.enrol_root(attribute, signer, next_epoch=next_epoch)
                 roots.append(root)
             return end, None, roots, certificate
         assert self.predicate is not None
-        kit, end = enrolment.enrol_subscriber(
-            self.client, self.params, self.predicate, next_epoch=next_epoch,
+        kit, end = self.service.enrol_subscriber(
+            self.predicate, next_epoch=next_epoch,
             max_credentials=self.options.max_credentials, fine_depth=self.options.fine_depth)
         return end, kit, [], certificate
 
@@ -627,11 +649,11 @@ class PeerNode:
     def _install_next(self, end: float, kit: SubscriberKit | None, roots: list[RootKit],
                       certificate: TransportCertificate) -> None:
         """The next epoch's keys and link certificate, in use from now on."""
-        assert self.machine is not None and self.params is not None
+        assert self.machine is not None
         self._bundle_seen = None
         # Keys of the ending epoch stay valid until its end plus the server's grace.
         now = time.time()
-        grace = max(0.0, self.epoch_end + self.params.grace - now)
+        grace = max(0.0, self.epoch_end + self.service.grace - now)
         self._perform(self.machine.rekey(now, kit=kit, roots=roots, grace=grace))
         self._install_link_certificate(certificate)
         self.epoch_end = end
@@ -641,8 +663,8 @@ class PeerNode:
 
     async def _background_work(self, now: float) -> None:
         """Key refresh and directory renewal; failures are logged and retried later."""
-        assert self.machine is not None and self.params is not None
-        expiry = self.epoch_end + self.params.grace
+        assert self.machine is not None
+        expiry = self.epoch_end + self.service.grace
         if self._bundle is not None and now >= expiry:
             self.failure = (f"the keys of epoch {self._bundle.keys.epoch} from bundle "
                             f"{self.options.bundle} expired at {bundle_file.when(expiry)}, "
@@ -694,10 +716,9 @@ class PeerNode:
             now = time.time()
             if now >= self._next_tick:
                 self._tick(now)
-            if self.params is not None:
-                # Re-handshake links at the rollover, by when every live peer holds its next
-                # certificate, leaving the grace period for the old connections to drain.
-                self.transport.maintain(now, renew_before=self.params.grace)
+            # Re-handshake links at the rollover, by when every live peer holds its next
+            # certificate, leaving the grace period for the old connections to drain.
+            self.transport.maintain(now, renew_before=self.service.grace)
             if not self.ready.is_set() and all(vp.attached for vp in
                                                 self.machine.vpeers.values()):
                 self.join_seconds = time.monotonic() - self._join_started

@@ -30,12 +30,17 @@ from ibe_pubsub.credentials import (
     parse_predicate,
     streams,
 )
-from ibe_pubsub.keyserver import KeyServerClient, PublisherBundle, ServerParams
+from ibe_pubsub.keyserver import PublisherBundle
 from ibe_pubsub.overlay import RealCrypto, coalesce, publication
 from ibe_pubsub.peer import bundle_file, enrolment
 from ibe_pubsub.peer.exceptions import PeerError
+from ibe_pubsub.peer.key_service import (
+    KeyService,
+    SingleKeyServer,
+    ThresholdAccess,
+    ThresholdDeployment,
+)
 from ibe_pubsub.peer.known_servers import KnownServers
-from ibe_pubsub.peer.tls import PeerTLS
 from ibe_pubsub.peer.transport import Backoff, Transport
 from ibe_pubsub.peer.waiting import WaitAnnouncer, in_daemon_thread
 
@@ -55,20 +60,27 @@ class PublishRefused(PeerError):
 class EventPublisher:
     """Publish events with keys issued for ``advertisement`` in the current epoch, or taken
     from ``bundle``; the key server's key is trusted as in
-    :func:`peer.enrolment.fetch_params`."""
+    :func:`peer.enrolment.fetch_params`. With ``threshold`` instead of ``server`` (and
+    ``token``), the keys are combined from ``t`` members of a threshold deployment."""
 
-    def __init__(self, server: str, token: str, advertisement: str | None,
+    def __init__(self, server: str | None, token: str, advertisement: str | None,
                  server_key: bytes | None = None, known_servers: KnownServers | None = None,
                  ca_file: str | None = None, insecure_transport: bool = False,
-                 bundle: str | None = None, stream_window: StreamWindow | None = None) -> None:
-        self.client = KeyServerClient(server, token, verify=ca_file or True)
+                 bundle: str | None = None, stream_window: StreamWindow | None = None,
+                 threshold: ThresholdAccess | None = None) -> None:
+        if (server is None) == (threshold is None):
+            raise PeerError("a publisher's keys come from one key server or from a threshold "
+                            "deployment, not both or neither")
+        if threshold is not None and bundle is not None:
+            raise PeerError("a bundle comes from one key server (bulk issue), not from a "
+                            "threshold deployment")
+        self.service: KeyService = (
+            ThresholdDeployment(threshold, ca_file) if threshold is not None
+            else SingleKeyServer(str(server), token, ca_file, server_key, known_servers))
         self.advertisement_text = advertisement
         self.bundle = bundle
-        self.server_key = server_key
-        self.known_servers = known_servers
         self.transport = Transport(self._received, secure=not insecure_transport,
                                    backoff=ROOT_BACKOFF)
-        self.params: ServerParams | None = None
         self.keys: enrolment.Publisher | None = None
         self.roots: dict[str, str] = {}
         self.crypto: RealCrypto | None = None
@@ -88,31 +100,31 @@ class EventPublisher:
 
     async def enrol(self) -> None:
         """Publisher keys of the current epoch (KeyServerRequestError if refused)."""
-        await WaitAnnouncer(f"publisher keys from the key server at {self.client.base_url}"
+        await WaitAnnouncer(f"publisher keys from {self.service.where}"
                             ).wait(in_daemon_thread(self._enrol))
 
     async def find_roots(self, root_timeout: float = 30.0) -> None:
         """The root of every attribute tree, from the directory (waits for them)."""
-        assert self.params is not None
         announcer = WaitAnnouncer("the roots to register", limit=root_timeout)
         while True:
             self.roots = await in_daemon_thread(self._lookup_roots)
-            missing = ", ".join(sorted(set(self.params.pp.schema.names) - set(self.roots)))
+            missing = ", ".join(sorted(set(self.service.pp.schema.names) - set(self.roots)))
             if not missing:
                 break
             if announcer.expired:
                 raise PublishRefused(f"no root registered for {missing}")
-            announcer.what = (f"the root(s) of {missing} to register at the key server "
-                              f"{self.client.base_url}")
+            announcer.what = f"the root(s) of {missing} to register with {self.service.where}"
             announcer.tick()
             await asyncio.sleep(0.5)
 
     def _enrol(self) -> None:
-        params = self.params = enrolment.fetch_params(self.client, self.server_key,
-                                                      self.known_servers)
-        self.crypto = enrolment.real_crypto(params)
+        service = self.service
+        service.fetch_params()
+        self.crypto = service.crypto()
         if self.bundle is not None:
-            bundle = bundle_file.open_bundle(self.bundle, params, "publisher", self.client)
+            assert isinstance(service, SingleKeyServer)
+            params = service.checked
+            bundle = bundle_file.open_bundle(self.bundle, params, "publisher", service.client)
             assert isinstance(bundle.keys, PublisherBundle)
             wanted = bundle_file.event_filter(params.pp.schema, bundle, self.advertisement_text,
                                               "--advertise")
@@ -120,21 +132,20 @@ class EventPublisher:
                                             bundle.keys.keys)
         else:
             assert self.advertisement_text is not None
-            advertisement = parse_predicate(params.pp.schema, self.advertisement_text)
-            self.keys = enrolment.enrol_publisher(self.client, params, advertisement)
+            advertisement = parse_predicate(service.pp.schema, self.advertisement_text)
+            self.keys = service.enrol_publisher(advertisement)
         if self.stream_window is not None:
-            self.stream = Stream(params.pp, self.keys.keys, self.stream_window,
+            self.stream = Stream(service.pp, self.keys.keys, self.stream_window,
                                  int(self.keys.epoch_end))
         if self.transport.secure:
             key = Ed25519PrivateKey.generate()
-            certificate = enrolment.certify_link_key(self.client, params, key, [])
-            self.transport.tls = PeerTLS(key, certificate.pem, params.peer_ca)
+            certificate = service.certify_link_key(key, [])
+            self.transport.tls = service.peer_tls(key, certificate.pem)
 
     def _lookup_roots(self) -> dict[str, str]:
-        assert self.params is not None
         roots = {}
-        for attribute in self.params.pp.schema.names:
-            found = self.client.lookup(attribute, sample=0)["roots"]
+        for attribute in self.service.pp.schema.names:
+            found = self.service.lookup(attribute, sample=0)["roots"]
             if found:
                 roots[attribute] = found[0]["address"]
         return roots
@@ -180,7 +191,7 @@ class EventPublisher:
         flushed = await WaitAnnouncer("the roots to take every event", limit=flush_timeout
                                       ).wait(self.transport.flush(flush_timeout))
         await self.transport.close(0, linger=flush_timeout)
-        self.client.close()
+        await asyncio.to_thread(self.service.close)
         return flushed and not self.transport.dropped
 
     def _received(self, sender: str, payload: bytes) -> None:

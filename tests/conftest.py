@@ -1,9 +1,11 @@
-"""Shared fixtures. Key server: see tests/keyserver_fixtures.py."""
+"""Shared fixtures. Key server: see tests/keyserver_fixtures.py; a threshold deployment:
+tests/threshold_members.py."""
 
 import pytest
 from keyserver_fixtures import keyserver, keyserver_factory, postgres_url
+from threshold_members import deployment
 
-__all__ = ["keyserver", "keyserver_factory", "postgres_url"]
+__all__ = ["deployment", "keyserver", "keyserver_factory", "postgres_url"]
 
 
 @pytest.fixture(autouse=True)

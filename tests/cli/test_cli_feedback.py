@@ -132,8 +132,9 @@ def test_publish_announces_its_waits_and_warns_on_reused_ids(keyserver_factory, 
         token = cluster.identity("feedback-pub", "publisher")
         alone = publish(["r1"], "--root-timeout", "5")  # no root registered yet
         assert alone.returncode == 2
-        assert re.search(r"^waiting for the root\(s\) of price, symbol, volume to register at "
-                         rf"the key server {server.base_url} \([2-4] s so far, giving up after "
+        assert re.search(r"^waiting for the root\(s\) of price, symbol, volume to register "
+                         rf"with the key server at {server.base_url} \([2-4] s so far, giving "
+                         r"up after "
                          r"5 s\)$", alone.stderr, re.MULTILINE), alone.stderr
         assert "no root registered for price, symbol, volume" in alone.stderr
 

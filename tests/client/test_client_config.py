@@ -20,6 +20,7 @@ from ibe_pubsub.client import (
     ConnectTimeout,
     Publisher,
     Subscriber,
+    ThresholdAccess,
     load_options,
 )
 from ibe_pubsub.client.config import server_trust
@@ -73,6 +74,32 @@ def test_the_file_is_the_one_named_else_the_working_directorys(config_file, tmp_
     assert load_options("publisher", environ={}) == {}
     (tmp_path / "ibe-pubsub.toml").write_text('[publish]\nserver = "http://cwd:2"\n')
     assert load_options("publisher", environ={}) == {"server": "http://cwd:2"}
+
+
+def test_a_threshold_deployment_in_a_higher_layer_replaces_the_key_server(config_file,
+                                                                           tmp_path):
+    """The file names a key server; the environment a threshold deployment, which wins
+    (and an explicit server wins over that). Both named in one layer, or half a deployment,
+    are ConfigErrors."""
+    deployment = {"IBE_PUBSUB_THRESHOLD_FILE": "threshold.json",
+                  "IBE_PUBSUB_THRESHOLD_ACCESS": "alice.json"}
+    env = {"IBE_PUBSUB_CONFIG": str(config_file)} | deployment
+    options = load_options("subscriber", environ=env)
+    assert options["server"] == ThresholdAccess("threshold.json", "alice.json")
+    assert options["subscription"] == 'symbol prefix "IB"'  # the rest of the file stays
+    assert load_options("subscriber", environ=env, server="http://mine:3")["server"] == \
+        "http://mine:3"
+    assert load_options("publisher", config_file=config_file, environ={},
+                        threshold_file="t.json", threshold_access="a.json")["server"] == \
+        ThresholdAccess("t.json", "a.json")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="not both"):
+        load_options("subscriber", config_file=empty,
+                     environ=deployment | {"IBE_PUBSUB_SERVER": "http://x:1"})
+    with pytest.raises(ConfigError, match="go together"):
+        load_options("subscriber", config_file=empty,
+                     environ={"IBE_PUBSUB_THRESHOLD_FILE": "threshold.json"})
 
 
 @pytest.mark.parametrize(("text", "env", "message"), [

@@ -25,9 +25,9 @@ def test_publishing_goes_on_across_a_rollover(short_epochs):
         async with await Subscriber.connect(short_epochs.server, sub_token, "", **trust) as sub, \
                 await Publisher.connect(short_epochs.server, pub_token, "", **trust) as pub:
             keys = pub.event_publisher.keys
-            params = pub.event_publisher.params
-            assert keys is not None and params is not None
-            first_epoch, grace_end = keys.epoch, keys.epoch_end + params.grace
+            assert keys is not None
+            first_epoch = keys.epoch
+            grace_end = keys.epoch_end + pub.event_publisher.service.grace
             ids = []
             while time.time() < grace_end + 1.0:  # past the old keys' expiry
                 ids.append(await pub.publish({"symbol": "IBM", "price": 1.0,

@@ -28,11 +28,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from peer_links import FAST, Inbox
 from repository import REPO_ROOT
+from threshold_members import GROUP, PASSPHRASE, n, t, threshold_identity
 
 from ibe_pubsub.credentials import codec
 from ibe_pubsub.credentials import scheme as S
 from ibe_pubsub.credentials import threshold as T
-from ibe_pubsub.credentials.backends import load_group
 from ibe_pubsub.credentials.certificates import root_certificate_message, schema_message
 from ibe_pubsub.credentials.credential import Credential
 from ibe_pubsub.credentials.peer_certificates import PeerBinding
@@ -44,94 +44,22 @@ from ibe_pubsub.evaluation.launcher import (
     cli_command,
     free_port,
     serve_expecting_exit,
-    start_keyserver,
-    stop,
-    wait_ready,
 )
 from ibe_pubsub.evaluation.threshold_lab import write_local_setup
 from ibe_pubsub.keyserver import (
     MAX_ANSWER_BYTES,
     MEMBER_KEY_FILE,
     KeyServerError,
-    MemberAccess,
     ThresholdEnrolmentError,
     ThresholdKeyClient,
     load_shares,
     max_answer_bytes,
     read_access_file,
-    read_public_document,
 )
 from ibe_pubsub.peer.tls import PeerTLS
 from ibe_pubsub.peer.transport import Transport
 
-t, n = 3, 5
-PASSPHRASE = "threshold issuance passphrase"
-GROUP = load_group()
 EVENT = S.Event("quote-1", {"symbol": "IBM", "price": 131.5, "volume": 2000}, b"hello")
-
-
-class Deployment:
-    """Five members on 127.0.0.1 and what a client needs: the public key and the URLs."""
-
-    def __init__(self, root: Path) -> None:
-        self.dirs = [root / f"member-{i}" for i in range(1, n + 1)]
-        inits = [subprocess.Popen(cli_command("keyserver", "init", "--data", str(d)),
-                                  env=child_env(PASSPHRASE), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for d in self.dirs]
-        for p in inits:
-            _, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-        self.ports = [free_port() for _ in self.dirs]
-        write_local_setup(GROUP, self.dirs, [self.url(i) for i in range(1, n + 1)],
-                          PASSPHRASE, "acme", t)
-        _, self.tpk = read_public_document(self.dirs[0] / "threshold.json", GROUP)
-        self.pp = S.PublicParams(GROUP, self.tpk.mpk, default_schema())
-        self.processes = {i: start_keyserver(d, port, PASSPHRASE, ["--workers", "1"],
-                                             log=d / "server.log")
-                          for i, (d, port) in enumerate(zip(self.dirs, self.ports,
-                                                            strict=True), start=1)}
-        for i, process in self.processes.items():
-            wait_ready(self.url(i), process)
-        self.admin = {i: (d / "admin.token").read_text().strip()
-                      for i, d in enumerate(self.dirs, start=1)}
-
-    def url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.ports[i - 1]}"
-
-    def register(self, name: str, role: str, at=range(1, n + 1), policy=None):
-        """The identity at each of ``at`` (its own admin); its token per member."""
-        tokens = {}
-        for i in at:
-            answer = httpx.post(self.url(i) + "/v1/admin/identities",
-                                json={"name": name, "role": role, "policy": policy},
-                                headers={"Authorization": f"Bearer {self.admin[i]}"})
-            assert answer.status_code == 201, answer.text
-            tokens[i] = answer.json()
-        return tokens
-
-    def access(self, tokens, order=None, urls=None):
-        order = order or range(1, n + 1)
-        return [MemberAccess(i, (urls or {}).get(i, self.url(i)),
-                             tokens.get(i, {"token": "not registered here"})["token"])
-                for i in order]
-
-    def client(self, tokens, order=None, urls=None, spread=False, timeout=20, hedge=2.0):
-        return ThresholdKeyClient(self.tpk, self.access(tokens, order, urls),
-                                  schema=self.pp.schema, group=GROUP, spread=spread,
-                                  timeout=timeout, hedge=hedge)
-
-    def close(self) -> None:
-        for process in self.processes.values():
-            stop(process)
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("threshold-issuance"))
-    try:
-        yield d
-    finally:
-        d.close()
 
 
 def run(coroutine):
@@ -908,16 +836,6 @@ def test_keys_exist_only_where_t_members_allow_the_identity(deployment, publishe
         else:
             with pytest.raises(ThresholdEnrolmentError, match="revoked"):
                 run(enrol_subscriber(deployment.client(tokens), 'symbol = "IBM"'))
-
-
-def threshold_identity(deployment, command, name, members, *extra):
-    """``ibe-pubsub identity threshold-<command>`` with the admin tokens of ``members``."""
-    tokens = [arg for i in members for arg in (
-        "--admin-token-file", f"{i}={deployment.dirs[i - 1] / 'admin.token'}")]
-    return subprocess.run(cli_command(
-        "identity", f"threshold-{command}", "--deployment",
-        str(deployment.dirs[0] / "threshold.json"), "--name", name, *tokens, *extra),
-        env=child_env(), capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_one_command_registers_at_every_member_and_revokes(deployment, published, tmp_path):

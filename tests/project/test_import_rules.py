@@ -33,8 +33,9 @@ MAY_IMPORT = {
     "evaluation": set(LIBRARIES),
     "cli": {*LIBRARIES, "evaluation"},
 }
-#: The key server's modules that its callers among the libraries may use: the client.
-KEY_SERVER_CLIENT = {"client", "bundles", "exceptions"}
+#: The key server's modules that its callers among the libraries may use: the clients (of
+#: one key server, and of a threshold deployment's members).
+KEY_SERVER_CLIENT = {"client", "threshold_client", "bundles", "exceptions"}
 LIMITED_TO_THE_CLIENT = {"pipelines", "peer", "client"}
 
 
