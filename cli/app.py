@@ -97,7 +97,7 @@ def _main(argv: Sequence[str] | None) -> int:
         check_tables(parser, config)
         leaf, path = _leaf(parser, args_list)
         if path:
-            apply_layers(leaf, path, config)
+            apply_layers(leaf, path, config, args_list)
     except (ConfigError, CommandError) as exc:  # CommandError: a file a value names
         return _failed(exc)
     try:

@@ -7,7 +7,9 @@ Each option of a subcommand can be set, by its destination name, as
   ``admin-token-file``).
 The TOML file is ``--config FILE``, else ``$IBE_PUBSUB_CONFIG``, else ``./ibe-pubsub.toml``
 if it exists. A table that names no command (a misspelling, or a group such as
-``[identity]``) is an error rather than silently ignored, as is an unknown key.
+``[identity]``) is an error rather than silently ignored, as is an unknown key. Where
+options are alternatives (the key server, or a threshold deployment), the one a higher
+layer names replaces the other one of lower layers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from ibe_pubsub.cli.exceptions import CliError
 from ibe_pubsub.cli.parser import GLOBAL_DESTS
 
 ENV_PREFIX = "IBE_PUBSUB_"
+#: Options of which a command takes one: where its keys come from.
+ALTERNATIVES = (frozenset({"server"}), frozenset({"threshold_file", "threshold_access"}))
 
 
 class ConfigError(CliError):
@@ -111,9 +115,20 @@ def _coerce(action: argparse.Action, raw: Any, origin: str) -> Any:
         raise ConfigError(f"{origin}: {exc}") from exc
 
 
+def _drop_replaced(higher: set[str], lower: dict[str, Any]) -> None:
+    """Drop from ``lower`` the alternatives of the options ``higher`` names."""
+    for group in ALTERNATIVES:
+        if group & higher:
+            for other in ALTERNATIVES:
+                for dest in other - group:
+                    lower.pop(dest, None)
+
+
 def apply_layers(parser: argparse.ArgumentParser, command_path: list[str],
-                 config: dict[str, Any]) -> None:
-    """Set the parser's defaults from the TOML section, then from the environment."""
+                 config: dict[str, Any], command_line: list[str] | None = None) -> None:
+    """Set the parser's defaults from the TOML section, then from the environment, less
+    those of an alternative that a higher layer (the environment, or ``command_line``)
+    names."""
     table = section_for(config, command_path)
     known = {action.dest: action for action in parser._actions
              if action.dest != "help" and action.dest not in GLOBAL_DESTS}
@@ -123,13 +138,21 @@ def apply_layers(parser: argparse.ArgumentParser, command_path: list[str],
             f"unknown option(s) in [{'.'.join(command_path)}]: {', '.join(unknown)} "
             f"(valid: {', '.join(sorted(known))})"
         )
-    defaults: dict[str, Any] = {}
+    from_file: dict[str, Any] = {}
+    from_env: dict[str, Any] = {}
     for dest, action in known.items():
         if dest in table:
-            defaults[dest] = _coerce(action, table[dest], f"[{'.'.join(command_path)}] {dest}")
+            from_file[dest] = _coerce(action, table[dest],
+                                      f"[{'.'.join(command_path)}] {dest}")
         env_name = ENV_PREFIX + dest.upper()
         if env_name in os.environ:
-            defaults[dest] = _coerce(action, os.environ[env_name], env_name)
+            from_env[dest] = _coerce(action, os.environ[env_name], env_name)
+    given = {dest for dest, action in known.items() for word in command_line or ()
+             for flag in action.option_strings if word == flag or word.startswith(flag + "=")}
+    _drop_replaced(set(from_env), from_file)
+    for lower in (from_env, from_file):
+        _drop_replaced(given, lower)
+    defaults = from_file | from_env
     if defaults:
         parser.set_defaults(**defaults)
         for action in parser._actions:

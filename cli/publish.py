@@ -276,7 +276,8 @@ def _published_ids(args: argparse.Namespace) -> tuple[PublishedIds, str]:
     from ibe_pubsub.peer import PublishedIds, default_published_ids_path, token_publisher
 
     path = Path(args.published_ids) if args.published_ids else default_published_ids_path()
-    return PublishedIds(path), token_publisher(args.token or _access_text(args))
+    return PublishedIds(path), token_publisher(
+        _access_text(args) if args.threshold_file else args.token)
 
 
 def _access_text(args: argparse.Namespace) -> str:

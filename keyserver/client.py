@@ -7,6 +7,7 @@ Retries (with exponential back-off) only on connection errors and 5xx answers; e
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import ssl
@@ -216,15 +217,21 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         cause = cause.__cause__ or cause.__context__
 
 
+#: Errors of a host that is off or cut off (no route to it, its network unreachable).
+_HOST_DOWN = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
+
+
 def transport_failure(exc: httpx.TransportError) -> tuple[str, bool]:
     """Why a request got no answer, in a few words, and whether the server is down: it
-    refused the connection, or reset or closed it without an answer (killed while it
-    answered), so waiting for it makes sense (a peer's --server-wait, a publisher's
-    renewal). A misconfigured URL that closes the same way is reported after the wait,
-    with the same message; an untrusted certificate or a host name that does not resolve
-    is not down."""
-    down = any(isinstance(c, ConnectionRefusedError | ConnectionResetError
-                          | httpx.RemoteProtocolError) for c in _causes(exc))
+    refused the connection, reset or closed it without an answer (killed while it
+    answered), timed out, or its host cannot be reached, so waiting for it makes sense (a
+    peer's --server-wait, a publisher's renewal). A misconfigured URL that closes the same
+    way is reported after the wait, with the same message; an untrusted certificate or a
+    host name that does not resolve is not down."""
+    down = isinstance(exc, httpx.TimeoutException) or any(
+        isinstance(c, ConnectionRefusedError | ConnectionResetError | ConnectionAbortedError
+                   | httpx.RemoteProtocolError)
+        or (isinstance(c, OSError) and c.errno in _HOST_DOWN) for c in _causes(exc))
     return _certificate_refusal(exc) or _unreachable(exc), down
 
 

@@ -120,10 +120,11 @@ MAX_IDENTITY = 1024
 MAX_HELD = 256
 #: The code of a Failure of a member that is down (waiting for it may help).
 UNREACHABLE = "unreachable"
-#: How much of a member's refusal is kept: its text is the member's to choose.
+#: How much of a member's failure reason is kept: its text may quote the member's.
 MAX_REASON = 300
-#: Seconds after which a member that still fails the same way is warned about again.
-REWARN_SECONDS = 600.0
+#: Seconds after which a member that still fails the same way is warned about again, and
+#: within which it is warned about once however it fails.
+REWARN_SECONDS, WARN_GAP = 600.0, 10.0
 Share = TypeVar("Share")
 Outcome = TypeVar("Outcome")
 Shape = tuple[Any, ...]
@@ -832,7 +833,7 @@ class ThresholdKeyClient:
             answer = data.decode("utf-8", "replace")
         if response.status_code >= 400:
             refusal = KeyServerRequestError(response.status_code, answer)
-            error = _BadAnswer(str(refusal)[:MAX_REASON])
+            error = _BadAnswer(str(refusal))
             error.code = UNREACHABLE if refusal.down else refusal.code
             raise error
         return answer
@@ -849,12 +850,12 @@ class ThresholdKeyClient:
             outcome = await asyncio.to_thread(read, member.index, answer)
             self._answer_times.append(time.monotonic() - started)
             return outcome
-        except _BadAnswer as exc:
-            return Failure(member.index, str(exc), exc.code)
+        except _BadAnswer as exc:  # its text may quote the member's
+            return Failure(member.index, str(exc)[:MAX_REASON], exc.code)
         except TimeoutError:
             return Failure(member.index, f"no answer within {self.timeout:g} s", UNREACHABLE)
         except Exception as exc:  # a hostile answer: JSON too deep, an overflow, a bad point
-            return Failure(member.index, f"its answer is not a share: {exc!r}")
+            return Failure(member.index, f"its answer is not a share: {exc!r}"[:MAX_REASON])
 
     def _hedge_delay(self) -> float:
         """``hedge``, or twice the median time of this client's recent answers when that
@@ -955,15 +956,17 @@ class ThresholdKeyClient:
         raise _no_agreement(t, failures)
 
     def _report(self, failures: Sequence[Failure]) -> None:
-        """A warning for each member that failed, unless it failed the same way (with the
-        same error code, or none) when last warned about, less than ``REWARN_SECONDS`` ago:
-        a member that is down fails every call until it is back, and a hostile one may vary
-        its reasons. Each failure is logged at debug level, and is in the result."""
+        """A warning for each member that failed, unless it was warned about less than
+        ``WARN_GAP`` ago, or failed the same way (with the same error code, or none) when
+        last warned about, less than ``REWARN_SECONDS`` ago: a member that is down fails
+        every call until it is back, and a hostile one may vary its reasons and codes. The
+        others are logged at debug level; all are in the result."""
         now = time.monotonic()
         for failure in failures:
             kind = failure.code or ""
             last = self._warned.get(failure.index)
-            quiet = last is not None and last[0] == kind and now - last[1] < REWARN_SECONDS
+            quiet = last is not None and (now - last[1] < WARN_GAP or (
+                last[0] == kind and now - last[1] < REWARN_SECONDS))
             if not quiet:
                 self._warned[failure.index] = (kind, now)
             log.log(logging.DEBUG if quiet else logging.WARNING, "threshold member %d: %s",

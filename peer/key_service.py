@@ -203,6 +203,9 @@ class ThresholdDeployment:
                                         name="threshold-client")
         self._thread.start()
         self._closing = False
+        #: Guards ``_closing`` and ``_pending``, the calls made and not yet answered.
+        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future[Any]] = set()
         try:  # made on its loop, whose HTTP connections it keeps
             self.client = self._run(self._client(access, ca_file, hedge))
         except BaseException:
@@ -228,10 +231,13 @@ class ThresholdDeployment:
         """``call`` on this deployment's loop; its ThresholdEnrolmentError as the
         KeyServerRequestError a single server's outage or refusal would be
         (:func:`request_error`, ``needed`` members: ``t`` unless given)."""
-        if self._closing:
-            call.close()
-            raise KeyServerRequestError(0, f"the client of {self.where} is closed")
-        future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        with self._lock:
+            if self._closing:
+                call.close()
+                raise KeyServerRequestError(0, f"the client of {self.where} is closed")
+            future = asyncio.run_coroutine_threadsafe(call, self._loop)
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
         try:
             return future.result(timeout)
         except ThresholdEnrolmentError as exc:
@@ -240,14 +246,20 @@ class ThresholdDeployment:
         except concurrent.futures.CancelledError as exc:  # closed meanwhile
             raise KeyServerRequestError(0, f"the client of {self.where} was closed") from exc
         except TimeoutError as exc:
-            if timeout is None or not future.cancel():
+            if timeout is None:
                 raise
+            if not future.cancel():  # it finished meanwhile
+                return future.result()
             raise KeyServerRequestError(0, f"{self.where} did not answer within "
                                            f"{timeout:g} s") from exc
         except KeyServerRequestError:
             raise
         except KeyServerError as exc:
             raise KeyServerRequestError(0, str(exc)) from exc
+
+    def _forget(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending.discard(future)
 
     def probe(self) -> None:
         """Whether ``t`` members answer, by asking them for the schema they signed."""
@@ -333,7 +345,7 @@ class ThresholdDeployment:
 
     def register(self, address: str, attribute: str, role: str, ttl: int,
                  seen: Sequence[str] = ()) -> None:
-        self._run(self.client.register(address, attribute, role, ttl, seen))
+        self._run(self.client.register(address, attribute, role, ttl, seen), needed=1)
 
     def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
         """The merged listing, less what too few members list (:func:`well_listed`)."""
@@ -341,24 +353,21 @@ class ThresholdDeployment:
                            self._tpk.t)
 
     def deregister(self, address: str, timeout: float) -> None:
-        self._run(self.client.deregister(address), timeout)
+        self._run(self.client.deregister(address), timeout, needed=1)
 
     def close(self) -> None:
         """Ends every call still running (its caller gets a KeyServerRequestError at once:
         a peer stopped while a member hangs must not wait for it), then the client."""
-        if self._closing:
-            return
-        self._closing = True
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            pending = list(self._pending)
+        for future in pending:
+            future.cancel()  # and the task on the loop with it
         with contextlib.suppress(Exception):  # closing: nothing waits for these answers
-            asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(5.0)
+            asyncio.run_coroutine_threadsafe(self.client.aclose(), self._loop).result(5.0)
         self._stop_loop()
-
-    async def _shut(self) -> None:
-        running = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await self.client.aclose()
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -374,27 +383,26 @@ def request_error(exc: ThresholdEnrolmentError, members: int, needed: int
     unreachable and, were they back, ``needed`` of the ``members`` could answer, whatever
     the others refused; ``code``, the members' error code when all that refused gave the
     same one (``address_taken``: the port is another identity's)."""
-    failures = exc.failures
-    down = sum(f.code == UNREACHABLE for f in failures)
-    codes = {f.code for f in failures if f.code not in (None, UNREACHABLE)}
-    refused = len({f.index for f in failures}) - down
+    down = {f.index for f in exc.failures if f.code == UNREACHABLE}
+    refused = {f.index for f in exc.failures} - down
+    codes = {f.code for f in exc.failures if f.code not in (None, UNREACHABLE)}
     body = {"error": {"message": str(exc), "code": next(iter(codes)) if len(codes) == 1
                       else None}}
     error = KeyServerRequestError(0, body)
-    error.down = down > 0 and members - refused >= needed
+    error.down = bool(down) and members - len(refused) >= needed
     return error
 
 
 def well_listed(listing: dict[str, Any], t: int) -> dict[str, Any]:
-    """A merged directory listing less the entries that fewer members list than ``t``, or
-    than the most listed entry where none reaches ``t``: an address fewer than ``t``
-    members invented (each listing it, vouched for) would otherwise be a contact as good
-    as any, so one hostile member could fill a joiner's contacts with addresses that never
-    answer."""
-    entries = listing["roots"] + listing["members"]
-    floor = min(t, max((e["listed_by"] for e in entries), default=0))
-    return listing | {kind: [e for e in listing[kind] if e["listed_by"] >= floor]
-                      for kind in ("roots", "members")}
+    """A merged directory listing less the roots that fewer members list than ``t``, or
+    than the most listed root where none reaches ``t``. Every member that answers lists
+    every root leased there, so a root invented by fewer than ``t`` members would
+    otherwise be a contact as good as a real one, and one hostile member could fill a
+    joiner's contacts with 256 addresses that never answer. Other members of the tree are
+    each member's random sample, mostly listed once: they stay, and a hostile member adds
+    at most a sample's worth of them (``read_listing``)."""
+    floor = min(t, max((e["listed_by"] for e in listing["roots"]), default=0))
+    return listing | {"roots": [e for e in listing["roots"] if e["listed_by"] >= floor]}
 
 
 def _epoch(next_epoch: bool) -> str | None:

@@ -107,6 +107,8 @@ BACKLOG_DELAY = 0.25
 CONGESTION_RECHECK = 0.02
 #: Neighbours vouched for per tree and renewal (the directory takes at most 32).
 MAX_SEEN = 32
+#: Seconds between a start-up call that found its key service down and the next try.
+RESTART_PAUSE = 0.5
 #: Seconds a leaving peer gives the key server to drop its directory entries.
 LEAVE_TIMEOUT = 2.0
 #: Seconds between readings of a bundle file that does not hold the next epoch's keys yet.
@@ -355,15 +357,21 @@ class PeerNode:
         server that goes down after its first answer (it restarts) is waited for again, up
         to ``deadline``, and the step alone is taken again: a peer restarted beside it
         exited at once before."""
+        warned = False
         while True:
             try:
                 return await WaitAnnouncer(self._awaited(what)).wait(in_daemon_thread(step))
             except KeyServerRequestError as exc:
                 if not exc.down or time.monotonic() > deadline:
                     raise
-                log.warning("%s went down while this peer asked for %s (%s); waiting for it "
-                            "to answer again", self.service.where, what, exc)
+                log.log(logging.DEBUG if warned else logging.WARNING,
+                        "%s went down while this peer asked for %s (%s); waiting for it to "
+                        "answer again", self.service.where, what, exc)
+                warned = True
             await self._wait_for_server(deadline, what)
+            # The probe may answer while the step cannot (on a threshold deployment, t
+            # members answer where a link certificate needs more): not in a tight loop.
+            await asyncio.sleep(RESTART_PAUSE)
 
     def _awaited(self, what: str) -> str:
         return f"{what} from {self.service.where}"

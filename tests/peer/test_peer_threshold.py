@@ -268,9 +268,11 @@ def contacts(merged):
     return {e["address"] for e in merged["roots"] + merged["members"] if e["vouched"]}
 
 
-def test_addresses_fewer_than_t_members_list_are_no_contacts():
+def test_roots_fewer_than_t_members_list_are_no_contacts():
     """The attack: one hostile member lists 256 invented roots and 8 members, all vouched;
-    the four honest members list the real root and each a sample of real members."""
+    the four honest members list the real root and each a sample of real members (listed
+    once or twice). The invented roots go; the sampled members stay, a hostile member's
+    sample's worth among them."""
     honest = [listing(["10.0.0.1:7000"], [f"10.0.1.{i}:7000", f"10.0.1.{i + 4}:7000"])
               for i in range(1, 5)]
     hostile = listing([f"10.9.{i // 200}.{i % 200}:7000" for i in range(256)],
@@ -278,8 +280,10 @@ def test_addresses_fewer_than_t_members_list_are_no_contacts():
     merged = merge_listings("symbol", [read_listing("symbol", x, 8)
                                        for x in [*honest, hostile]])
     assert len(contacts(merged)) == 1 + 8 + 256 + 8  # control: every invented one counts
-    assert contacts(well_listed(merged, t)) == {"10.0.0.1:7000"}
-    # Where no entry reaches t (one member answered), the most listed ones stay.
+    kept = contacts(well_listed(merged, t))
+    assert {a for a in kept if a.startswith("10.9.")} == set()
+    assert len(kept) == 1 + 8 + 8 and "10.0.0.1:7000" in kept
+    # Where no root reaches t (one member answered), the most listed ones stay.
     alone = merge_listings("symbol", [read_listing("symbol", honest[0], 8)])
     assert contacts(well_listed(alone, t)) == contacts(alone)
 
@@ -321,8 +325,14 @@ def test_closing_ends_a_call_that_waits_for_hung_members(deployment, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "env", "message"), [
+    # the command line's choice replaces the environment's (here: then the token is missing)
     (["--server", "http://127.0.0.1:9"], {"IBE_PUBSUB_THRESHOLD_FILE": "threshold.json"},
-     "not both or neither"),
+     "--token (or IBE_PUBSUB_TOKEN) is required"),
+    (["--threshold-file", "missing.json", "--threshold-access", "missing-access.json"],
+     {"IBE_PUBSUB_SERVER": "http://127.0.0.1:9"}, "missing.json"),
+    # both in one layer
+    ([], {"IBE_PUBSUB_SERVER": "http://127.0.0.1:9",
+          "IBE_PUBSUB_THRESHOLD_FILE": "threshold.json"}, "not both or neither"),
     (["--threshold-file", "threshold.json"], {}, "needs --threshold-access"),
     (["--threshold-file", "missing.json", "--threshold-access", "missing-access.json"], {},
      "missing.json"),
@@ -331,8 +341,9 @@ def test_closing_ends_a_call_that_waits_for_hung_members(deployment, tmp_path):
 ])
 def test_a_wrong_deployment_is_a_clear_error(tmp_path, args, env, message):
     (tmp_path / "list.json").write_text("[]")
+    base = {k: v for k, v in child_env().items() if k != "IBE_PUBSUB_TOKEN"}
     done = subprocess.run(cli_command("peer", "run", *args, "--subscribe", ""),
-                          env=child_env() | env, cwd=tmp_path, capture_output=True, text=True,
+                          env=base | env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
