@@ -74,7 +74,7 @@ from ibe_pubsub.peer.key_service import (
     KeyService,
     SingleKeyServer,
     ThresholdAccess,
-    ThresholdDeployment,
+    open_service,
 )
 from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.log_limits import RateLimit, limit_accept_errors
@@ -240,16 +240,13 @@ class PeerNode:
 
     @staticmethod
     def _key_service(options: NodeOptions) -> KeyService:
-        if options.threshold is not None:
-            try:
-                return ThresholdDeployment(options.threshold, options.ca_file)
-            except PeerError as exc:
-                raise NodeError(str(exc)) from exc
-        if not options.token:
+        if options.threshold is None and not options.token:
             raise NodeError("a token is required: the identity's at the key server")
-        assert options.server is not None
-        return SingleKeyServer(options.server, options.token, options.ca_file,
-                               options.server_key, options.known_servers)
+        try:
+            return open_service(options.server, options.token, options.threshold,
+                                options.ca_file, options.server_key, options.known_servers)
+        except PeerError as exc:
+            raise NodeError(str(exc)) from exc
 
     @property
     def _single(self) -> SingleKeyServer:

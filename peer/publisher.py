@@ -38,7 +38,7 @@ from ibe_pubsub.peer.key_service import (
     KeyService,
     SingleKeyServer,
     ThresholdAccess,
-    ThresholdDeployment,
+    open_service,
 )
 from ibe_pubsub.peer.known_servers import KnownServers
 from ibe_pubsub.peer.transport import Backoff, Transport
@@ -74,9 +74,8 @@ class EventPublisher:
         if threshold is not None and bundle is not None:
             raise PeerError("a bundle comes from one key server (bulk issue), not from a "
                             "threshold deployment")
-        self.service: KeyService = (
-            ThresholdDeployment(threshold, ca_file) if threshold is not None
-            else SingleKeyServer(str(server), token, ca_file, server_key, known_servers))
+        self.service: KeyService = open_service(server, token, threshold, ca_file, server_key,
+                                                known_servers)
         self.advertisement_text = advertisement
         self.bundle = bundle
         self.transport = Transport(self._received, secure=not insecure_transport,

@@ -29,7 +29,7 @@ from ibe_pubsub.keyserver import (
 )
 from ibe_pubsub.keyserver.threshold_directory import merge_listings, read_listing
 from ibe_pubsub.peer import ThresholdAccess, ThresholdDeployment
-from ibe_pubsub.peer.key_service import request_error, well_listed
+from ibe_pubsub.peer.threshold_service import request_error, well_listed
 
 EXAMPLES = REPO_ROOT / "docs" / "examples"
 SUBSCRIPTIONS = {"alice": 'symbol = "IBM"', "bob": "price >= 200", "carol": "volume >= 1000"}
