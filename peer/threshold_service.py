@@ -66,7 +66,7 @@ class ThresholdDeployment:
         except BaseException:
             self._stop_loop()
             raise
-        tpk = self._tpk = self.client.tpk
+        tpk = self.client.tpk
         self._links: threshold.QuorumSigners | None = None
         self._grace: float | None = None
         self.where = (f"the {tpk.t}-of-{tpk.n} key servers of {access.access_file} "
@@ -143,7 +143,7 @@ class ThresholdDeployment:
                  expires_at)
 
     def crypto(self) -> RealCrypto:
-        return RealCrypto(self.pp, threshold.ThresholdServer(self.client.group, self._tpk.X))
+        return RealCrypto(self.pp, threshold.ThresholdServer(self.client.group, self.client.tpk.X))
 
     def peer_tls(self, key: Ed25519PrivateKey, certificate_pem: str) -> PeerTLS:
         if self._links is None:
@@ -184,7 +184,7 @@ class ThresholdDeployment:
                          next_epoch: bool = False) -> TransportCertificate:
         combined = self._run(self.client.certify_link_key(
             key.public_key().public_bytes_raw(), addresses, _epoch(next_epoch)),
-            needed=threshold.link_quorum(self._tpk.t, self._tpk.n))
+            needed=threshold.link_quorum(self.client.tpk.t, self.client.tpk.n))
         self._issued("link certificate", combined.members, combined.epoch_end,
                      combined.not_after)
         try:  # the client read it so already; this gives the peer its binding
@@ -205,7 +205,7 @@ class ThresholdDeployment:
     def lookup(self, attribute: str, sample: int = 8) -> dict[str, Any]:
         """The merged listing, less what too few members list (:func:`well_listed`)."""
         return well_listed(self._run(self.client.lookup(attribute, sample), needed=1),
-                           self._tpk.t)
+                           self.client.tpk.t)
 
     def deregister(self, address: str, timeout: float) -> None:
         self._run(self.client.deregister(address), timeout, needed=1)
